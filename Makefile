@@ -1,0 +1,44 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each creates .venv itself.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install demo test lint typecheck unit e2e engines bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/phaselens demo
+
+lint: install
+	$(VENV)/bin/ruff check src tests benchmarks scripts
+	$(VENV)/bin/ruff format --check src tests benchmarks scripts
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+unit: install
+	$(PY) -m pytest -m "not e2e"
+
+# Real engines (llama.cpp server, vLLM CPU build), built once and cached outside the clone.
+engines: install
+	bash scripts/engines/install.sh
+
+e2e: engines
+	$(PY) -m pytest -m e2e
+
+test: lint typecheck engines
+	$(PY) -m pytest
+
+bench: install
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache runs

@@ -1,0 +1,391 @@
+"""The run directory: crash-safe while running, Parquet when closed.
+
+Why: a load test that dies must not lose what it measured. Records are appended to
+`events.jsonl` in batches (flushed and fsynced) while running; `close()` compacts them into
+Parquet. A directory whose writer died is rebuilt from `events.jsonl` and marked partial.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import polars as pl
+
+from phaselens.errors import InputError
+from phaselens.types import RequestRecord, StepRecord, TelemetrySample
+
+MANIFEST = "manifest.json"
+EVENTS = "events.jsonl"
+REQUESTS = "requests.parquet"
+TELEMETRY = "telemetry.parquet"
+STEPS = "steps.parquet"
+
+REQUEST_SCHEMA: dict[str, pl.DataType] = {
+    "id": pl.Int64(),
+    "model": pl.String(),
+    "stage": pl.Int32(),
+    "priority": pl.Int32(),
+    "scheduled_ns": pl.Int64(),
+    "sent_ns": pl.Int64(),
+    "first_token_ns": pl.Int64(),
+    "end_ns": pl.Int64(),
+    "input_tokens": pl.Int64(),
+    "output_tokens": pl.Int64(),
+    "status": pl.String(),
+    "error": pl.String(),
+    "http_status": pl.Int32(),
+    "token_ns": pl.List(pl.Int64()),
+    "token_counts": pl.List(pl.Int32()),
+}
+TELEMETRY_SCHEMA: dict[str, pl.DataType] = {
+    "t_ns": pl.Int64(),
+    "source": pl.String(),
+    "metric": pl.String(),
+    "value": pl.Float64(),
+    "labels": pl.String(),  # canonical JSON of the label map (sorted keys); "{}" when none
+}
+STEP_SCHEMA: dict[str, pl.DataType] = {
+    "t_start_ns": pl.Int64(),
+    "t_end_ns": pl.Int64(),
+    "engine": pl.String(),
+    "gpu": pl.String(),
+    "prefill_tokens": pl.Int64(),
+    "decode_seqs": pl.Int64(),
+    "kv_tokens": pl.Int64(),
+    "flops": pl.Float64(),
+    "bytes": pl.Float64(),
+}
+
+_KIND_REQ, _KIND_TEL, _KIND_STEP = "r", "t", "s"
+
+
+def empty_frame(schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
+    return pl.DataFrame(schema=dict(schema))
+
+
+def labels_json(labels: Mapping[str, str]) -> str:
+    return json.dumps(dict(labels), sort_keys=True, separators=(",", ":")) if labels else "{}"
+
+
+def records_frame(records: Iterable[RequestRecord]) -> pl.DataFrame:
+    rows = [_record_row(r) for r in records]
+    return (
+        pl.DataFrame(rows, schema=REQUEST_SCHEMA, orient="row")
+        if rows
+        else empty_frame(REQUEST_SCHEMA)
+    )
+
+
+def samples_frame(samples: Iterable[TelemetrySample]) -> pl.DataFrame:
+    rows = [(s.t_ns, s.source, s.metric, float(s.value), labels_json(s.labels)) for s in samples]
+    return (
+        pl.DataFrame(rows, schema=TELEMETRY_SCHEMA, orient="row")
+        if rows
+        else empty_frame(TELEMETRY_SCHEMA)
+    )
+
+
+def steps_frame(steps: Iterable[StepRecord]) -> pl.DataFrame:
+    rows = [tuple(asdict(s).values()) for s in steps]
+    return (
+        pl.DataFrame(rows, schema=STEP_SCHEMA, orient="row") if rows else empty_frame(STEP_SCHEMA)
+    )
+
+
+def _record_row(r: RequestRecord) -> tuple[Any, ...]:
+    return (
+        r.id,
+        r.model,
+        r.stage,
+        r.priority,
+        r.scheduled_ns,
+        r.sent_ns,
+        r.first_token_ns,
+        r.end_ns,
+        r.input_tokens,
+        r.output_tokens,
+        r.status,
+        r.error,
+        r.http_status,
+        list(r.token_ns),
+        list(r.token_counts),
+    )
+
+
+def host_info() -> dict[str, Any]:
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+    }
+
+
+def clock_anchor() -> dict[str, int]:
+    """Pairs the monotonic clock with wall time so external stamps can be mapped onto the run."""
+    mono = time.perf_counter_ns()
+    wall = time.time_ns()
+    return {"perf_counter_ns": mono, "wall_ns": wall}
+
+
+def _atomic_write_json(path: Path, obj: Mapping[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True, default=str)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def new_run_dir(root: Path | str, name: str) -> Path:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    base = Path(root) / f"{name}-{stamp}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    path.mkdir(parents=True)
+    return path
+
+
+class RunWriter:
+    """Appends a run's events crash-safely; `close()` writes the Parquet files.
+
+    Buffered rows are written and fsynced every `flush_every` events or `flush_s` seconds, so a
+    kill -9 loses at most that window, and never a record already flushed.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        manifest: Mapping[str, Any],
+        flush_every: int = 256,
+        flush_s: float = 0.5,
+    ) -> None:
+        self.path = path
+        self.manifest: dict[str, Any] = dict(manifest)
+        self.manifest.setdefault("status", "running")
+        self.manifest.setdefault("format", 1)
+        self.manifest.setdefault("pid", os.getpid())
+        self.manifest.setdefault("host", host_info())
+        self._buf: list[str] = []
+        self._flush_every = flush_every
+        self._flush_s = flush_s
+        self._last_flush = time.monotonic()
+        _atomic_write_json(path / MANIFEST, self.manifest)
+        self._events: IO[str] | None = open(path / EVENTS, "a", encoding="utf-8")  # noqa: SIM115
+
+    @classmethod
+    def create(cls, root: Path | str, name: str, manifest: Mapping[str, Any]) -> RunWriter:
+        return cls(new_run_dir(root, name), manifest)
+
+    def add_record(self, r: RequestRecord) -> None:
+        self._push([_KIND_REQ, *_record_row(r)])
+
+    def add_samples(self, samples: Iterable[TelemetrySample]) -> None:
+        for s in samples:
+            self._push([_KIND_TEL, s.t_ns, s.source, s.metric, float(s.value), dict(s.labels)])
+
+    def add_steps(self, steps: Iterable[StepRecord]) -> None:
+        for s in steps:
+            self._push([_KIND_STEP, *asdict(s).values()])
+
+    def update_manifest(self, **fields: Any) -> None:
+        self.manifest.update(fields)
+        _atomic_write_json(self.path / MANIFEST, self.manifest)
+
+    def _push(self, row: list[Any]) -> None:
+        self._buf.append(json.dumps(row, separators=(",", ":")))
+        due = time.monotonic() - self._last_flush > self._flush_s
+        if due or len(self._buf) >= self._flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._events is None:
+            return
+        if self._buf:
+            self._events.write("\n".join(self._buf) + "\n")
+            self._buf.clear()
+        self._events.flush()
+        os.fsync(self._events.fileno())
+        self._last_flush = time.monotonic()
+
+    def close(
+        self,
+        status: str = "complete",
+        extra_frames: Mapping[str, pl.DataFrame] | None = None,
+        **manifest_fields: Any,
+    ) -> Path:
+        """Compact events into Parquet (plus frames written in bulk, e.g. by the simulator)."""
+        self.flush()
+        if self._events is not None:
+            self._events.close()
+            self._events = None
+        frames = _frames_from_events(self.path / EVENTS)
+        for key, df in (extra_frames or {}).items():
+            frames[key] = pl.concat([frames[key], df.select(list(frames[key].columns))])
+        _write_frames(self.path, frames)
+        self.manifest.update(manifest_fields)
+        self.manifest["status"] = status
+        self.manifest["counts"] = {k: frames[k].height for k in frames}
+        _atomic_write_json(self.path / MANIFEST, self.manifest)
+        (self.path / EVENTS).unlink(missing_ok=True)
+        return self.path
+
+
+def _frames_from_events(events: Path) -> dict[str, pl.DataFrame]:
+    req: list[tuple[Any, ...]] = []
+    tel: list[tuple[Any, ...]] = []
+    stp: list[tuple[Any, ...]] = []
+    if events.exists():
+        with open(events, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a torn last line from a killed writer
+                kind, rest = row[0], tuple(row[1:])
+                if kind == _KIND_REQ:
+                    req.append(rest)
+                elif kind == _KIND_TEL:
+                    tel.append((*rest[:4], labels_json(rest[4])))
+                elif kind == _KIND_STEP:
+                    stp.append(rest)
+
+    def mk(rows: list[tuple[Any, ...]], schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
+        return (
+            pl.DataFrame(rows, schema=dict(schema), orient="row") if rows else empty_frame(schema)
+        )
+
+    return {
+        "requests": mk(req, REQUEST_SCHEMA),
+        "telemetry": mk(tel, TELEMETRY_SCHEMA),
+        "steps": mk(stp, STEP_SCHEMA),
+    }
+
+
+_FILES = {"requests": REQUESTS, "telemetry": TELEMETRY, "steps": STEPS}
+_SORT = {"requests": "id", "telemetry": "t_ns", "steps": "t_start_ns"}
+
+
+def _write_frames(path: Path, frames: Mapping[str, pl.DataFrame]) -> None:
+    for key, df in frames.items():
+        tmp = path / (_FILES[key] + ".tmp")
+        df.sort(_SORT[key]).write_parquet(tmp)
+        os.replace(tmp, path / _FILES[key])
+
+
+def write_run(
+    root: Path | str,
+    name: str,
+    manifest: Mapping[str, Any],
+    requests: pl.DataFrame,
+    telemetry: pl.DataFrame | None = None,
+    steps: pl.DataFrame | None = None,
+) -> Path:
+    """Write a whole run at once (the simulator knows everything at the end)."""
+    w = RunWriter.create(root, name, manifest)
+    return w.close(
+        extra_frames={
+            "requests": requests,
+            "telemetry": telemetry if telemetry is not None else empty_frame(TELEMETRY_SCHEMA),
+            "steps": steps if steps is not None else empty_frame(STEP_SCHEMA),
+        }
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """A loaded run: the only input analysis takes."""
+
+    path: Path
+    manifest: Mapping[str, Any]
+    requests: pl.DataFrame
+    telemetry: pl.DataFrame
+    steps: pl.DataFrame
+
+    @property
+    def partial(self) -> bool:
+        return self.manifest.get("status") != "complete"
+
+
+def _writer_alive(manifest: Mapping[str, Any]) -> bool:
+    pid = manifest.get("pid")
+    if not isinstance(pid, int) or manifest.get("host", {}).get("hostname") != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return pid != os.getpid()
+
+
+class RunFormatError(InputError):
+    """The directory is not a phaselens run (one clear line for the CLI)."""
+
+
+def recover_run(path: Path | str) -> Path:
+    """Rebuild the Parquet files of a run whose writer died, and mark it partial."""
+    p = Path(path)
+    manifest = read_manifest(p)
+    frames = _frames_from_events(p / EVENTS)
+    _write_frames(p, frames)
+    manifest["status"] = "partial"
+    manifest["counts"] = {k: frames[k].height for k in frames}
+    _atomic_write_json(p / MANIFEST, manifest)
+    return p
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    mf = path / MANIFEST
+    if not mf.is_file():
+        raise RunFormatError(f"{path}: not a phaselens run (no {MANIFEST})")
+    try:
+        data = json.loads(mf.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise RunFormatError(f"{mf}: line {e.lineno}: invalid JSON ({e.msg})") from None
+    if not isinstance(data, dict):
+        raise RunFormatError(f"{mf}: expected a JSON object")
+    return data
+
+
+def load_run(path: Path | str) -> Run:
+    """Load a run; a run whose process died is rebuilt from its event log and marked partial."""
+    p = Path(path)
+    manifest = read_manifest(p)
+    if manifest.get("status") == "running" and _writer_alive(manifest):
+        # Still being written: read what is flushed so far, change nothing on disk.
+        frames = _frames_from_events(p / EVENTS)
+        return Run(
+            p,
+            {**manifest, "status": "running"},
+            frames["requests"],
+            frames["telemetry"],
+            frames["steps"],
+        )
+    if manifest.get("status") == "running" or not (p / REQUESTS).exists():
+        recover_run(p)
+        manifest = read_manifest(p)
+
+    def rd(name: str, schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
+        f = p / name
+        return pl.read_parquet(f) if f.exists() else empty_frame(schema)
+
+    return Run(
+        path=p,
+        manifest=manifest,
+        requests=rd(REQUESTS, REQUEST_SCHEMA),
+        telemetry=rd(TELEMETRY, TELEMETRY_SCHEMA),
+        steps=rd(STEPS, STEP_SCHEMA),
+    )

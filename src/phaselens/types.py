@@ -1,0 +1,166 @@
+"""Boundary types shared by every module.
+
+Why this file exists: the driver and the simulator must emit exactly the same records so that
+analysis cannot tell them apart. Everything crossing a module boundary is defined here, and this
+module imports nothing else from the package.
+
+All times are integer nanoseconds on one monotonic clock, relative to the run start (t = 0 is the
+first scheduled instant). The run manifest keeps one wall-clock anchor to map external stamps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+Status = Literal[
+    "ok", "http_error", "timeout", "disconnected", "cancelled", "not_sent", "client_error"
+]
+STATUSES: tuple[Status, ...] = (
+    "ok",
+    "http_error",
+    "timeout",
+    "disconnected",
+    "cancelled",
+    "not_sent",
+    "client_error",
+)
+Severity = Literal["info", "warning", "critical"]
+
+I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRequest:
+    """One request of the schedule, fixed before anything is sent (MLPerf LoadGen's lesson)."""
+
+    id: int
+    model: str
+    stage: int
+    t_ns: int
+    input_tokens: int
+    output_tokens: int
+    prefix_group: int = -1  # -1: no shared prefix
+    prefix_tokens: int = 0  # leading tokens shared with the rest of its group
+    priority: int = 0  # lower value is served first (vLLM's convention)
+
+
+@dataclass(frozen=True, slots=True)
+class StageInfo:
+    """A load stage (the seed's 30% -> 70% -> 100% steps); times relative to run start."""
+
+    index: int
+    rate_scale: float
+    t_start_ns: int
+    t_end_ns: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Schedule:
+    """The whole plan, columnar so that a million requests stay small.
+
+    Row i is request id i; rows are sorted by send time. Iterating yields `PlannedRequest`s.
+    """
+
+    models: tuple[str, ...]
+    t_ns: I64
+    model_idx: I32
+    stage: I32
+    input_tokens: I64
+    output_tokens: I64
+    prefix_group: I32
+    prefix_tokens: I64
+    priority: I32
+    stages: tuple[StageInfo, ...]
+    seed: int
+    spec_hash: str
+    duration_ns: int
+
+    def __len__(self) -> int:
+        return int(self.t_ns.shape[0])
+
+    def __getitem__(self, i: int) -> PlannedRequest:
+        return PlannedRequest(
+            id=int(i),
+            model=self.models[int(self.model_idx[i])],
+            stage=int(self.stage[i]),
+            t_ns=int(self.t_ns[i]),
+            input_tokens=int(self.input_tokens[i]),
+            output_tokens=int(self.output_tokens[i]),
+            prefix_group=int(self.prefix_group[i]),
+            prefix_tokens=int(self.prefix_tokens[i]),
+            priority=int(self.priority[i]),
+        )
+
+    def __iter__(self) -> Iterator[PlannedRequest]:
+        for i in range(len(self)):
+            yield self[i]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """What happened to one planned request. Exactly one per planned request, sent or not.
+
+    `token_ns[i]` is when chunk i arrived and `token_counts[i]` how many tokens it carried;
+    ITL spreads a k-token chunk's gap evenly over its k tokens (docs/metrics.md).
+    """
+
+    id: int
+    model: str
+    stage: int
+    scheduled_ns: int
+    status: Status
+    sent_ns: int | None = None
+    first_token_ns: int | None = None
+    end_ns: int | None = None
+    token_ns: tuple[int, ...] = ()
+    token_counts: tuple[int, ...] = ()
+    input_tokens: int = 0  # as the server counted them when it said so, else as planned
+    output_tokens: int = 0  # tokens actually received
+    priority: int = 0
+    error: str = ""
+    http_status: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetrySample:
+    """One tidy sample of any metric from any source, on the run clock."""
+
+    t_ns: int
+    source: str  # e.g. "nvml", "gpm", "vllm", "llamacpp", "dcgm", "sim"
+    metric: str
+    value: float
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One engine iteration (from the simulator, or from engines that expose it)."""
+
+    t_start_ns: int
+    t_end_ns: int
+    engine: str
+    gpu: str
+    prefill_tokens: int
+    decode_seqs: int
+    kv_tokens: int
+    flops: float
+    bytes: float
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A diagnosis with the numbers that fired it and what to change."""
+
+    code: str
+    severity: Severity
+    title: str
+    t_start_ns: int | None
+    t_end_ns: int | None
+    evidence: Mapping[str, Any]
+    recommendation: str

@@ -1,0 +1,101 @@
+"""The run directory: round trip, crash recovery, partial marking."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from phaselens.store import (
+    EVENTS,
+    REQUESTS,
+    RunFormatError,
+    RunWriter,
+    load_run,
+    records_frame,
+    write_run,
+)
+from phaselens.types import RequestRecord, StepRecord, TelemetrySample
+
+
+def _rec(i: int, status: str = "ok") -> RequestRecord:
+    return RequestRecord(
+        id=i,
+        model="m",
+        stage=0,
+        scheduled_ns=i * 10,
+        status=status,  # type: ignore[arg-type]
+        sent_ns=i * 10 + 1,
+        first_token_ns=i * 10 + 5,
+        end_ns=i * 10 + 9,
+        token_ns=(i * 10 + 5, i * 10 + 9),
+        token_counts=(1, 2),
+        input_tokens=7,
+        output_tokens=3,
+    )
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    w = RunWriter.create(tmp_path, "t", {"name": "t"})
+    for i in range(5):
+        w.add_record(_rec(i))
+    w.add_samples([TelemetrySample(3, "sim", "busy", 0.5, {"gpu": "g0"})])
+    w.add_steps([StepRecord(0, 10, "e", "g0", 100, 2, 300, 1e9, 2e9)])
+    path = w.close()
+    assert not (path / EVENTS).exists()
+    run = load_run(path)
+    assert not run.partial
+    assert run.requests["id"].to_list() == [0, 1, 2, 3, 4]
+    assert run.requests["token_counts"].to_list()[2] == [1, 2]
+    assert run.requests["token_ns"].to_list()[1] == [15, 19]
+    assert run.telemetry.row(0) == (3, "sim", "busy", 0.5, '{"gpu":"g0"}')
+    assert run.steps["flops"].to_list() == [1e9]
+    assert run.manifest["counts"] == {"requests": 5, "telemetry": 1, "steps": 1}
+
+
+def test_killed_writer_is_recovered_and_partial(tmp_path: Path) -> None:
+    # A child writes 300 records with flushes, then dies by SIGKILL without closing.
+    code = textwrap.dedent(f"""
+        import os, signal
+        from phaselens.store import RunWriter
+        from phaselens.types import RequestRecord
+        w = RunWriter.create({str(tmp_path)!r}, "k", {{"name": "k"}})
+        for i in range(300):
+            w.add_record(RequestRecord(id=i, model="m", stage=0, scheduled_ns=i, status="ok"))
+        w.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    subprocess.run([sys.executable, "-c", code], check=False)
+    (path,) = list(tmp_path.iterdir())
+    assert json.loads((path / "manifest.json").read_text())["status"] == "running"
+    run = load_run(path)
+    assert run.partial and run.manifest["status"] == "partial"
+    assert run.requests.height == 300
+    assert (path / REQUESTS).exists()
+
+
+def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
+    w = RunWriter.create(tmp_path, "x", {})
+    w.add_record(_rec(0))
+    w.flush()
+    with open(w.path / EVENTS, "a") as f:
+        f.write('["r", 1, "m"')  # torn write
+    run = load_run(w.path)
+    assert run.requests.height == 1 and run.partial
+
+
+def test_bulk_write(tmp_path: Path) -> None:
+    df = records_frame([_rec(1), _rec(0)])
+    run = load_run(write_run(tmp_path, "bulk", {"target": "sim"}, df))
+    assert run.requests["id"].to_list() == [0, 1]
+    assert run.telemetry.height == 0 and isinstance(run.steps, pl.DataFrame)
+
+
+def test_not_a_run(tmp_path: Path) -> None:
+    with pytest.raises(RunFormatError, match="not a phaselens run"):
+        load_run(tmp_path)
