@@ -64,7 +64,8 @@ class StageInfo:
 class Schedule:
     """The whole plan, columnar so that a million requests stay small.
 
-    Row i is request id i; rows are sorted by send time. Iterating yields `PlannedRequest`s.
+    Row i is request id i (or `ids[i]` in a shard); rows are sorted by send time. Iterating
+    yields `PlannedRequest`s.
     """
 
     models: tuple[str, ...]
@@ -80,13 +81,14 @@ class Schedule:
     seed: int
     spec_hash: str
     duration_ns: int
+    ids: I64 | None = None  # original request ids of a shard (plan.subset); None: row i is id i
 
     def __len__(self) -> int:
         return int(self.t_ns.shape[0])
 
     def __getitem__(self, i: int) -> PlannedRequest:
         return PlannedRequest(
-            id=int(i),
+            id=int(self.ids[i]) if self.ids is not None else int(i),
             model=self.models[int(self.model_idx[i])],
             stage=int(self.stage[i]),
             t_ns=int(self.t_ns[i]),
