@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -104,7 +103,9 @@ class Engine:
         stop_group(self.proc.pid, timeout_s, self.proc)
 
 
-def stop_group(pid: int, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+def stop_group(
+    pid: int, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] | None = None
+) -> None:
     """Stop the process group led by pid (our engines are started as group leaders)."""
     try:
         os.killpg(pid, signal.SIGTERM)
@@ -265,7 +266,9 @@ def start(
 
 
 def _main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("start", help="start in the background, print READY, leave it running")
     s.add_argument("kind", choices=KINDS)

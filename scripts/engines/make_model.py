@@ -97,7 +97,9 @@ def make_weights(dims: dict[str, int], n_vocab: int, seed: int, std: float) -> d
     return sd
 
 
-def write_hf(out: Path, dims: dict[str, int], ctx: int, pieces: list[str], sd: dict[str, Any]) -> Any:
+def write_hf(
+    out: Path, dims: dict[str, int], ctx: int, pieces: list[str], sd: dict[str, Any]
+) -> Any:
     """The HF directory vLLM loads: config, weights, fast tokenizer with the chat template."""
     from safetensors.numpy import save_file
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
