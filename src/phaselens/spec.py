@@ -1,0 +1,536 @@
+"""The workload spec: what traffic to generate, validated at the edge.
+
+Why pydantic here and nowhere else inside: a spec is user input, so every field is checked once,
+with a field path in the error (`spec.yaml: models[1].arrival.cv: must be > 0`), and everything
+downstream works on values it can trust. YAML is read only with `yaml.safe_load`.
+
+The shape (see docs/workload.md):
+
+    name, seed, duration_s | requests, stages | ramp, slo, models: [{name, rate, arrival,
+    input_tokens, output_tokens, prefix, priority}]
+
+Relative paths (traces, empirical length files) resolve against the spec file's folder and are
+stored absolute, so a resolved spec (e.g. in a run manifest) can be planned again as it is.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from phaselens.errors import InputError
+
+PosFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+PosInt = Annotated[int, Field(ge=1)]
+
+TRACE_FORMATS = ("auto", "azure", "mooncake", "burstgpt", "csv", "jsonl")
+TRACE_FIELDS = ("timestamp", "input_tokens", "output_tokens", "model", "hash_ids")
+TIME_UNITS: dict[str, float] = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors: a typo (`burst_ration`) must not silently become a default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---------------------------------------------------------------- length distributions
+class _Clip(_Strict):
+    min: float | None = None
+    max: float | None = None
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> _Clip:
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min: {self.min:g} is greater than max {self.max:g}")
+        return self
+
+
+class FixedLength(_Clip):
+    type: Literal["fixed"]
+    value: Annotated[int, Field(ge=1)]
+
+
+class UniformLength(_Clip):
+    """Integers drawn uniformly from [min, max], both included (min and max are required)."""
+
+    type: Literal["uniform"]
+    min: float
+    max: float
+
+
+class NormalLength(_Clip):
+    type: Literal["normal"]
+    mean: float
+    std: NonNegFloat
+
+
+class LognormalLength(_Clip):
+    """exp(N(ln median, sigma²)): the long-tailed prompt lengths of chat traffic."""
+
+    type: Literal["lognormal"]
+    median: PosFloat
+    sigma: NonNegFloat
+
+
+class Histogram(_Strict):
+    """Bins [edges[i], edges[i+1]) drawn with probability counts[i], uniform inside a bin."""
+
+    edges: list[float] = Field(min_length=2)
+    counts: list[NonNegFloat] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _shape(self) -> Histogram:
+        if len(self.counts) != len(self.edges) - 1:
+            raise ValueError(
+                f"counts: expected {len(self.edges) - 1} counts for {len(self.edges)} edges, "
+                f"got {len(self.counts)}"
+            )
+        if any(b <= a for a, b in zip(self.edges, self.edges[1:], strict=False)):
+            raise ValueError("edges: must be strictly increasing")
+        if sum(self.counts) <= 0:
+            raise ValueError("counts: must not all be 0")
+        return self
+
+
+class EmpiricalLength(_Clip):
+    """Resample observed lengths: a list, a histogram, or a column of a CSV/JSONL file."""
+
+    type: Literal["empirical"]
+    values: list[float] | None = Field(None, min_length=1)
+    histogram: Histogram | None = None
+    path: str | None = None
+    column: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EmpiricalLength:
+        given = [k for k in ("values", "histogram", "path") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "values: give exactly one of values, histogram, or path + column "
+                f"(got {', '.join(given) or 'none'})"
+            )
+        if self.path is not None and not self.column:
+            raise ValueError("column: required with path (the column or JSON key to read)")
+        return self
+
+
+class MixturePart(_Strict):
+    weight: PosFloat
+    dist: LengthDist
+
+
+class MixtureLength(_Clip):
+    """Weighted parts, e.g. 95% short + 5% long: the seed's long-tail case."""
+
+    type: Literal["mixture"]
+    parts: list[MixturePart] = Field(min_length=1)
+
+
+LengthDist = Annotated[
+    FixedLength | UniformLength | NormalLength | LognormalLength | EmpiricalLength | MixtureLength,
+    Field(discriminator="type"),
+]
+MixturePart.model_rebuild()
+
+
+# ---------------------------------------------------------------- arrival processes
+class ConstantArrival(_Strict):
+    type: Literal["constant"]
+
+
+class PoissonArrival(_Strict):
+    type: Literal["poisson"]
+
+
+class GammaArrival(_Strict):
+    """Gamma inter-arrival gaps with coefficient of variation `cv` (1 = Poisson, > 1 bursty)."""
+
+    type: Literal["gamma"]
+    cv: PosFloat
+
+
+class OnOffArrival(_Strict):
+    """Two-state Markov-modulated Poisson process that keeps the model's mean `rate`.
+
+    The burst rate is `burst_ratio` x the quiet rate; state durations are exponential with
+    means `burst_s` and `quiet_s`.
+    """
+
+    type: Literal["onoff"]
+    burst_ratio: Annotated[float, Field(ge=1)]
+    burst_s: PosFloat
+    quiet_s: PosFloat
+
+
+class TraceArrival(_Strict):
+    """Replay timestamps (and, unless the spec gives them, lengths) from a trace file."""
+
+    type: Literal["trace"]
+    path: str
+    format: Literal["auto", "azure", "mooncake", "burstgpt", "csv", "jsonl"] = "auto"
+    columns: dict[str, str] | None = None  # field -> column (or JSON key) in the file
+    time_unit: Literal["s", "ms", "us", "ns"] | None = None  # numeric timestamps (generic)
+    time_scale: PosFloat = 1.0  # multiplies the trace's time offsets (0.5 = twice as fast)
+    rate: PosFloat | None = None  # instead of time_scale: rescale to this mean rate (req/s)
+    start_s: NonNegFloat = 0.0  # skip this many seconds of the trace (offsets, unscaled)
+    model: str | None = None  # keep only rows whose model column equals this
+
+    @field_validator("columns")
+    @classmethod
+    def _known_fields(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        for k in v or {}:
+            if k not in TRACE_FIELDS:
+                raise ValueError(f"unknown field {k!r}; expected one of {', '.join(TRACE_FIELDS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _rate_or_scale(self) -> TraceArrival:
+        if self.rate is not None and self.time_scale != 1.0:
+            raise ValueError("rate: give either rate or time_scale, not both")
+        if self.format in ("csv", "jsonl") and not (self.columns or {}).get("timestamp"):
+            raise ValueError(
+                f"columns: format {self.format} needs a mapping with at least `timestamp` "
+                "(and usually input_tokens, output_tokens)"
+            )
+        return self
+
+
+Arrival = Annotated[
+    ConstantArrival | PoissonArrival | GammaArrival | OnOffArrival | TraceArrival,
+    Field(discriminator="type"),
+]
+
+
+# ---------------------------------------------------------------- workload
+class PrefixSpec(_Strict):
+    """A `share` of requests start with one of `groups` shared prefixes of `tokens` tokens."""
+
+    groups: PosInt
+    tokens: PosInt
+    share: Annotated[float, Field(ge=0, le=1)]
+
+
+class ModelSpec(_Strict):
+    name: str = Field(min_length=1)
+    rate: PosFloat | None = None  # mean requests/s at rate_scale 1.0
+    arrival: Arrival = Field(default_factory=lambda: PoissonArrival(type="poisson"))
+    input_tokens: LengthDist | None = None
+    output_tokens: LengthDist | None = None
+    prefix: PrefixSpec | None = None
+    priority: int = 0  # lower is served first (vLLM's convention)
+
+    @property
+    def is_trace(self) -> bool:
+        return isinstance(self.arrival, TraceArrival)
+
+    @model_validator(mode="after")
+    def _complete(self) -> ModelSpec:
+        if isinstance(self.arrival, TraceArrival):
+            if (
+                self.rate is not None
+                and self.arrival.rate is not None
+                and self.rate != self.arrival.rate
+            ):
+                raise ValueError("rate: differs from arrival.rate; give one of them")
+            if self.rate is not None and self.arrival.time_scale != 1.0:
+                raise ValueError("rate: give either rate or arrival.time_scale, not both")
+            return self
+        if self.rate is None:
+            raise ValueError(f"rate: required for {self.arrival.type} arrivals (requests/s)")
+        for key in ("input_tokens", "output_tokens"):
+            if getattr(self, key) is None:
+                raise ValueError(f"{key}: required unless arrivals come from a trace")
+        return self
+
+
+class StageSpec(_Strict):
+    rate_scale: NonNegFloat
+    duration_s: PosFloat
+
+
+class RampSpec(_Strict):
+    """A linear ramp, planned as `steps` equal stages whose rate_scale rises from start to end."""
+
+    start: NonNegFloat
+    end: NonNegFloat
+    duration_s: PosFloat
+    steps: Annotated[int, Field(ge=2, le=10_000)] = 10
+
+
+_PCT = re.compile(r"^p(\d{1,2}(\.\d+)?|100)$")
+
+
+class SLOSpec(_Strict):
+    """Latency objectives per metric, e.g. `ttft_ms: {p90: 200}` (milliseconds)."""
+
+    ttft_ms: dict[str, PosFloat] | None = None
+    itl_ms: dict[str, PosFloat] | None = None
+    tpot_ms: dict[str, PosFloat] | None = None
+    e2e_ms: dict[str, PosFloat] | None = None
+
+    @field_validator("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
+    @classmethod
+    def _percentile_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for k in v or {}:
+            if not _PCT.match(k) and k != "mean":
+                raise ValueError(f"{k!r} is not a percentile; expected keys like p50, p90, p99.9")
+        return v
+
+
+class WorkloadSpec(BaseModel):
+    """A whole workload: several models, each with its own arrivals, lengths and priority."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("workload", min_length=1)
+    description: str = ""
+    seed: Annotated[int, Field(ge=0)] = 0
+    duration_s: PosFloat | None = None
+    requests: PosInt | None = None
+    stages: list[StageSpec] | None = Field(None, min_length=1)
+    ramp: RampSpec | None = None
+    slo: SLOSpec = Field(default_factory=SLOSpec)
+    models: list[ModelSpec] = Field(min_length=1)
+    _source: str = PrivateAttr("spec")  # the file it came from, for error messages
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkloadSpec:
+        names = [m.name for m in self.models]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"models: duplicate model name {dup[0]!r}")
+        if self.ramp is not None:
+            if self.stages is not None:
+                raise ValueError("ramp: give either stages or ramp, not both")
+            r = self.ramp
+            step = r.duration_s / r.steps
+            self.stages = [
+                StageSpec(
+                    rate_scale=r.start + (r.end - r.start) * k / (r.steps - 1), duration_s=step
+                )
+                for k in range(r.steps)
+            ]
+            self.ramp = None  # expanded: the resolved spec is a plain stage list
+        traced = [m.name for m in self.models if m.is_trace]
+        for k, st in enumerate(self.stages or []):
+            if traced and st.rate_scale > 1:
+                raise ValueError(
+                    f"stages[{k}].rate_scale: {st.rate_scale:g} > 1 cannot apply to trace model "
+                    f"{traced[0]!r} (stages thin a trace, they cannot add requests); "
+                    "speed the trace up with arrival.time_scale or arrival.rate instead"
+                )
+        has_window = self.duration_s is not None or self.requests is not None or self.stages
+        if not has_window and not all(m.is_trace for m in self.models):
+            raise ValueError("duration_s: give duration_s, requests or stages")
+        return self
+
+    @property
+    def slo_dict(self) -> dict[str, dict[str, float]]:
+        """The SLO block as plain dicts, without unset metrics (what manifests store)."""
+        return {k: dict(v) for k, v in self.slo.model_dump().items() if v}
+
+
+# ---------------------------------------------------------------- loading
+def demo_spec_path() -> Path:
+    """The seed example shipped inside the package, used by `phaselens demo`."""
+    return Path(str(resources.files("phaselens") / "data" / "seed-two-models.yaml"))
+
+
+def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> WorkloadSpec:
+    """Read, override (`models[0].rate=4`), validate and resolve a YAML workload spec."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{p}: file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{p}: cannot read ({e})") from None
+    data = _safe_yaml(text, str(p))
+    if not isinstance(data, dict):
+        raise InputError(f"{p}: expected a mapping at the top level (name, seed, models, ...)")
+    data.setdefault("name", p.stem)
+    for item in overrides:
+        apply_override(data, item)
+    return parse_spec(data, str(p), p.resolve().parent)
+
+
+def _safe_yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.constructor.ConstructorError as e:
+        line = f"line {e.problem_mark.line + 1}: " if e.problem_mark else ""
+        tag = re.search(r"tag '([^']*)'", str(e.problem or ""))
+        name = tag.group(1).replace("tag:yaml.org,2002:", "!!") if tag else ""
+        what = f"YAML tag {name!r}" if tag else "this YAML tag"
+        raise InputError(
+            f"{source}: {line}{what} is not allowed; a spec holds plain data only "
+            "(mappings, lists, numbers, strings)"
+        ) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InputError(f"{source}: {line}invalid YAML ({problem})") from None
+
+
+def parse_spec(data: Mapping[str, Any], source: str, base_dir: Path) -> WorkloadSpec:
+    """Validate a spec mapping; relative paths resolve against `base_dir` and must exist."""
+    try:
+        spec = WorkloadSpec.model_validate(dict(data))
+    except ValidationError as e:
+        raise InputError(f"{source}: {_describe(e)}") from None
+    spec = _resolve_paths(spec, source, base_dir)
+    spec._source = source
+    return spec
+
+
+def _resolve_paths(spec: WorkloadSpec, source: str, base_dir: Path) -> WorkloadSpec:
+    def fix(p: str, where: str) -> str:
+        q = Path(p).expanduser()
+        q = q if q.is_absolute() else (base_dir / q)
+        if not q.is_file():
+            raise InputError(f"{source}: {where}: file not found: {q}")
+        return str(q.resolve())
+
+    def fix_len(d: Any, where: str) -> Any:
+        if isinstance(d, EmpiricalLength) and d.path is not None:
+            return d.model_copy(update={"path": fix(d.path, f"{where}.path")})
+        if isinstance(d, MixtureLength):
+            parts = [
+                pt.model_copy(update={"dist": fix_len(pt.dist, f"{where}.parts[{i}].dist")})
+                for i, pt in enumerate(d.parts)
+            ]
+            return d.model_copy(update={"parts": parts})
+        return d
+
+    models = []
+    for i, m in enumerate(spec.models):
+        upd: dict[str, Any] = {}
+        if isinstance(m.arrival, TraceArrival):
+            upd["arrival"] = m.arrival.model_copy(
+                update={"path": fix(m.arrival.path, f"models[{i}].arrival.path")}
+            )
+        for key in ("input_tokens", "output_tokens"):
+            d = getattr(m, key)
+            if d is not None:
+                upd[key] = fix_len(d, f"models[{i}].{key}")
+        models.append(m.model_copy(update=upd))
+    return spec.model_copy(update={"models": models})
+
+
+_TAGS = frozenset(
+    {"constant", "poisson", "gamma", "onoff", "trace"}
+    | {"fixed", "uniform", "normal", "lognormal", "empirical", "mixture"}
+)
+_FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.\[\]]*): (.*)$", re.S)
+
+
+def _loc(parts: Sequence[int | str]) -> str:
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif p not in _TAGS:  # discriminated unions put the chosen tag in the path
+            out += f".{p}" if out else str(p)
+    return out
+
+
+def _describe(e: ValidationError) -> str:
+    """The first validation error as `field.path: what was expected`."""
+    errs = e.errors(include_url=False)
+    err = errs[0]
+    loc = _loc(err["loc"])
+    kind, ctx, msg = err["type"], err.get("ctx") or {}, str(err["msg"])
+    if kind == "union_tag_invalid":
+        loc = f"{loc}.type" if loc else "type"
+        msg = f"unknown type {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
+    elif kind == "union_tag_not_found":
+        loc = f"{loc}.type" if loc else "type"
+        msg = f"missing; expected one of {_expected_for(loc)}"
+    elif kind == "missing":
+        msg = "required"
+    elif kind == "extra_forbidden":
+        msg = "unknown field"
+    elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<"}.get(kind, "<=")
+        bound = next(iter(ctx.values()), "?")
+        shown = f"{bound:g}" if isinstance(bound, (int, float)) else str(bound)
+        msg = f"must be {op} {shown} (got {err.get('input')!r})"
+    elif kind == "value_error":
+        msg = msg.removeprefix("Value error, ")
+        m = _FIELD_PREFIX.match(msg)
+        if m:
+            loc = f"{loc}.{m.group(1)}" if loc else m.group(1)
+            msg = m.group(2)
+    else:
+        msg = f"{msg} (got {err.get('input')!r})"
+    more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+    return f"{loc or '<top>'}: {msg}{more}"
+
+
+def _expected_for(loc: str) -> str:
+    if loc.endswith("arrival.type"):
+        return "constant, poisson, gamma, onoff, trace"
+    return "fixed, uniform, normal, lognormal, empirical, mixture"
+
+
+# ---------------------------------------------------------------- overrides
+_PATH_TOKEN = re.compile(r"([A-Za-z_]\w*)|\[(\d+)\]")
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """Apply one `a.b[0].c=value` override in place; the value is parsed as YAML."""
+    if "=" not in item:
+        raise InputError(f"--set {item}: expected PATH=VALUE, e.g. models[0].rate=4")
+    path, raw = item.split("=", 1)
+    keys: list[str | int] = []
+    pos = 0
+    for m in _PATH_TOKEN.finditer(path):
+        sep = path[pos : m.start()]
+        if sep not in ("", ".") or (sep == "." and not keys):
+            raise InputError(f"--set {item}: cannot parse path {path!r}")
+        keys.append(m.group(1) if m.group(1) is not None else int(m.group(2)))
+        pos = m.end()
+    if not keys or pos != len(path):
+        raise InputError(f"--set {item}: cannot parse path {path!r}")
+    value = _safe_yaml(raw, f"--set {item}")
+    node: Any = data
+    for i, k in enumerate(keys[:-1]):
+        here = _loc(keys[: i + 1])
+        if isinstance(k, int):
+            if not isinstance(node, list) or k >= len(node):
+                raise InputError(f"--set {item}: {here}: no such list item")
+            node = node[k]
+        else:
+            if not isinstance(node, dict):
+                raise InputError(f"--set {item}: {here}: not a mapping")
+            node = node.setdefault(k, {})
+    last = keys[-1]
+    if isinstance(last, int):
+        if not isinstance(node, list) or last >= len(node):
+            raise InputError(f"--set {item}: {_loc(keys)}: no such list item")
+        node[last] = value
+    else:
+        if not isinstance(node, dict):
+            raise InputError(f"--set {item}: {_loc(keys[:-1])}: not a mapping")
+        node[last] = value

@@ -1,0 +1,1 @@
+"""Workload planning: arrival processes, length distributions, trace readers, the planner."""

@@ -1,0 +1,537 @@
+"""The planner: WorkloadSpec -> Schedule, computed completely before anything is sent.
+
+Why up front (MLPerf LoadGen's lesson): the driver then only has to keep time, its lateness is
+measurable (sent - scheduled), and the simulator replays exactly the same requests.
+
+Randomness: `SeedSequence(seed).spawn(n_models)`, then each model's sequence spawns one stream
+per dimension (arrivals, input lengths, output lengths, prefixes, trace thinning). Changing one
+model's arrivals therefore changes neither another model's draws nor its own lengths' stream.
+Same spec + same seed => byte-identical arrays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+from rich.table import Table
+
+from phaselens.errors import InputError
+from phaselens.spec import ModelSpec, TraceArrival, WorkloadSpec
+from phaselens.types import Schedule, StageInfo
+from phaselens.workload.arrivals import arrival_times
+from phaselens.workload.lengths import sample_lengths
+from phaselens.workload.traces import Trace, read_trace
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+
+MAX_REQUESTS = 50_000_000
+BYTES_PER_REQUEST = 60  # t_ns, lengths, prefix (8 B each) + model, stage, group, priority (4 B)
+STREAMS = ("arrival", "input", "output", "prefix", "thin")
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """The requests of one (possibly trace-expanded) model, before merging."""
+
+    name: str
+    priority: int
+    t_s: F64
+    stage: I32
+    input_tokens: I64
+    output_tokens: I64
+    prefix_group: I32
+    prefix_tokens: I64
+
+
+# ---------------------------------------------------------------- windows and estimates
+def _stage_windows(spec: WorkloadSpec, horizon_s: float) -> list[tuple[float, float, float]]:
+    """(start, end, rate_scale) per stage, in seconds."""
+    if not spec.stages:
+        return [(0.0, horizon_s, 1.0)]
+    out, t = [], 0.0
+    for st in spec.stages:
+        out.append((t, t + st.duration_s, st.rate_scale))
+        t += st.duration_s
+    return out
+
+
+def estimate_requests(spec: WorkloadSpec) -> int:
+    """Expected number of synthetic requests (trace rows are counted when read)."""
+    if spec.requests is not None and not spec.stages and spec.duration_s is None:
+        return spec.requests
+    window = _stage_windows(spec, spec.duration_s or 0.0)
+    scaled = sum((b - a) * s for a, b, s in window)
+    n = sum((m.rate or 0.0) * scaled for m in spec.models if not m.is_trace)
+    return min(int(n), spec.requests) if spec.requests is not None else int(n)
+
+
+def _check_size(spec: WorkloadSpec, n: int, field: str) -> None:
+    if n > MAX_REQUESTS:
+        gb = n * BYTES_PER_REQUEST / 1e9
+        raise InputError(
+            f"{spec.source}: {field}: the plan would hold about {n:,} requests (~{gb:.1f} GB at "
+            f"~{BYTES_PER_REQUEST} bytes/request); the limit is {MAX_REQUESTS:,}: shorten the "
+            "run or lower the rates"
+        )
+
+
+# ---------------------------------------------------------------- per model
+def _streams(spec: WorkloadSpec) -> list[dict[str, np.random.Generator]]:
+    per_model = np.random.SeedSequence(spec.seed).spawn(len(spec.models))
+    return [
+        dict(zip(STREAMS, map(np.random.default_rng, ss.spawn(len(STREAMS))), strict=True))
+        for ss in per_model
+    ]
+
+
+def _prefixes(m: ModelSpec, inp: I64, rng: np.random.Generator) -> tuple[I32, I64]:
+    n = inp.size
+    if m.prefix is None:
+        return np.full(n, -1, np.int32), np.zeros(n, np.int64)
+    shared = rng.random(n) < m.prefix.share
+    group = rng.integers(0, m.prefix.groups, size=n).astype(np.int32)
+    pg = np.where(shared, group, -1).astype(np.int32)
+    pt = np.where(shared, np.minimum(m.prefix.tokens, inp), 0).astype(np.int64)
+    return pg, pt
+
+
+def _synthetic(
+    m: ModelSpec,
+    windows: Sequence[tuple[float, float, float]],
+    rngs: Mapping[str, np.random.Generator],
+) -> _Part:
+    assert m.rate is not None and not isinstance(m.arrival, TraceArrival)
+    times, stages = [], []
+    for k, (a, b, scale) in enumerate(windows):
+        t = arrival_times(m.arrival, m.rate * scale, a, b, rngs["arrival"])
+        times.append(t)
+        stages.append(np.full(t.size, k, np.int32))
+    t_s = np.concatenate(times) if times else np.empty(0)
+    n = t_s.size
+    assert m.input_tokens is not None and m.output_tokens is not None
+    inp = sample_lengths(m.input_tokens, n, rngs["input"])
+    out = sample_lengths(m.output_tokens, n, rngs["output"])
+    pg, pt = _prefixes(m, inp, rngs["prefix"])
+    return _Part(m.name, m.priority, t_s, np.concatenate(stages), inp, out, pg, pt)
+
+
+def _trace_times(spec: WorkloadSpec, i: int, m: ModelSpec, tr: Trace) -> Trace:
+    """Cut `start_s`, then scale the time axis (time_scale, or to the target mean rate)."""
+    a = m.arrival
+    assert isinstance(a, TraceArrival)
+    keep = np.flatnonzero(tr.t_s >= a.start_s)
+    if keep.size == 0:
+        raise InputError(
+            f"{spec.source}: models[{i}].arrival.start_s: {a.start_s:g} s is past the trace's "
+            f"end ({tr.t_s[-1]:.3f} s)"
+        )
+    tr = tr.take(keep)
+    t = tr.t_s - a.start_s
+    target = a.rate if a.rate is not None else m.rate
+    if target is not None:
+        span = float(t[-1] - t[0])
+        if t.size < 2 or span <= 0:
+            raise InputError(
+                f"{spec.source}: models[{i}].arrival.rate: cannot rescale a trace whose requests "
+                "all share one timestamp"
+            )
+        factor = ((t.size - 1) / span) / target
+    else:
+        factor = a.time_scale
+    return Trace(
+        tr.path,
+        tr.format,
+        t * factor,
+        tr.input_tokens,
+        tr.output_tokens,
+        tr.model_names,
+        tr.model_idx,
+        tr.prefix_group,
+        tr.prefix_tokens,
+    )
+
+
+def _traced(
+    spec: WorkloadSpec,
+    i: int,
+    m: ModelSpec,
+    tr: Trace,
+    windows: Sequence[tuple[float, float, float]],
+    rngs: Mapping[str, np.random.Generator],
+) -> list[_Part]:
+    """Trace rows inside the stages; a stage with rate_scale < 1 keeps each row with that
+    probability (thinning), so the trace's own burst structure is preserved."""
+    end = windows[-1][1]
+    tr = tr.take(np.flatnonzero(tr.t_s < end))
+    starts = np.asarray([w[0] for w in windows])
+    scales = np.asarray([w[2] for w in windows])
+    stage = (np.searchsorted(starts, tr.t_s, side="right") - 1).astype(np.int32)
+    u = rngs["thin"].random(len(tr))
+    tr = tr.take(np.flatnonzero(u < scales[stage]))
+    stage = (np.searchsorted(starts, tr.t_s, side="right") - 1).astype(np.int32)
+    n = len(tr)
+    lengths: dict[str, I64] = {}
+    for key, stream in (("input_tokens", "input"), ("output_tokens", "output")):
+        dist = getattr(m, key)
+        if dist is not None:
+            lengths[key] = sample_lengths(dist, n, rngs[stream])
+        else:
+            got = getattr(tr, key)
+            if got is None:
+                raise InputError(
+                    f"{spec.source}: models[{i}].{key}: required: trace {tr.path} has no "
+                    f"{key} column (map one in arrival.columns or give a distribution)"
+                )
+            lengths[key] = got
+    inp = lengths["input_tokens"]
+    if m.prefix is not None or tr.prefix_group is None:
+        pg, pt = _prefixes(m, inp, rngs["prefix"])
+    else:
+        assert tr.prefix_tokens is not None
+        pg, pt = tr.prefix_group, np.minimum(tr.prefix_tokens, inp)
+    a = m.arrival
+    assert isinstance(a, TraceArrival)
+    labels = tr.model_names
+    idx = tr.model_idx
+    if idx is not None and a.model is not None:
+        if a.model not in labels:
+            raise InputError(
+                f"{spec.source}: models[{i}].arrival.model: {a.model!r} is not in the trace's "
+                f"model column (found: {', '.join(labels) or 'none'})"
+            )
+        sel = idx == labels.index(a.model)
+        groups: list[tuple[str, npt.NDArray[np.bool_]]] = [(m.name, sel)]
+    elif idx is not None and len(labels) > 1:
+        groups = [(f"{m.name}/{lab}", idx == k) for k, lab in enumerate(labels)]
+    else:
+        groups = [(m.name, np.ones(n, np.bool_))]
+    return [
+        _Part(
+            name,
+            m.priority,
+            tr.t_s[sel],
+            stage[sel],
+            lengths["input_tokens"][sel],
+            lengths["output_tokens"][sel],
+            pg[sel],
+            pt[sel],
+        )
+        for name, sel in groups
+    ]
+
+
+# ---------------------------------------------------------------- build
+def _parts(
+    spec: WorkloadSpec, traces: Mapping[int, Trace], horizon_s: float
+) -> tuple[list[_Part], list[tuple[float, float, float]]]:
+    windows = _stage_windows(spec, horizon_s)
+    streams = _streams(spec)
+    parts: list[_Part] = []
+    for i, m in enumerate(spec.models):
+        if m.is_trace:
+            parts.extend(_traced(spec, i, m, traces[i], windows, streams[i]))
+        else:
+            parts.append(_synthetic(m, windows, streams[i]))
+    return parts, windows
+
+
+def _horizon(spec: WorkloadSpec, traces: Mapping[int, Trace]) -> float:
+    """The arrival window in seconds (for `requests`-only specs: a first guess)."""
+    if spec.stages:
+        return sum(s.duration_s for s in spec.stages)
+    if spec.duration_s is not None:
+        return spec.duration_s
+    trace_end = max((float(tr.t_s[-1]) + 1e-9 for tr in traces.values()), default=0.0)
+    rate = sum(m.rate or 0.0 for m in spec.models if not m.is_trace)
+    if spec.requests is not None and rate > 0:
+        return max(1.25 * spec.requests / rate + 10.0 / rate, trace_end)
+    return trace_end
+
+
+def build_schedule(spec: WorkloadSpec) -> Schedule:
+    """Plan every request: model, stage, send time, lengths, prefix group, priority."""
+    field = "requests" if spec.requests is not None else "duration_s"
+    _check_size(spec, estimate_requests(spec), field)
+    traces: dict[int, Trace] = {}
+    for i, m in enumerate(spec.models):
+        if isinstance(m.arrival, TraceArrival):
+            a = m.arrival
+            tr = read_trace(a.path, a.format, a.columns, a.time_unit)
+            traces[i] = _trace_times(spec, i, m, tr)
+    _check_size(spec, estimate_requests(spec) + sum(len(t) for t in traces.values()), field)
+
+    horizon = _horizon(spec, traces)
+    open_ended = spec.requests is not None and not spec.stages and spec.duration_s is None
+    has_synthetic = any(not m.is_trace for m in spec.models)
+    while True:
+        parts, windows = _parts(spec, traces, horizon)
+        total = sum(p.t_s.size for p in parts)
+        if not open_ended or not has_synthetic or total > (spec.requests or 0):
+            break
+        horizon *= 2.0  # too few arrivals for `requests`: plan again over a longer window
+    return _merge(spec, parts, windows)
+
+
+def _merge(
+    spec: WorkloadSpec, parts: Sequence[_Part], windows: Sequence[tuple[float, float, float]]
+) -> Schedule:
+    names = tuple(p.name for p in parts)
+    t_ns = np.concatenate([np.rint(p.t_s * 1e9).astype(np.int64) for p in parts])
+    model_idx = np.concatenate([np.full(p.t_s.size, k, np.int32) for k, p in enumerate(parts)])
+
+    def cat(key: str, dtype: type[np.generic]) -> Any:
+        return np.concatenate([getattr(p, key) for p in parts]).astype(dtype)
+
+    prio = np.asarray([p.priority for p in parts], np.int32)[model_idx]
+    order = np.lexsort((model_idx, t_ns))  # by time, ties by model order (stable)
+    cols = {
+        "t_ns": t_ns[order],
+        "model_idx": model_idx[order],
+        "stage": cat("stage", np.int32)[order],
+        "input_tokens": cat("input_tokens", np.int64)[order],
+        "output_tokens": cat("output_tokens", np.int64)[order],
+        "prefix_group": cat("prefix_group", np.int32)[order],
+        "prefix_tokens": cat("prefix_tokens", np.int64)[order],
+        "priority": prio[order],
+    }
+    duration_ns = round(windows[-1][1] * 1e9)
+    if spec.requests is not None and cols["t_ns"].size > spec.requests:
+        # The window ends at the first request that is not planned: it holds exactly N.
+        duration_ns = int(cols["t_ns"][spec.requests])
+        cols = {k: v[: spec.requests] for k, v in cols.items()}
+    stages = tuple(
+        StageInfo(k, float(s), round(a * 1e9), min(round(b * 1e9), duration_ns))
+        for k, (a, b, s) in enumerate(windows)
+        if round(a * 1e9) < duration_ns or k == 0
+    )
+    return Schedule(
+        models=names,
+        **cols,
+        stages=stages,
+        seed=spec.seed,
+        spec_hash=spec_hash(spec),
+        duration_ns=duration_ns,
+    )
+
+
+# ---------------------------------------------------------------- identity
+def resolved_spec(spec: WorkloadSpec) -> dict[str, Any]:
+    """The spec as plain JSON data (stages expanded, paths absolute): what manifests store."""
+    return spec.model_dump(mode="json")
+
+
+def spec_hash(spec: WorkloadSpec) -> str:
+    """sha256 of the canonical resolved spec, with each referenced file replaced by the sha256
+    of its content, so the hash follows the data and not where the checkout lives."""
+
+    def walk(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {
+                k: _file_digest(v) if k == "path" and isinstance(v, str) else walk(v)
+                for k, v in x.items()
+            }
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        return x
+
+    canon = json.dumps(walk(resolved_spec(spec)), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def _file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError:
+        return f"missing:{Path(path).name}"
+    return f"sha256:{h.hexdigest()}"
+
+
+# ---------------------------------------------------------------- views
+def subset(schedule: Schedule, idx: npt.ArrayLike) -> Schedule:
+    """The rows `idx` (positions or a boolean mask) as a Schedule keeping original ids: a shard.
+
+    Rows stay in time order whatever the order of `idx`.
+    """
+    sel = np.asarray(idx)
+    if sel.dtype == np.bool_:
+        if sel.shape != (len(schedule),):
+            raise ValueError(f"mask of shape {sel.shape} for a schedule of {len(schedule)} rows")
+        pos = np.flatnonzero(sel)
+    else:
+        pos = np.unique(sel.astype(np.int64))  # sorted rows = time order
+    ids = schedule.ids[pos] if schedule.ids is not None else pos.astype(np.int64)
+    return Schedule(
+        models=schedule.models,
+        t_ns=schedule.t_ns[pos],
+        model_idx=schedule.model_idx[pos],
+        stage=schedule.stage[pos],
+        input_tokens=schedule.input_tokens[pos],
+        output_tokens=schedule.output_tokens[pos],
+        prefix_group=schedule.prefix_group[pos],
+        prefix_tokens=schedule.prefix_tokens[pos],
+        priority=schedule.priority[pos],
+        stages=schedule.stages,
+        seed=schedule.seed,
+        spec_hash=schedule.spec_hash,
+        duration_ns=schedule.duration_ns,
+        ids=ids,
+    )
+
+
+def schedule_ids(schedule: Schedule) -> I64:
+    """Request ids per row (row positions unless the schedule is a shard)."""
+    if schedule.ids is not None:
+        return schedule.ids
+    return np.arange(len(schedule), dtype=np.int64)
+
+
+def schedule_frame(schedule: Schedule) -> pl.DataFrame:
+    """One row per planned request (what `plan --out F.parquet` writes)."""
+    names = pl.Series("names", list(schedule.models), dtype=pl.String)
+    return pl.DataFrame(
+        {
+            "id": schedule_ids(schedule),
+            "model": names.gather(schedule.model_idx) if len(schedule) else [],
+            "stage": schedule.stage,
+            "t_ns": schedule.t_ns,
+            "input_tokens": schedule.input_tokens,
+            "output_tokens": schedule.output_tokens,
+            "prefix_group": schedule.prefix_group,
+            "prefix_tokens": schedule.prefix_tokens,
+            "priority": schedule.priority,
+        },
+        schema={
+            "id": pl.Int64(),
+            "model": pl.String(),
+            "stage": pl.Int32(),
+            "t_ns": pl.Int64(),
+            "input_tokens": pl.Int64(),
+            "output_tokens": pl.Int64(),
+            "prefix_group": pl.Int32(),
+            "prefix_tokens": pl.Int64(),
+            "priority": pl.Int32(),
+        },
+    )
+
+
+def _pcts(x: I64) -> dict[str, float | None]:
+    if x.size == 0:
+        return {"p50": None, "p90": None, "p99": None, "max": None}
+    q = np.percentile(x, PERCENTILES)  # linear interpolation (numpy's default)
+    out: dict[str, float | None] = {f"p{p}": float(v) for p, v in zip(PERCENTILES, q, strict=True)}
+    out["max"] = float(x.max())
+    return out
+
+
+def _group_stats(t_ns: I64, inp: I64, out: I64, pg: I32, duration_ns: int) -> dict[str, Any]:
+    n = int(t_ns.size)
+    gaps = np.diff(t_ns).astype(np.float64)
+    cv = float(gaps.std() / gaps.mean()) if gaps.size >= 2 and gaps.mean() > 0 else None
+    return {
+        "count": n,
+        "rate": n / (duration_ns / 1e9) if duration_ns > 0 else None,
+        "interarrival_cv": cv,
+        "input_tokens": _pcts(inp),
+        "output_tokens": _pcts(out),
+        "prefix_share": float((pg >= 0).mean()) if n else None,
+    }
+
+
+def summarize(schedule: Schedule) -> dict[str, Any]:
+    """Per model, overall and per stage: count, mean rate, inter-arrival CV (std/mean of the
+    gaps, population std), input/output p50/p90/p99/max, share of requests with a prefix."""
+
+    def stats(sel: npt.NDArray[np.bool_], duration_ns: int) -> dict[str, Any]:
+        return _group_stats(
+            schedule.t_ns[sel],
+            schedule.input_tokens[sel],
+            schedule.output_tokens[sel],
+            schedule.prefix_group[sel],
+            duration_ns,
+        )
+
+    models: dict[str, Any] = {}
+    for k, name in enumerate(schedule.models):
+        models[name] = stats(schedule.model_idx == k, schedule.duration_ns)
+    stages = []
+    for st in schedule.stages:
+        in_stage = schedule.stage == st.index
+        dur = st.t_end_ns - st.t_start_ns
+        stages.append(
+            {
+                "index": st.index,
+                "rate_scale": st.rate_scale,
+                "t_start_s": st.t_start_ns / 1e9,
+                "t_end_s": st.t_end_ns / 1e9,
+                "count": int(in_stage.sum()),
+                "rate": float(in_stage.sum()) / (dur / 1e9) if dur > 0 else None,
+                "models": {
+                    name: stats(in_stage & (schedule.model_idx == k), dur)
+                    for k, name in enumerate(schedule.models)
+                },
+            }
+        )
+    return {
+        "total": len(schedule),
+        "duration_s": schedule.duration_ns / 1e9,
+        "seed": schedule.seed,
+        "spec_hash": schedule.spec_hash,
+        "models": models,
+        "stages": stages,
+    }
+
+
+def _fmt(v: float | None, digits: int = 0) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:,.{digits}f}"
+
+
+def summary_table(summary: Mapping[str, Any], title: str = "") -> Table:
+    """The `phaselens plan` table: one row per model overall, then per model and stage."""
+    t = Table(title=title or None, show_lines=False)
+    for col in ("model", "stage"):
+        t.add_column(col)
+    for col in ("count", "rate/s", "IA CV", "input p50/p90/p99/max", "output p50/p90/p99/max"):
+        t.add_column(col, justify="right")
+    t.add_column("prefix", justify="right")
+
+    def row(name: str, stage: str, s: Mapping[str, Any]) -> list[str]:
+        share = s["prefix_share"]
+        return [
+            name,
+            stage,
+            f"{s['count']:,}",
+            _fmt(s["rate"], 2),
+            _fmt(s["interarrival_cv"], 2),
+            *(
+                "/".join(_fmt(s[key][k]) for k in ("p50", "p90", "p99", "max"))
+                for key in ("input_tokens", "output_tokens")
+            ),
+            "-" if share is None else f"{100 * share:.0f}%",
+        ]
+
+    for name, s in summary["models"].items():
+        t.add_row(*row(name, "all", s), style="bold")
+    stages = summary["stages"]
+    if len(stages) > 1:
+        for name in summary["models"]:
+            for st in stages:
+                label = f"{st['index']} (x{st['rate_scale']:g})"
+                t.add_row(*row(name, label, st["models"][name]))
+    return t
