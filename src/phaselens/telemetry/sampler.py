@@ -1,0 +1,424 @@
+"""The telemetry sampler: every source ticking beside the driver, on the run clock.
+
+Why a separate process by default: parsing one vLLM `/metrics` scrape with prometheus-client
+holds the GIL for several milliseconds, which in a thread of the driver's process pushed the
+asyncio send lag p99 from ~1 ms to ~8 ms (benchmarks/README.md, `## Telemetry overhead`).
+The child process does all sampling and parsing; a thread in the caller's process only turns
+received rows into `TelemetrySample`s and calls the sink. `mode="thread"` keeps everything in
+process (tests, or where spawning is not possible).
+
+Inside the sampler each source runs in its own thread so a slow scrape target cannot delay the
+GPU samples; one dispatcher thread calls the sink, so the sink is never called concurrently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+from phaselens.errors import InputError
+from phaselens.telemetry.clock import RunClock
+from phaselens.telemetry.scrape import SCRAPE_TIMEOUT_S, ScrapeSource, metrics_url
+from phaselens.telemetry.source import Source, Unavailable
+from phaselens.types import TelemetrySample
+
+Sink = Callable[[list[TelemetrySample]], None]
+_LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSpec:
+    """One entry of `--telemetry`: kind in SOURCES, and its argument (URL, PID) or ""."""
+
+    kind: str
+    arg: str = ""
+    quiet: bool = False  # auto-detected: a missing GPU is reported, not an error
+
+
+def _open_gpu(spec: SourceSpec, clock: RunClock) -> list[Source]:
+    from phaselens.telemetry import nvml
+
+    return [nvml.open_nvml(clock)]
+
+
+def _open_smi(spec: SourceSpec, clock: RunClock) -> list[Source]:
+    from phaselens.telemetry import smi
+
+    return [smi.open_smi(clock, interval_s=float(spec.arg or "0.1"))]
+
+
+def _open_scrape(spec: SourceSpec, clock: RunClock) -> list[Source]:
+    return [ScrapeSource(spec.arg, spec.kind, clock)]
+
+
+def _open_cpu(spec: SourceSpec, clock: RunClock) -> list[Source]:
+    from phaselens.telemetry import proc
+
+    return [proc.open_proc(int(spec.arg), clock)]
+
+
+# kind -> opener; an opener raises Unavailable with the reason when it cannot start.
+SOURCES: dict[str, Callable[[SourceSpec, RunClock], list[Source]]] = {
+    "gpu": _open_gpu,
+    "smi": _open_smi,
+    "engine": _open_scrape,
+    "dcgm": _open_scrape,
+    "cpu": _open_cpu,
+}
+_STATUS_KEY = {"gpu": "nvml", "smi": "smi"}
+
+
+def _status_key(spec: SourceSpec) -> str:
+    return _STATUS_KEY.get(spec.kind) or f"{spec.kind}@{spec.arg}"
+
+
+def parse_spec(spec: str | None, targets: Sequence[str]) -> tuple[SourceSpec, ...]:
+    """`--telemetry` -> sources. None/"auto": GPU if present, each http target's /metrics, and
+    the local engine's CPU when its PID can be found; or `gpu,engine,dcgm=URL,smi,cpu=PID`,
+    `engine=URL` for a /metrics URL of its own, `none` for nothing. Bad values: InputError."""
+    http_targets = [t for t in targets if urllib.parse.urlsplit(t).scheme in ("http", "https")]
+    if spec is None or spec.strip() == "auto":
+        out = [SourceSpec("gpu", quiet=True)]
+        out += [SourceSpec("engine", metrics_url(t)) for t in http_targets]
+        out += [SourceSpec("cpu", str(pid), quiet=True) for pid in _local_pids(http_targets)]
+        return tuple(out)
+    items = [x.strip() for x in spec.split(",") if x.strip()]
+    if items == ["none"] or items == ["off"]:
+        return ()
+    out = []
+    for item in items:
+        kind, _, arg = item.partition("=")
+        kind = kind.strip().lower()
+        arg = arg.strip()
+        if kind not in SOURCES:
+            raise InputError(
+                f"--telemetry: unknown source {kind!r} in {spec!r} (expected auto, none, or "
+                "a list of gpu, engine, engine=URL, dcgm=URL, smi, cpu=PID)"
+            )
+        if kind == "engine" and not arg:
+            if not http_targets:
+                raise InputError("--telemetry: 'engine' needs an http target or engine=URL")
+            out += [SourceSpec("engine", metrics_url(t)) for t in http_targets]
+        elif kind in ("engine", "dcgm"):
+            if not arg:
+                raise InputError(
+                    f"--telemetry: {kind} needs a URL: {kind}=http://host:port/metrics"
+                )
+            u = urllib.parse.urlsplit(arg)
+            if u.scheme not in ("http", "https") or not u.hostname:
+                raise InputError(f"--telemetry: {kind}={arg!r} is not an http(s) URL")
+            if not u.path or u.path == "/":
+                arg = f"{u.scheme}://{u.netloc}/metrics"
+            out.append(SourceSpec(kind, arg))
+        elif kind == "cpu":
+            if not arg.isdigit() or int(arg) <= 0:
+                raise InputError(f"--telemetry: cpu needs a process id: cpu=PID (got {arg!r})")
+            out.append(SourceSpec("cpu", arg))
+        elif arg:
+            raise InputError(f"--telemetry: {kind} takes no value (got {item!r})")
+        else:
+            out.append(SourceSpec(kind))
+    return tuple(out)
+
+
+def _local_pids(http_targets: Sequence[str]) -> list[int]:
+    from phaselens.telemetry.proc import listening_pid
+
+    pids = []
+    for t in http_targets:
+        u = urllib.parse.urlsplit(t)
+        port = u.port or (443 if u.scheme == "https" else 80)
+        if u.hostname in _LOCAL_HOSTS:
+            pid = listening_pid(port)
+            if pid is not None and pid not in pids:
+                pids.append(pid)
+    return pids
+
+
+def open_sources(
+    specs: Sequence[SourceSpec], clock: RunClock, interval_s: float = 0.1
+) -> tuple[list[Source], dict[str, str]]:
+    """Open what can be opened; the rest is `unavailable: <why>` in the returned statuses.
+
+    A GPU that NVML cannot read falls back to the nvidia-smi loop when that binary exists.
+    """
+    sources: list[Source] = []
+    statuses: dict[str, str] = {}
+    for spec in specs:
+        if spec.kind == "smi" and not spec.arg:
+            spec = SourceSpec("smi", str(interval_s), spec.quiet)
+        try:
+            sources += SOURCES[spec.kind](spec, clock)
+        except Unavailable as e:
+            statuses[_status_key(spec)] = f"unavailable: {e}"
+            if spec.kind == "gpu" and shutil.which("nvidia-smi"):
+                try:
+                    sources += _open_smi(SourceSpec("smi", str(interval_s)), clock)
+                except Unavailable as e2:
+                    statuses["smi"] = f"unavailable: {e2}"
+    for s in sources:
+        statuses.update(s.statuses())
+    return sources, statuses
+
+
+def _source_loop(
+    source: Source,
+    interval_ns: int,
+    stop: Any,
+    out: queue.SimpleQueue[list[TelemetrySample]],
+    run_start_perf_ns: int,
+) -> None:
+    """Tick on a fixed grid; slots lost to an overrunning tick are reported via `missed`."""
+    clock_next = time.perf_counter_ns()
+    try:
+        while True:
+            batch = source.tick()
+            clock_next += interval_ns
+            now = time.perf_counter_ns()
+            while clock_next <= now:  # the tick overran one or more slots
+                batch += source.missed(clock_next - run_start_perf_ns)
+                clock_next += interval_ns
+            if batch:
+                out.put(batch)
+            if stop.wait((clock_next - now) / 1e9):
+                break
+        out.put(source.tick())  # a last tick at stop, so counters cover the whole run
+    finally:
+        source.close()
+
+
+def run_sampling(
+    sources: Sequence[Source],
+    interval_s: float,
+    stop: Any,
+    emit: Sink,
+    run_start_perf_ns: int,
+    flush_s: float = 0.1,
+) -> None:
+    """Run every source in its own thread until `stop` (an Event) is set; call `emit` with
+    batches from this thread only. Returns when all sources have closed."""
+    q: queue.SimpleQueue[list[TelemetrySample]] = queue.SimpleQueue()
+    interval_ns = max(1, int(interval_s * 1e9))
+    threads = [
+        threading.Thread(
+            target=_source_loop,
+            args=(s, interval_ns, stop, q, run_start_perf_ns),
+            name=f"telemetry-{s.name}",
+            daemon=True,
+        )
+        for s in sources
+    ]
+    for t in threads:
+        t.start()
+    while True:
+        batch: list[TelemetrySample] = []
+        try:
+            batch += q.get(timeout=flush_s)
+            while True:
+                batch += q.get_nowait()
+        except queue.Empty:
+            pass
+        if batch:
+            emit(batch)
+        if not any(t.is_alive() for t in threads) and q.empty():
+            break
+
+
+class TelemetryHandle:
+    """A running sampler. `stop()` ends it and returns per source "ok" or "unavailable: why"."""
+
+    def __init__(self) -> None:
+        self._statuses: dict[str, str] = {}
+        self._stop_thread: threading.Event = threading.Event()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._thread: threading.Thread | None = None
+        self._sink_error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+
+    def _set_statuses(self, statuses: dict[str, str], ready: bool = True) -> None:
+        with self._lock:
+            self._statuses.update(statuses)
+        if ready:
+            self._ready.set()
+
+    def wait_ready(self, timeout_s: float = 10.0) -> bool:
+        """Block until every source has opened (the sampler process takes ~1 s to start)."""
+        return self._ready.wait(timeout_s)
+
+    @property
+    def statuses(self) -> dict[str, str]:
+        """What is known so far (the sources' opening results); final after `stop()`."""
+        with self._lock:
+            return dict(self._statuses)
+
+    def stop(self, timeout_s: float = SCRAPE_TIMEOUT_S + 5.0) -> dict[str, str]:
+        self._stop_thread.set()
+        proc = self._process
+        if proc is not None and proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()  # the worker's stop signal
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if proc is not None:
+            try:
+                proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(2.0)
+        if self._sink_error is not None:
+            raise RuntimeError(f"telemetry sink failed: {self._sink_error}") from self._sink_error
+        return self.statuses
+
+
+def _safe_sink(handle: TelemetryHandle, sink: Sink) -> Sink:
+    def call(batch: list[TelemetrySample]) -> None:
+        if handle._sink_error is not None:
+            return
+        try:
+            sink(batch)
+        except Exception as e:  # kept and re-raised by stop(): the sampler must not die silently
+            handle._sink_error = e
+
+    return call
+
+
+def start_sources(
+    sources: Sequence[Source], interval_s: float, sink: Sink, run_start_perf_ns: int
+) -> TelemetryHandle:
+    """Run already-opened sources in this process (tests, and `mode="thread"`)."""
+    handle = TelemetryHandle()
+    statuses: dict[str, str] = {}
+    for s in sources:
+        statuses.update(s.statuses())
+    handle._set_statuses(statuses)
+
+    def run() -> None:
+        run_sampling(
+            sources, interval_s, handle._stop_thread, _safe_sink(handle, sink), run_start_perf_ns
+        )
+        final: dict[str, str] = {}
+        for s in sources:
+            final.update(s.statuses())
+        handle._set_statuses(final)
+
+    handle._thread = threading.Thread(target=run, name="telemetry-dispatch", daemon=True)
+    handle._thread.start()
+    return handle
+
+
+def worker_main(argv: Sequence[str]) -> None:
+    """The sampler process (`python -m phaselens.telemetry.worker SPECS INTERVAL RUN_START`).
+
+    Rows go to the parent as pickled frames on the original stdout (sys.stdout is pointed at
+    stderr so a stray print cannot corrupt them); stdin closing (the parent stopping, or dying)
+    is the stop signal.
+    """
+    specs = tuple(SourceSpec(k, a, q) for k, a, q in json.loads(argv[0]))
+    interval_s, run_start_perf_ns = float(argv[1]), int(argv[2])
+    chan = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    stop = threading.Event()
+
+    def wait_eof() -> None:
+        sys.stdin.buffer.read()
+        stop.set()
+
+    threading.Thread(target=wait_eof, daemon=True).start()
+
+    def send(kind: str, payload: Any) -> None:
+        pickle.dump((kind, payload), chan, protocol=pickle.HIGHEST_PROTOCOL)
+        chan.flush()
+
+    clock = RunClock.start(run_start_perf_ns)
+    sources, statuses = open_sources(specs, clock, interval_s)
+    send("status", statuses)
+
+    def emit(batch: list[TelemetrySample]) -> None:
+        send("samples", [(s.t_ns, s.source, s.metric, s.value, dict(s.labels)) for s in batch])
+
+    run_sampling(sources, interval_s, stop, emit, run_start_perf_ns)
+    final = dict(statuses)
+    for s in sources:
+        final.update(s.statuses())
+    send("status", final)
+    send("done", None)
+    chan.close()
+
+
+def _receive(handle: TelemetryHandle, stream: IO[bytes], sink: Sink) -> None:
+    call = _safe_sink(handle, sink)
+    while True:
+        try:
+            kind, payload = pickle.load(stream)
+        except (EOFError, OSError, pickle.UnpicklingError):
+            with handle._lock:
+                for k, v in handle._statuses.items():
+                    if v == "ok":
+                        handle._statuses[k] = "unavailable: the sampler process died"
+            handle._ready.set()
+            return
+        if kind == "samples":
+            call([TelemetrySample(t, src, m, v, lab) for t, src, m, v, lab in payload])
+        elif kind == "status":
+            handle._set_statuses(payload)
+        elif kind == "done":
+            return
+
+
+def start_telemetry(
+    spec: str | None,
+    targets: list[str],
+    interval_s: float,
+    run_start_perf_ns: int,
+    sink: Sink,
+    mode: str = "process",
+) -> TelemetryHandle:
+    """Start sampling. `spec` is `--telemetry` (see parse_spec); `targets` the run's target
+    URLs; each sample is stamped `perf_counter_ns() - run_start_perf_ns`; `sink` is called from
+    one sampler thread with batches. Bad spec or interval: InputError, before anything starts.
+    """
+    if not interval_s > 0:
+        raise InputError(f"--telemetry-interval must be > 0 seconds (got {interval_s})")
+    if mode not in ("process", "thread"):
+        raise InputError(f"telemetry mode must be process or thread (got {mode!r})")
+    specs = parse_spec(spec, targets)
+    if mode == "thread":
+        clock = RunClock.start(run_start_perf_ns)
+        sources, statuses = open_sources(specs, clock, interval_s)
+        handle = start_sources(sources, interval_s, sink, run_start_perf_ns)
+        handle._set_statuses(statuses)
+        return handle
+    handle = TelemetryHandle()
+    handle._set_statuses(
+        {_status_key(s): "unavailable: the sampler process did not start" for s in specs},
+        ready=False,
+    )
+    args = [json.dumps([[s.kind, s.arg, s.quiet] for s in specs]), repr(interval_s)]
+    handle._process = subprocess.Popen(
+        [sys.executable, "-m", "phaselens.telemetry.worker", *args, str(run_start_perf_ns)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert handle._process.stdout is not None
+    handle._thread = threading.Thread(
+        target=_receive,
+        args=(handle, handle._process.stdout, sink),
+        name="telemetry-receive",
+        daemon=True,
+    )
+    handle._thread.start()
+    return handle
