@@ -1,0 +1,5 @@
+"""The simulator: a phase-accurate model of LLM serving on GPUs (the embedded default target).
+
+Why a package: policy (engine.py), cost (cost.py) and the event loop (loop.py) stay separate so
+each can be tested and fitted on its own (Vidur's split). Entry points live in `run.py`.
+"""

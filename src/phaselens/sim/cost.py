@@ -1,0 +1,112 @@
+"""Roofline step cost: time, FLOPs and bytes of one engine iteration (no policy here).
+
+Why a roofline per op class: prefill GEMMs are compute-bound and decode GEMMs memory-bound,
+while attention has its own arithmetic intensity (context length, not batch). Taking
+max(compute, memory) per class and adding launch/CPU overheads is the simplest model that gets
+both phases right; every constant is a field of `CostParams` so the what-if module can fit them.
+
+Formulas (notes/simulator.md), for a step processing T tokens across B sequences:
+- linear FLOPs `2·P_nl·T + 2·V·d·S` (S = sequences that sample a token);
+  linear bytes: the weights read once per step;
+- attention FLOPs (causal) `4·L·h_q·d_h·Σ(n·p + n(n+1)/2)` for n new tokens over p cached;
+  attention bytes: `KV_tok·(Σp + T)` (cached KV read, new KV written);
+- tensor parallel: FLOPs and bytes split over TP GPUs, plus 2 all-reduces per layer of `T·d·2`
+  bytes: `2(TP−1)/TP·size/link + α` each;
+- time = `max(F_lin/(η_lin·peak), B_lin/(η_mem·BW)) + max(F_att/(η_att·peak), B_att/(η_mem·BW))
+  + all-reduce + c0 + c_seq·B + c_layer·L`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from phaselens.sim.models import ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class CostParams:
+    """Fittable constants of the cost model, with defaults for vLLM-class engines on NVIDIA GPUs.
+
+    Efficiencies are fractions of the dense peak (compute) and of peak HBM bandwidth (memory).
+    Overheads are seconds. `reserve_gb` is the per-engine, per-GPU memory taken by activations,
+    CUDA context and graphs before the KV cache is sized.
+    """
+
+    eta_linear: float = 0.8  # large BF16 GEMMs reach ~75-85% of dense peak
+    eta_attention: float = 0.6  # flash-attention kernels, lower than GEMMs
+    eta_memory: float = 0.85  # streaming reads reach ~80-90% of peak HBM bandwidth
+    step_overhead_s: float = 3e-4  # c0: scheduler + launch per step (CUDA graphs for decode)
+    per_seq_overhead_s: float = 1e-5  # c_seq: per sequence in the batch (sampling, bookkeeping)
+    per_layer_overhead_s: float = 2e-6  # c_layer: kernel launches per layer
+    allreduce_latency_s: float = 5e-6  # α of one all-reduce
+    switch_overhead_s: float = 5e-5  # time-slicing: switching the GPU to another engine
+    reserve_gb: float = 1.5  # activations + CUDA context/graphs per engine per GPU
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """The cost of one step: wall time, total FLOPs and bytes (summed over TP GPUs)."""
+
+    seconds: float
+    flops: float
+    bytes: float
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCost:
+    """Precomputed coefficients for one engine on its hardware share (hot path: plain floats).
+
+    `peak_flops` and `bandwidth` are per GPU and already scaled by the engine's share of the GPU
+    (spatial sharing); `tp` GPUs work on every step.
+    """
+
+    model: ModelSpec
+    params: CostParams
+    tp: int
+    peak_flops: float
+    bandwidth: float
+    link_bandwidth: float
+
+    def step(
+        self, tokens: int, sampled: int, attn_units: float, kv_read_tokens: float, seqs: int
+    ) -> StepCost:
+        """Cost of a step processing `tokens` tokens for `seqs` sequences.
+
+        `attn_units` = Σ(n·p + n(n+1)/2) over the sequences (n new tokens over p cached);
+        `kv_read_tokens` = Σp (cached tokens whose KV is read).
+        """
+        return self.step_bw(tokens, sampled, attn_units, kv_read_tokens, seqs, self.bandwidth)
+
+    def step_bw(
+        self,
+        tokens: int,
+        sampled: int,
+        attn_units: float,
+        kv_read_tokens: float,
+        seqs: int,
+        bandwidth: float,
+    ) -> StepCost:
+        """As `step`, with an explicit per-GPU bandwidth (spatial sharing under contention)."""
+        m, p = self.model, self.params
+        tp = self.tp
+        f_lin = 2.0 * m.params_nonembed * tokens + 2.0 * m.vocab * m.hidden * sampled
+        b_lin = m.weight_read_bytes
+        f_att = 4.0 * m.layers * m.heads * m.head_dim * attn_units
+        b_att = m.kv_bytes_per_token * (kv_read_tokens + tokens)
+        peak_l = p.eta_linear * self.peak_flops * tp
+        peak_a = p.eta_attention * self.peak_flops * tp
+        bw = p.eta_memory * bandwidth * tp
+        t_lin = max(f_lin / peak_l, b_lin / bw)
+        t_att = max(f_att / peak_a, b_att / bw)
+        t = t_lin + t_att + p.step_overhead_s + p.per_seq_overhead_s * seqs
+        t += p.per_layer_overhead_s * m.layers
+        if tp > 1:
+            size = tokens * m.hidden * 2.0
+            t += 2 * m.layers * (2.0 * (tp - 1) / tp * size / self.link_bandwidth)
+            t += 2 * m.layers * p.allreduce_latency_s
+        return StepCost(t, f_lin + f_att, b_lin + b_att)
+
+
+def prefill_attn_units(new: int, cached: int) -> float:
+    """Σ over the n new tokens of their causal attention span: n·p + n(n+1)/2."""
+    return float(new) * cached + new * (new + 1) / 2.0

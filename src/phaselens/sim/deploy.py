@@ -1,0 +1,465 @@
+"""Deployment file: GPUs, engines (model, TP, policy, sharing), optional P/D split.
+
+Why pydantic only here: the YAML is user input and every mistake must become one line naming the
+field (`InputError`). Inside the simulator the resolved deployment is plain frozen dataclasses.
+Memory is checked before simulating: each engine's weights, reserve and a minimal KV cache must
+fit its share of every GPU it uses, or the error says by how much it does not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from phaselens.errors import InputError
+from phaselens.sim.cost import CostParams
+from phaselens.sim.hardware import GPUS, GPUSpec
+from phaselens.sim.models import MODELS, ModelSpec, resolve_model
+
+MIN_KV_TOKENS = (
+    4096  # an engine whose KV cache holds fewer tokens is refused (unless max_model_len)
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GpuIn(_Strict):
+    name: str
+    type: str | None = None
+    tflops: float | None = Field(default=None, gt=0)
+    bandwidth_gbs: float | None = Field(default=None, gt=0)
+    memory_gb: float | None = Field(default=None, gt=0)
+    link_gbs: float | None = Field(default=None, gt=0)
+
+
+class ShareIn(_Strict):
+    mode: Literal["time_slice", "spatial"] = "time_slice"
+    sm_fraction: float | None = Field(default=None, gt=0, le=1)
+    memory_fraction: float | None = Field(default=None, gt=0, le=1)
+    priority: int = 0  # time_slice: a lower value gets the GPU first; equal values take turns
+
+
+class PolicyIn(_Strict):
+    type: Literal["continuous", "dynamic", "static"] = "continuous"
+    max_num_seqs: int = Field(default=256, gt=0)
+    max_num_batched_tokens: int = Field(default=2048, gt=0)
+    chunked_prefill: bool = True
+    scheduling: Literal["fcfs", "priority", "short_first"] = "fcfs"
+    prefix_cache: bool = True
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    max_model_len: int | None = Field(default=None, gt=0)
+    block_size: int = Field(default=16, gt=0)
+    max_wait_tokens: int = Field(default=512, gt=0)  # dynamic
+    max_wait_ms: float = Field(default=20.0, ge=0)  # dynamic / static
+    max_batch_size: int = Field(default=64, gt=0)  # dynamic
+    batch_size: int = Field(default=8, gt=0)  # static
+
+
+class QuantIn(_Strict):
+    weight_bytes: float | None = Field(default=None, gt=0)
+    kv_bytes: float | None = Field(default=None, gt=0)
+
+
+class HandoffIn(_Strict):
+    to: str
+    link_gbs: float = Field(default=50.0, gt=0)
+    latency_ms: float = Field(default=0.05, ge=0)
+
+
+class EngineIn(_Strict):
+    name: str
+    model: str
+    serves: list[str] = Field(default_factory=list)
+    gpus: list[str] = Field(min_length=1)
+    share: ShareIn = Field(default_factory=ShareIn)
+    policy: PolicyIn = Field(default_factory=PolicyIn)
+    quant: QuantIn | None = None
+    role: Literal["both", "prefill", "decode"] = "both"
+    handoff: HandoffIn | None = None
+
+
+class DeploymentIn(_Strict):
+    gpus: list[GpuIn] = Field(min_length=1)
+    engines: list[EngineIn] = Field(min_length=1)
+    cost: dict[str, float] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    name: str
+    spec: GPUSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Batching policy knobs (names follow vLLM where one exists)."""
+
+    type: str = "continuous"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    chunked_prefill: bool = True
+    scheduling: str = "fcfs"
+    prefix_cache: bool = True
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    block_size: int = 16
+    max_wait_tokens: int = 512
+    max_wait_ms: float = 20.0
+    max_batch_size: int = 64
+    batch_size: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """One serving engine, resolved: its model, GPUs, share of them, policy and KV capacity."""
+
+    name: str
+    model: ModelSpec
+    serves: tuple[str, ...]
+    gpus: tuple[str, ...]
+    policy: Policy
+    share_mode: str = "time_slice"
+    sm_fraction: float = 1.0
+    memory_fraction: float = 1.0  # of the GPU's usable memory (memory x gpu_memory_utilization)
+    share_priority: int = 0
+    role: str = "both"
+    handoff_to: str | None = None
+    link_gbs: float = 50.0
+    link_latency_ms: float = 0.05
+    kv_capacity_tokens: int = 0
+
+    @property
+    def tp(self) -> int:
+        return len(self.gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    gpus: tuple[Gpu, ...]
+    engines: tuple[Engine, ...]
+    cost: CostParams = field(default_factory=CostParams)
+    source: str = "<default>"
+
+    def gpu(self, name: str) -> Gpu:
+        return next(g for g in self.gpus if g.name == name)
+
+    def engine(self, name: str) -> Engine:
+        return next(e for e in self.engines if e.name == name)
+
+    def manifest(self) -> dict[str, Any]:
+        """The `gpus` and `engines` manifest entries (docs/run-format.md)."""
+        gpus = [
+            {
+                "name": g.name,
+                "type": g.spec.type,
+                "tflops": g.spec.tflops,
+                "bandwidth_gbs": g.spec.bandwidth_gbs,
+                "memory_gb": g.spec.memory_gb,
+            }
+            for g in self.gpus
+        ]
+        engines = [
+            {
+                "name": e.name,
+                "model": e.model.name,
+                "gpus": list(e.gpus),
+                "serves": list(e.serves),
+                "role": e.role,
+                "share": {
+                    "mode": e.share_mode,
+                    "sm_fraction": e.sm_fraction,
+                    "memory_fraction": e.memory_fraction,
+                    "priority": e.share_priority,
+                },
+                "policy": {f.name: getattr(e.policy, f.name) for f in fields(Policy)},
+                "kv_capacity_tokens": e.kv_capacity_tokens,
+                "weight_bytes": e.model.weight_bytes,
+                "kv_bytes": e.model.kv_bytes,
+            }
+            for e in self.engines
+        ]
+        return {"gpus": gpus, "engines": engines}
+
+
+def _loc(err: Mapping[str, Any]) -> str:
+    return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in err["loc"]).replace(
+        ".[", "["
+    )
+
+
+def parse_deployment(data: Any, source: str) -> Deployment:
+    """Validate a deployment mapping (already loaded from YAML) and resolve it."""
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: expected a mapping with `gpus` and `engines`")
+    try:
+        d = DeploymentIn.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise InputError(f"{source}: {_loc(err)}: {err['msg']}") from None
+    return _resolve(d, source)
+
+
+def load_deployment(path: Path | str) -> Deployment:
+    """Read and validate a deployment YAML file."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{p}: deployment file not found")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f"line {mark.line + 1}" if mark is not None else "?"
+        raise InputError(f"{p}: {line}: invalid YAML") from None
+    return parse_deployment(data, str(p))
+
+
+def _resolve_gpu(g: GpuIn, i: int, source: str) -> Gpu:
+    if g.type is not None:
+        base = GPUS.get(g.type)
+        if base is None:
+            raise InputError(
+                f"{source}: gpus[{i}].type: unknown GPU {g.type!r} (catalog: {', '.join(GPUS)})"
+            )
+        spec = GPUSpec(
+            base.type,
+            g.tflops or base.tflops,
+            g.bandwidth_gbs or base.bandwidth_gbs,
+            g.memory_gb or base.memory_gb,
+            g.link_gbs or base.link_gbs,
+        )
+        return Gpu(g.name, spec)
+    if g.tflops is None or g.bandwidth_gbs is None or g.memory_gb is None:
+        raise InputError(
+            f"{source}: gpus[{i}]: expected `type` or all of tflops, bandwidth_gbs, memory_gb"
+        )
+    return Gpu(g.name, GPUSpec("custom", g.tflops, g.bandwidth_gbs, g.memory_gb, g.link_gbs or 300))
+
+
+def _resolve(d: DeploymentIn, source: str) -> Deployment:
+    gpus = tuple(_resolve_gpu(g, i, source) for i, g in enumerate(d.gpus))
+    names = [g.name for g in gpus]
+    if len(set(names)) != len(names):
+        raise InputError(f"{source}: gpus: GPU names must be unique, got {names}")
+    bad_cost = sorted(set(d.cost) - {f.name for f in fields(CostParams)})
+    if bad_cost:
+        raise InputError(f"{source}: cost.{bad_cost[0]}: not a CostParams field")
+    cost = CostParams(**d.cost)
+    enames = [e.name for e in d.engines]
+    if len(set(enames)) != len(enames):
+        raise InputError(f"{source}: engines: engine names must be unique, got {enames}")
+    models: list[ModelSpec] = []
+    for i, e in enumerate(d.engines):
+        where = f"{source}: engines[{i}]"
+        for g in e.gpus:
+            if g not in names:
+                raise InputError(
+                    f"{where}.gpus: GPU {g!r} does not exist (tensor parallel over "
+                    f"{len(e.gpus)} GPUs; defined: {', '.join(names)})"
+                )
+        if len(set(e.gpus)) != len(e.gpus):
+            raise InputError(f"{where}.gpus: a GPU is listed twice: {e.gpus}")
+        m = resolve_model(e.model, f"{where}.model")
+        if e.quant is not None:
+            m = m.quantized(e.quant.weight_bytes, e.quant.kv_bytes)
+        models.append(m)
+        if e.role == "prefill" and e.handoff is None:
+            raise InputError(f"{where}.handoff: a prefill engine needs `handoff: {{to: ...}}`")
+        if e.handoff is not None:
+            if e.handoff.to not in enames:
+                raise InputError(f"{where}.handoff.to: no engine named {e.handoff.to!r}")
+            j = enames.index(e.handoff.to)
+            if d.engines[j].role != "decode":
+                raise InputError(f"{where}.handoff.to: engine {e.handoff.to!r} is not role decode")
+    for i, e in enumerate(d.engines):
+        if e.handoff is not None:
+            j = enames.index(e.handoff.to)
+            a, b = models[i], models[j]
+            if (a.layers, a.kv_heads, a.head_dim) != (b.layers, b.kv_heads, b.head_dim):
+                raise InputError(
+                    f"{source}: engines[{i}].handoff.to: KV layouts of {a.name} and {b.name} differ"
+                )
+    fractions = _memory_fractions(d, gpus, models, cost, source)
+    engines: list[Engine] = []
+    for i, e in enumerate(d.engines):
+        frac, kv_tokens = fractions[i]
+        pol = Policy(**e.policy.model_dump())
+        need = pol.max_model_len or MIN_KV_TOKENS
+        if kv_tokens < need:
+            m = models[i]
+            short_gb = (need - kv_tokens) * m.kv_bytes_per_token / len(e.gpus) / 1e9
+            raise InputError(
+                f"{source}: engines[{i}] ({e.name}): {m.name} does not fit: its KV cache holds "
+                f"{kv_tokens} tokens, needs {need}; short by {short_gb:.1f} GB per GPU "
+                f"(weights {m.weight_total_bytes / len(e.gpus) / 1e9:.1f} GB per GPU)"
+            )
+        sm = e.share.sm_fraction if e.share.sm_fraction is not None else 1.0
+        engines.append(
+            Engine(
+                name=e.name,
+                model=models[i],
+                serves=tuple(e.serves),
+                gpus=tuple(e.gpus),
+                policy=pol,
+                share_mode=e.share.mode,
+                sm_fraction=sm,
+                memory_fraction=frac,
+                share_priority=e.share.priority,
+                role=e.role,
+                handoff_to=e.handoff.to if e.handoff else None,
+                link_gbs=e.handoff.link_gbs if e.handoff else 50.0,
+                link_latency_ms=e.handoff.latency_ms if e.handoff else 0.05,
+                kv_capacity_tokens=kv_tokens,
+            )
+        )
+    _check_shares(engines, source)
+    served: dict[str, str] = {}
+    for eng in engines:
+        for s in eng.serves:
+            if s in served:
+                raise InputError(
+                    f"{source}: model {s!r} is served by both {served[s]} and {eng.name}"
+                )
+            served[s] = eng.name
+    return Deployment(gpus, tuple(engines), cost, source)
+
+
+def _memory_fractions(
+    d: DeploymentIn,
+    gpus: Sequence[Gpu],
+    models: Sequence[ModelSpec],
+    cost: CostParams,
+    source: str,
+) -> list[tuple[float, int]]:
+    """Each engine's memory fraction and KV capacity (tokens, whole blocks).
+
+    Explicit `memory_fraction`s are taken as given; engines without one get their weights and
+    reserve plus an equal share of what is left on the GPU.
+    """
+    result: dict[int, float] = {}  # engine index -> fraction (the tightest over its GPUs)
+    kv_bytes: dict[int, float] = {}  # engine index -> KV bytes per GPU (min over its GPUs)
+    for g in gpus:
+        on = [i for i, e in enumerate(d.engines) if g.name in e.gpus]
+        if not on:
+            continue
+        util = max(d.engines[i].policy.gpu_memory_utilization for i in on)
+        usable = g.spec.memory_bytes * util
+        explicit = {
+            i: d.engines[i].share.memory_fraction
+            for i in on
+            if d.engines[i].share.memory_fraction is not None
+        }
+        total_explicit = sum(f for f in explicit.values() if f is not None)
+        if total_explicit > 1.0 + 1e-9:
+            raise InputError(
+                f"{source}: GPU {g.name}: memory_fraction of its engines adds up to "
+                f"{total_explicit:.2f} > 1"
+            )
+        need = {
+            i: models[i].weight_total_bytes / len(d.engines[i].gpus) + cost.reserve_gb * 1e9
+            for i in on
+        }
+        implicit = [i for i in on if i not in explicit]
+        rest = usable * (1.0 - total_explicit)
+        left = rest - sum(need[i] for i in implicit)
+        if implicit and left < 0:
+            who = ", ".join(f"{d.engines[i].name} ({models[i].name})" for i in implicit)
+            raise InputError(
+                f"{source}: GPU {g.name}: {who} do not fit: weights + reserve need "
+                f"{sum(need[i] for i in implicit) / 1e9:.1f} GB, {rest / 1e9:.1f} GB usable; "
+                f"short by {-left / 1e9:.1f} GB"
+            )
+        for i in on:
+            budget = (
+                usable * explicit[i]  # type: ignore[operator]
+                if i in explicit
+                else need[i] + left / len(implicit)
+            )
+            kv = budget - need[i]
+            if kv <= 0:
+                raise InputError(
+                    f"{source}: engines[{i}] ({d.engines[i].name}): {models[i].name} does not fit "
+                    f"GPU {g.name}: weights + reserve {need[i] / 1e9:.1f} GB > its "
+                    f"{budget / 1e9:.1f} GB; short by {-kv / 1e9:.1f} GB plus its KV cache"
+                )
+            kv_bytes[i] = min(kv_bytes.get(i, math.inf), kv)
+            result[i] = min(result.get(i, math.inf), budget / usable)
+    out: list[tuple[float, int]] = []
+    for i, e in enumerate(d.engines):
+        m = models[i]
+        bs = e.policy.block_size
+        tokens = int(kv_bytes[i] * len(e.gpus) / m.kv_bytes_per_token) // bs * bs
+        out.append((result[i], tokens))
+    return out
+
+
+def _check_shares(engines: Sequence[Engine], source: str) -> None:
+    by_gpu: dict[str, list[Engine]] = {}
+    for e in engines:
+        for g in e.gpus:
+            by_gpu.setdefault(g, []).append(e)
+    for g, es in by_gpu.items():
+        modes = {e.share_mode for e in es}
+        if len(modes) > 1:
+            raise InputError(f"{source}: GPU {g}: engines mix share modes {sorted(modes)}")
+        if modes == {"spatial"}:
+            total = sum(e.sm_fraction for e in es)
+            if total > 1.0 + 1e-9:
+                raise InputError(
+                    f"{source}: GPU {g}: sm_fraction of its spatial engines adds up to "
+                    f"{total:.2f} > 1"
+                )
+
+
+def default_model(name: str) -> str:
+    """Catalog id for a spec model name: 70b/72b -> llama-3-70b, tiny -> tiny-llama, else 8B."""
+    low = name.lower()
+    if low in MODELS:
+        return low
+    if "70b" in low or "72b" in low:
+        return "llama-3-70b"
+    if "tiny" in low:
+        return "tiny-llama"
+    return "llama-3-8b"
+
+
+def default_deployment(model_names: Sequence[str]) -> Deployment:
+    """One engine per spec model, all time-sliced on one H200 when they fit, else one H200 each.
+
+    70B-class models get FP8 weights and KV (70 GB) so that they fit one H200 beside an 8B
+    model: the seed's multi-model-on-one-GPU case. Continuous batching with vLLM defaults.
+    """
+    names = list(dict.fromkeys(model_names)) or ["llama-3-8b"]
+
+    def engine(i: int, n: str, gpu: str) -> dict[str, Any]:
+        mid = default_model(n)
+        e: dict[str, Any] = {
+            "name": n,
+            "model": mid,
+            "serves": [n],
+            "gpus": [gpu],
+            "share": {"mode": "time_slice"},
+        }
+        if mid == "llama-3-70b":
+            e["quant"] = {"weight_bytes": 1, "kv_bytes": 1}
+        return e
+
+    shared = {
+        "gpus": [{"name": "gpu0", "type": "H200"}],
+        "engines": [engine(i, n, "gpu0") for i, n in enumerate(names)],
+    }
+    try:
+        return parse_deployment(shared, "<default deployment>")
+    except InputError:
+        separate = {
+            "gpus": [{"name": f"gpu{i}", "type": "H200"} for i in range(len(names))],
+            "engines": [engine(i, n, f"gpu{i}") for i, n in enumerate(names)],
+        }
+        return parse_deployment(separate, "<default deployment>")

@@ -1,0 +1,513 @@
+"""Batching policies and the state of one serving engine (no timing, no cost formulas here).
+
+Why this shape: every policy shares the same mechanics — a waiting queue, running sequences, a
+KV cache in blocks, preemption by recompute, prefix caching — and differs only in *which* waiting
+requests a step admits. So the mechanics live in `EngineState` and each policy is one admission
+function in the `ADMIT` dict: `continuous` (vLLM V1), `dynamic` (the seed's request-level
+batching: release on a token count or a timeout, then decode until the longest member finishes)
+and `static` (a fixed, padded batch).
+
+Speed: decoding sequences are never visited one by one. Each decoding sequence advances exactly
+one token per step, so the engine keeps only aggregates (count, Σ context, and how many
+sequences cross a KV block boundary at each step modulo the block size) and a heap of the step
+at which each sequence finishes. A step therefore costs O(1) plus its prefill chunks, and token
+times are stored as step-index ranges (segments) and expanded once at the end.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from phaselens.sim.cost import EngineCost, StepCost, prefill_attn_units
+from phaselens.sim.deploy import Policy
+
+
+class Seq:
+    """One request in flight on an engine (mutable simulator state, never leaves the package)."""
+
+    __slots__ = (
+        "c0",
+        "computed",
+        "epoch",
+        "g0",
+        "gen",
+        "group",
+        "key",
+        "out",
+        "prefix",
+        "prompt",
+        "rid",
+        "s0",
+        "shared",
+        "target",
+    )
+
+    def __init__(
+        self, rid: int, prompt: int, out: int, key: tuple[int, int], group: int, prefix: int
+    ) -> None:
+        self.rid = rid
+        self.prompt = prompt
+        self.out = out
+        self.key = key  # waiting-queue order (policy-specific first element, then arrival order)
+        self.group = group  # prefix group, -1 for none
+        self.prefix = prefix  # leading tokens shared with the group
+        self.gen = 0  # tokens generated (delivered) so far
+        self.computed = 0  # tokens whose KV is in the cache (valid while prefilling)
+        self.target = prompt  # tokens to have in KV before the next token is sampled
+        self.shared = 0  # prefix-cache blocks this sequence holds a reference to
+        self.epoch = 0  # bumped on preemption: invalidates stale finish-heap entries
+        self.s0 = 0  # decoding: first decode step index
+        self.c0 = 0  # decoding: tokens in KV at step s0
+        self.g0 = 0  # decoding: tokens generated before step s0
+
+
+@dataclass(frozen=True, slots=True)
+class Sink:
+    """Where an engine reports what happened to requests (the cluster owns the arrays)."""
+
+    segment: Callable[[int, int, int, int], None]  # (rid, engine index, first step, last step)
+    first_token: Callable[[int], None]  # (rid): first token at the end of the current step
+    prefill_start: Callable[[int], None]  # (rid): first admitted, at the start of this step
+    finished: Callable[[int, int], None]  # (rid, tokens delivered), at the current step end
+    handoff: Callable[[Seq], None]  # prefill done on a prefill engine: send the KV on
+
+
+class EngineState:
+    """Queues, KV blocks and running sequences of one engine, advanced one step at a time."""
+
+    def __init__(
+        self, index: int, policy: Policy, cost: EngineCost, kv_tokens: int, role: str, sink: Sink
+    ) -> None:
+        self.index = index
+        self.policy = policy
+        self.cost = cost
+        self.role = role
+        self.sink = sink
+        self.bs = policy.block_size
+        self.total_blocks = kv_tokens // policy.block_size
+        self.used_blocks = 0
+        self.evictable_blocks = 0
+        self.group_cached: dict[int, int] = {}
+        self.group_ref: dict[int, int] = {}
+        self.evictable: OrderedDict[int, int] = OrderedDict()
+        self.waiting: list[tuple[tuple[int, int], int]] = []  # heap of (key, rid)
+        self.waiting_seqs: dict[int, Seq] = {}
+        self.waiting_tokens = 0
+        self.oldest_wait_ns: dict[int, int] = {}  # rid -> arrival (dynamic/static timeouts)
+        self.running: dict[int, Seq] = {}  # admission order; preemption victim = last
+        self.prefilling: list[Seq] = []
+        self.n_dec = 0
+        self.sum_p = 0
+        self.phase = [0] * self.bs
+        self.fin_heap: list[tuple[int, int, int]] = []  # (finish step, rid, epoch)
+        self.step_idx = 0
+        # the planned step (between start_step and end_step)
+        self.cur_chunks: list[tuple[Seq, int]] = []
+        self.cur_dec = 0
+        self.cur_preempt = 0
+        self.cur_pad = False
+        # request-level batching (dynamic/static)
+        self.batch_pmax = 0
+        self.batch_slots = 0
+        self.batch_k = 0
+        # statistics
+        self.prefix_hit_tokens = 0
+        self.prefix_query_tokens = 0
+        self.preemptions = 0
+        self.decode_admits: list[Seq] = []  # P/D decode engine: handed-off sequences to admit
+        # per-step log (plain lists: appending is the cheapest thing Python does)
+        self.log_t0: list[int] = []
+        self.log_t1: list[int] = []
+        self.log_prefill: list[int] = []
+        self.log_dec: list[int] = []
+        self.log_kv: list[int] = []
+        self.log_flops: list[float] = []
+        self.log_bytes: list[float] = []
+        self.log_running: list[int] = []
+        self.log_waiting: list[int] = []
+        self.log_preempt: list[int] = []
+
+    # ---- queue -------------------------------------------------------------------------------
+    def enqueue(self, seq: Seq, now_ns: int) -> None:
+        heapq.heappush(self.waiting, (seq.key, seq.rid))
+        self.waiting_seqs[seq.rid] = seq
+        self.waiting_tokens += seq.target
+        self.oldest_wait_ns[seq.rid] = now_ns
+
+    def _pop_waiting(self) -> Seq:
+        _, rid = heapq.heappop(self.waiting)
+        seq = self.waiting_seqs.pop(rid)
+        self.waiting_tokens -= seq.target
+        del self.oldest_wait_ns[rid]
+        return seq
+
+    def _peek_waiting(self) -> Seq:
+        return self.waiting_seqs[self.waiting[0][1]]
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self.decode_admits)
+
+    # ---- KV blocks ---------------------------------------------------------------------------
+    def free_blocks(self) -> int:
+        return self.total_blocks - self.used_blocks - self.evictable_blocks
+
+    def _ensure_free(self, n: int) -> bool:
+        """Make `n` blocks free, evicting unreferenced prefix-cache groups (LRU) if needed."""
+        while self.total_blocks - self.used_blocks - self.evictable_blocks < n and self.evictable:
+            g, nb = self.evictable.popitem(last=False)
+            self.evictable_blocks -= nb
+            del self.group_cached[g]
+        return self.total_blocks - self.used_blocks - self.evictable_blocks >= n
+
+    def _release(self, seq: Seq, computed: int) -> None:
+        """Free a sequence's KV (finish or preemption); drop its prefix-group reference."""
+        bs = self.bs
+        self.used_blocks -= (computed + bs - 1) // bs - seq.shared
+        if seq.shared:
+            g = seq.group
+            ref = self.group_ref[g] - 1
+            self.group_ref[g] = ref
+            if ref == 0:
+                nb = self.group_cached[g]
+                self.used_blocks -= nb
+                self.evictable_blocks += nb
+                self.evictable[g] = nb
+            seq.shared = 0
+
+    def _prefix_hit(self, seq: Seq) -> None:
+        """Reuse the cached prefix blocks of the sequence's group (hash-chained, whole blocks)."""
+        if seq.group < 0 or not self.policy.prefix_cache or seq.computed:
+            return
+        full = min(seq.prefix, seq.prompt - 1) // self.bs
+        cached = self.group_cached.get(seq.group, 0)
+        hit = min(full, cached)
+        if hit <= 0:
+            return
+        g = seq.group
+        if self.group_ref.get(g, 0) == 0:
+            nb = self.evictable.pop(g)
+            self.evictable_blocks -= nb
+            self.used_blocks += nb
+            self.group_ref[g] = 1
+        else:
+            self.group_ref[g] += 1
+        seq.shared = hit
+        seq.computed = hit * self.bs
+
+    def _publish_prefix(self, seq: Seq) -> None:
+        """After a prefill, its full prefix blocks become the group's cached chain."""
+        if seq.group < 0 or not self.policy.prefix_cache or seq.shared:
+            return
+        if self.group_cached.get(seq.group, 0):
+            return
+        full = min(seq.prefix, seq.prompt - 1) // self.bs
+        if full <= 0:
+            return
+        self.group_cached[seq.group] = full
+        self.group_ref[seq.group] = 1
+        seq.shared = full  # these blocks move from the sequence's private count to the group
+
+    # ---- decode aggregates -------------------------------------------------------------------
+    def _start_decode(self, seq: Seq, seg_start: int, first_step: int) -> None:
+        """Register a sequence that decodes from `first_step` with `seq.computed` tokens in KV.
+
+        Its token segment starts at `seg_start` (the prefill-completion step, or `first_step`
+        for a handed-off sequence). Parameterized so that at any step t of the segment the KV
+        holds `c0 + (t - s0)` tokens and `g0 + (t - s0)` tokens were delivered before t.
+        """
+        d = first_step - seg_start
+        seq.s0 = seg_start
+        seq.c0 = seq.computed - d
+        seq.g0 = seq.gen - d
+        self.n_dec += 1
+        self.sum_p += seq.computed
+        self.phase[(first_step - seq.computed) % self.bs] += 1
+        heapq.heappush(self.fin_heap, (first_step + seq.out - seq.gen - 1, seq.rid, seq.epoch))
+
+    def _stop_decode(self, seq: Seq, p_next: int) -> None:
+        self.n_dec -= 1
+        self.sum_p -= p_next
+        self.phase[(seq.s0 - seq.c0) % self.bs] -= 1
+
+    def _preempt_one(self, s: int, protect: set[int] | None = None) -> bool:
+        """Preempt by recompute: the lowest-priority running sequence (fcfs: the last admitted).
+
+        Sequences in `protect` (already scheduled in this step) are never chosen.
+        """
+        cands = [q for q in self.running.values() if not protect or q.rid not in protect]
+        if not cands:
+            return False
+        victim = cands[-1] if self.policy.scheduling == "fcfs" else max(cands, key=lambda q: q.key)
+        del self.running[victim.rid]
+        if victim in self.prefilling:
+            self.prefilling.remove(victim)
+            computed = victim.computed
+        else:
+            computed = victim.c0 + (s - victim.s0)
+            self._stop_decode(victim, computed)
+            victim.gen = victim.g0 + (s - victim.s0)
+            if s > victim.s0:
+                self.sink.segment(victim.rid, self.index, victim.s0, s - 1)
+        self._release(victim, computed)
+        victim.epoch += 1
+        victim.computed = 0
+        victim.target = victim.prompt + victim.gen
+        self.preemptions += 1
+        self.cur_preempt += 1
+        heapq.heappush(self.waiting, (victim.key, victim.rid))
+        self.waiting_seqs[victim.rid] = victim
+        self.waiting_tokens += victim.target
+        self.oldest_wait_ns[victim.rid] = -1
+        return True
+
+    # ---- one step ----------------------------------------------------------------------------
+    def plan_step(self, now_ns: int) -> bool:
+        """Choose this step's work; False when there is nothing to run now."""
+        s = self.step_idx
+        self.cur_chunks = []
+        self.cur_preempt = 0
+        # 1. new KV blocks for decoding sequences crossing a block boundary this step
+        need = self.phase[s % self.bs]
+        if need and not self._ensure_free(need):
+            while not self._ensure_free(self.phase[s % self.bs]):
+                if not self._preempt_one(s):
+                    break
+            need = self.phase[s % self.bs]
+        self.used_blocks += need
+        # 2. handed-off sequences (P/D decode engine) join decoding directly
+        if self.decode_admits:
+            self._admit_handoffs(s)
+        # 3. partial prefills continue, then the policy admits waiting requests
+        budget = self.policy.max_num_batched_tokens - self.n_dec
+        for seq in list(self.prefilling):
+            if budget <= 0:
+                break
+            chunk = seq.target - seq.computed
+            if self.policy.chunked_prefill:
+                chunk = min(chunk, budget)
+            bs = self.bs
+            new_blocks = (seq.computed + chunk + bs - 1) // bs - (seq.computed + bs - 1) // bs
+            protect = {q.rid for q, _ in self.cur_chunks}
+            protect.add(seq.rid)
+            while not self._ensure_free(new_blocks):
+                if not self._preempt_one(s, protect):
+                    break
+            if seq.rid not in self.running or not self._ensure_free(new_blocks):
+                continue
+            self.used_blocks += new_blocks
+            self.cur_chunks.append((seq, chunk))
+            budget -= chunk
+        if not self.cur_preempt:
+            ADMIT[self.policy.type](self, now_ns, budget)
+        self.cur_dec = self.n_dec
+        return bool(self.cur_chunks or self.cur_dec)
+
+    def _admit_handoffs(self, s: int) -> None:
+        keep: list[Seq] = []
+        for seq in self.decode_admits:
+            blocks = (seq.computed + 1 + self.bs - 1) // self.bs
+            if len(self.running) >= self.policy.max_num_seqs or not self._ensure_free(blocks):
+                keep.append(seq)
+                continue
+            self.used_blocks += blocks
+            self.running[seq.rid] = seq
+            # registered one step early so that this step's boundary check is already paid
+            seq.target = seq.computed
+            self._start_decode(seq, s, s)
+        self.decode_admits = keep
+
+    def step_cost(self, bandwidth: float | None = None) -> StepCost:
+        """The roofline cost of the planned step."""
+        n_dec = self.cur_dec
+        tokens = n_dec
+        sampled = n_dec
+        attn = float(self.sum_p + n_dec)
+        kv_read = float(self.sum_p)
+        seqs = n_dec
+        for seq, chunk in self.cur_chunks:
+            tokens += chunk
+            attn += prefill_attn_units(chunk, seq.computed)
+            kv_read += seq.computed
+            seqs += 1
+            if seq.computed + chunk >= seq.target:
+                sampled += 1
+        if self.cur_pad:  # static batching: padded rows compute like real ones
+            slots = self.batch_slots
+            if self.cur_chunks:
+                tokens = slots * self.batch_pmax
+                attn = slots * prefill_attn_units(self.batch_pmax, 0)
+                kv_read = 0.0
+            else:
+                ctx = self.batch_pmax + self.batch_k - 1
+                tokens, attn, kv_read = slots, float(slots * (ctx + 1)), float(slots * ctx)
+            sampled = seqs = slots
+        bw = self.cost.bandwidth if bandwidth is None else bandwidth
+        return self.cost.step_bw(tokens, sampled, attn, kv_read, seqs, bw)
+
+    def end_step(self, t0_ns: int, t1_ns: int, cost: StepCost) -> None:
+        """Apply the planned step: prefill progress, one token per decoding sequence, finishes."""
+        s = self.step_idx
+        sink = self.sink
+        prefill_tokens = 0
+        # decoding sequences advance one token
+        self.sum_p += self.n_dec
+        started: list[Seq] = []
+        for seq, chunk in self.cur_chunks:
+            prefill_tokens += chunk
+            seq.computed += chunk
+            if seq.computed >= seq.target:
+                self.prefilling.remove(seq)
+                self._publish_prefix(seq)
+                seq.gen += 1
+                if self.role == "prefill":
+                    del self.running[seq.rid]
+                    sink.handoff(seq)
+                    continue
+                if seq.gen == 1:
+                    sink.first_token(seq.rid)
+                if seq.gen >= seq.out:
+                    sink.segment(seq.rid, self.index, s, s)
+                    del self.running[seq.rid]
+                    self._release(seq, seq.computed)
+                    sink.finished(seq.rid, seq.gen)
+                else:
+                    started.append(seq)
+        heap = self.fin_heap
+        running = self.running
+        while heap and heap[0][0] <= s:
+            _, rid, epoch = heapq.heappop(heap)
+            seq_f = running.get(rid)
+            if seq_f is None or seq_f.epoch != epoch:
+                continue
+            computed = seq_f.c0 + (s - seq_f.s0) + 1
+            self._stop_decode(seq_f, computed)
+            del running[rid]
+            self._release(seq_f, computed)
+            seq_f.gen = seq_f.out
+            sink.segment(rid, self.index, seq_f.s0, s)
+            sink.finished(rid, seq_f.out)
+        for seq in started:
+            # the token sampled at the end of the prefill opens the segment at this step
+            self._start_decode(seq, s, s + 1)
+        if self.cur_pad or self.policy.type != "continuous":
+            self.batch_k += 1
+        self.log_t0.append(t0_ns)
+        self.log_t1.append(t1_ns)
+        self.log_prefill.append(prefill_tokens)
+        self.log_dec.append(self.cur_dec)
+        self.log_kv.append(self.used_blocks * self.bs)
+        self.log_flops.append(cost.flops)
+        self.log_bytes.append(cost.bytes)
+        self.log_running.append(len(self.running))
+        self.log_waiting.append(len(self.waiting))
+        self.log_preempt.append(self.cur_preempt)
+        self.step_idx = s + 1
+
+    def next_wake_ns(self) -> int | None:
+        """Request-level batching: when the oldest waiting request times out (None: no timer)."""
+        if self.policy.type == "continuous" or self.running or not self.waiting:
+            return None
+        oldest = min(self.oldest_wait_ns.values())
+        return oldest + int(self.policy.max_wait_ms * 1e6)
+
+
+def _admit_one(st: EngineState, seq_budget: int | None) -> int | None:
+    """Admit the head of the waiting queue with (part of) its prefill; returns the chunk."""
+    seq = st._peek_waiting()
+    fresh = seq.gen == 0 and seq.epoch == 0
+    st._prefix_hit(seq)
+    remaining = seq.target - seq.computed
+    chunk = remaining if seq_budget is None else min(remaining, seq_budget)
+    bs = st.bs
+    blocks = (seq.computed + chunk + bs - 1) // bs - seq.shared
+    if not st._ensure_free(blocks):
+        if seq.shared:  # undo the prefix reference taken above
+            st._release(seq, seq.shared * bs)
+            seq.computed = 0
+        return None
+    st._pop_waiting()
+    if fresh:
+        st.sink.prefill_start(seq.rid)
+        st.prefix_hit_tokens += seq.computed
+        st.prefix_query_tokens += seq.prompt
+    st.used_blocks += blocks
+    st.running[seq.rid] = seq
+    st.prefilling.append(seq)
+    st.cur_chunks.append((seq, chunk))
+    return chunk
+
+
+def admit_continuous(st: EngineState, now_ns: int, budget: int) -> None:
+    """vLLM V1: fill the token budget with waiting requests, chunking the last one if allowed."""
+    pol = st.policy
+    any_prefill = bool(st.cur_chunks)
+    while st.waiting and budget > 0 and len(st.running) < pol.max_num_seqs:
+        head = st._peek_waiting()
+        remaining = head.target - head.computed
+        if pol.chunked_prefill:
+            chunk = _admit_one(st, budget)
+        elif remaining <= budget or not any_prefill:
+            chunk = _admit_one(st, None)  # a prompt over the budget runs alone, unchunked
+        else:
+            break
+        if chunk is None:
+            break
+        any_prefill = True
+        budget -= chunk
+
+
+def _release_batch(st: EngineState, now_ns: int, trigger_count: int) -> bool:
+    if st.running or not st.waiting:
+        return False
+    pol = st.policy
+    oldest = min(st.oldest_wait_ns.values())
+    timed_out = oldest < 0 or now_ns - oldest >= int(pol.max_wait_ms * 1e6)
+    if pol.type == "dynamic":
+        return (
+            timed_out
+            or st.waiting_tokens >= pol.max_wait_tokens
+            or (len(st.waiting) >= trigger_count)
+        )
+    return timed_out or len(st.waiting) >= trigger_count
+
+
+def admit_dynamic(st: EngineState, now_ns: int, budget: int) -> None:
+    """The seed's dynamic batching: release when `max_wait_tokens` queue or `max_wait_ms` wait.
+
+    The released batch (at most `max_batch_size`) prefills in one step and then decodes until
+    its longest member finishes; nothing joins it meanwhile (request-level batching).
+    """
+    _admit_batch(st, now_ns, st.policy.max_batch_size, pad=False)
+
+
+def admit_static(st: EngineState, now_ns: int, budget: int) -> None:
+    """Static batching: a batch of `batch_size` (or whatever waited `max_wait_ms`), padded."""
+    _admit_batch(st, now_ns, st.policy.batch_size, pad=True)
+
+
+def _admit_batch(st: EngineState, now_ns: int, size: int, pad: bool) -> None:
+    if st.running:
+        st.cur_pad = pad and bool(st.running)
+        return
+    st.cur_pad = False
+    if not _release_batch(st, now_ns, size):
+        return
+    pmax = 0
+    while st.waiting and len(st.running) < size:
+        if _admit_one(st, None) is None:
+            break
+        pmax = max(pmax, st.cur_chunks[-1][0].target)
+    st.batch_pmax = pmax
+    st.batch_slots = size
+    st.batch_k = 0
+    st.cur_pad = pad and bool(st.cur_chunks)
+
+
+ADMIT: dict[str, Callable[[EngineState, int, int], None]] = {
+    "continuous": admit_continuous,
+    "dynamic": admit_dynamic,
+    "static": admit_static,
+}

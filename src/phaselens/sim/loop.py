@@ -1,0 +1,39 @@
+"""The event loop: a heap of (time, sequence number, kind, argument) — SimPy's core, no more.
+
+Why a sequence number: events at the same nanosecond run in the order they were scheduled, so
+the same schedule and deployment always give the identical run. Arrivals are not pushed here:
+the cluster merges the (already sorted) schedule with this heap, which keeps a million-request
+replay from paying a heap push per request.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+STEP_END = 0
+WAKE = 1
+KV_DONE = 2
+
+
+class EventLoop:
+    """A min-heap of pending events; `kind` is one of the module constants."""
+
+    __slots__ = ("_heap", "_seq")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, int, int]] = []
+        self._seq = 0
+
+    def push(self, t_ns: int, kind: int, arg: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t_ns, self._seq, kind, arg))
+
+    def peek_time(self) -> int | None:
+        return self._heap[0][0] if self._heap else None
+
+    def pop(self) -> tuple[int, int, int]:
+        t, _, kind, arg = heapq.heappop(self._heap)
+        return t, kind, arg
+
+    def __len__(self) -> int:
+        return len(self._heap)

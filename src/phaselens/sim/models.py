@@ -1,0 +1,131 @@
+"""Model catalog and a Hugging Face `config.json` reader.
+
+Why the shape fields and not a parameter count: FLOPs, weight bytes and KV bytes all follow from
+layers, hidden size, heads, KV heads, head dim, MLP width and vocab (notes/simulator.md). The
+head dim is read from the config, never derived, because models like Qwen3 break d/h.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from phaselens.errors import InputError
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A decoder-only GQA transformer with a gated MLP (3 matrices)."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    weight_bytes: float = 2.0  # bytes per weight (2 = BF16, 1 = FP8/INT8, 0.5 = INT4)
+    kv_bytes: float = 2.0  # bytes per KV element
+    tied_embeddings: bool = False
+
+    @property
+    def params_layer(self) -> int:
+        d, dh = self.hidden, self.head_dim
+        return d * dh * (2 * self.heads + 2 * self.kv_heads) + 3 * d * self.intermediate
+
+    @property
+    def params_nonembed(self) -> int:
+        """Parameters multiplied per processed token (all layers)."""
+        return self.layers * self.params_layer
+
+    @property
+    def params_total(self) -> int:
+        emb = self.vocab * self.hidden
+        return self.params_nonembed + emb * (1 if self.tied_embeddings else 2)
+
+    @property
+    def weight_total_bytes(self) -> float:
+        """Resident weights (embedding table and LM head included)."""
+        return self.params_total * self.weight_bytes
+
+    @property
+    def weight_read_bytes(self) -> float:
+        """Weights read by one step: all layers plus the LM head (embedding rows are negligible)."""
+        return (self.params_nonembed + self.vocab * self.hidden) * self.weight_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return 2.0 * self.layers * self.kv_heads * self.head_dim * self.kv_bytes
+
+    def quantized(self, weight_bytes: float | None, kv_bytes: float | None) -> ModelSpec:
+        return replace(
+            self,
+            weight_bytes=self.weight_bytes if weight_bytes is None else weight_bytes,
+            kv_bytes=self.kv_bytes if kv_bytes is None else kv_bytes,
+        )
+
+
+MODELS: dict[str, ModelSpec] = {
+    "llama-3-8b": ModelSpec("llama-3-8b", 32, 4096, 32, 8, 128, 14336, 128256),
+    "llama-3-70b": ModelSpec("llama-3-70b", 80, 8192, 64, 8, 128, 28672, 128256),
+    "qwen2.5-7b": ModelSpec("qwen2.5-7b", 28, 3584, 28, 4, 128, 18944, 152064),
+    "qwen2.5-72b": ModelSpec("qwen2.5-72b", 80, 8192, 64, 8, 128, 29568, 152064),
+    "mistral-7b": ModelSpec("mistral-7b", 32, 4096, 32, 8, 128, 14336, 32000),
+    # The random-weight test model of the real CPU engines (shared/reference/realengine), F32.
+    "tiny-llama": ModelSpec("tiny-llama", 2, 256, 4, 2, 64, 512, 512, 4.0, 4.0),
+}
+
+_DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8": 1.0, "int8": 1.0}
+
+
+def _int_field(cfg: dict[str, Any], path: str, key: str) -> int:
+    v = cfg.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise InputError(f"{path}: {key}: expected a positive integer, got {v!r}")
+    return v
+
+
+def read_hf_config(path: Path | str) -> ModelSpec:
+    """Read a Hugging Face `config.json` (a file or a directory holding one)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise InputError(f"{p}: model config not found (expected a catalog id or config.json)")
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise InputError(f"{p}: line {e.lineno}: invalid JSON ({e.msg})") from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"{p}: expected a JSON object")
+    hidden = _int_field(cfg, str(p), "hidden_size")
+    heads = _int_field(cfg, str(p), "num_attention_heads")
+    kv = cfg.get("num_key_value_heads", heads)
+    head_dim = cfg.get("head_dim") or hidden // heads
+    dtype = str(cfg.get("torch_dtype", "bfloat16"))
+    spec = ModelSpec(
+        name=str(cfg.get("_name_or_path") or p.parent.name or p.stem),
+        layers=_int_field(cfg, str(p), "num_hidden_layers"),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=_int_field({"num_key_value_heads": kv}, str(p), "num_key_value_heads"),
+        head_dim=_int_field({"head_dim": head_dim}, str(p), "head_dim"),
+        intermediate=_int_field(cfg, str(p), "intermediate_size"),
+        vocab=_int_field(cfg, str(p), "vocab_size"),
+        weight_bytes=_DTYPE_BYTES.get(dtype, 2.0),
+        kv_bytes=_DTYPE_BYTES.get(dtype, 2.0),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+    )
+    return spec
+
+
+def resolve_model(ref: str, where: str) -> ModelSpec:
+    """A catalog id, or a path to a config.json (or its directory)."""
+    if ref in MODELS:
+        return MODELS[ref]
+    if "/" in ref or ref.endswith(".json") or Path(ref).exists():
+        return read_hf_config(ref)
+    raise InputError(f"{where}: unknown model {ref!r} (catalog: {', '.join(MODELS)}; or a path)")
