@@ -85,6 +85,191 @@ def plan(
         console.print(f"schedule written to {out}")
 
 
+# ---------------------------------------------------------------- run (driver; issue 3)
+def _parse_targets(values: list[str]) -> dict[str, str]:
+    """`URL` (every model) or `model=URL` pairs -> {model or "*": URL}."""
+    out: dict[str, str] = {}
+    for v in values:
+        head, eq, rest = v.partition("=")
+        if eq and "://" not in head and head != "sim" and not head.startswith("sim:"):
+            if not head or not rest:
+                raise InputError(f"--target: {v!r}: expected URL or MODEL=URL")
+            out[head] = rest
+        else:
+            if "*" in out:
+                raise InputError("--target: give one plain URL, or MODEL=URL pairs")
+            out["*"] = v
+    return out
+
+
+def _parse_pairs(values: list[str], opt: str, sep: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for v in values:
+        k, ok, val = v.partition(sep)
+        if not ok or not k.strip():
+            raise InputError(f"{opt}: {v.split(sep)[0]!r}...: expected KEY{sep}VALUE")
+        out[k.strip()] = val.strip()
+    return out
+
+
+@app.command()
+def run(
+    spec: Annotated[Path, typer.Argument(help="Workload spec (YAML).")],
+    target: Annotated[
+        list[str],
+        typer.Option(
+            "--target",
+            help="http://HOST:PORT (OpenAI-compatible server), MODEL=URL (repeat: one server "
+            "per model), or sim / sim:DEPLOY.yaml (the simulator).",
+        ),
+    ],
+    endpoint: Annotated[
+        str, typer.Option("--endpoint", help="completions or chat (/v1/chat/completions).")
+    ] = "chat",
+    model_map: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--model-map", help="SPEC_NAME=SERVED_NAME: the model name sent (repeat)."),
+    ] = None,
+    api_key_env: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--api-key-env", help="Environment variable holding the API key (Bearer)."),
+    ] = None,
+    header: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--header", help="Extra request header 'Name: value' (repeat)."),
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="Runs directory.")] = Path("runs"),
+    workers: Annotated[
+        int, typer.Option("--workers", help="Client processes (split the schedule).")
+    ] = 1,
+    max_inflight: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--max-inflight", help="Open loop: cap on requests on the wire."),
+    ] = None,
+    concurrency: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--concurrency", help="Closed loop with N virtual users."),
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Per-request limit, seconds from send.")
+    ] = 600.0,
+    idle_timeout: Annotated[
+        float, typer.Option("--idle-timeout", help="Longest silence inside a response, s.")
+    ] = 60.0,
+    no_optional: Annotated[
+        bool,
+        typer.Option(
+            "--no-optional-fields",
+            help="Never send stream_options/ignore_eos/min_tokens (else dropped on 400/422).",
+        ),
+    ] = False,
+    tokenizer: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--tokenizer", help="Local tokenizer.json for exact prompt lengths."),
+    ] = None,
+    telemetry: Annotated[
+        str, typer.Option("--telemetry", help="auto, none, or gpu,engine,dcgm=URL,...")
+    ] = "auto",
+    telemetry_interval: Annotated[
+        float, typer.Option("--telemetry-interval", help="Seconds between samples.")
+    ] = 0.1,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", help="No progress line (automatic without a TTY).")
+    ] = False,
+    set_: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--set", help="Override a spec field: --set 'models[0].rate=4' (repeatable)."),
+    ] = None,
+) -> None:
+    """Run a workload against a server (or the simulator) and write a run directory."""
+    import os
+
+    from phaselens.spec import load_spec
+    from phaselens.workload.plan import build_schedule
+
+    targets = _parse_targets(target)
+    ws = load_spec(spec, set_ or [])
+    schedule = build_schedule(ws)
+    sim = [t for t in targets.values() if t == "sim" or t.startswith("sim:")]
+    if sim:
+        if len(targets) > 1:
+            raise InputError("--target: sim cannot be mixed with other targets")
+        from phaselens.sim.run import run_sim
+
+        manifest = {"name": ws.name, "spec": ws.model_dump(mode="json"), "slo": ws.slo_dict}
+        path = run_sim(schedule, sim[0], out, manifest)
+        typer.echo(str(path))
+        return
+    from phaselens.driver.drive import drive
+    from phaselens.driver.runner import DriverOptions
+
+    if endpoint not in ("completions", "chat"):
+        raise InputError(f"--endpoint: expected completions or chat, got {endpoint!r}")
+    api_key = None
+    if api_key_env:
+        api_key = os.environ.get(api_key_env)
+        if not api_key:
+            raise InputError(f"--api-key-env: environment variable {api_key_env} is not set")
+    options = DriverOptions(
+        endpoint="chat" if endpoint == "chat" else "completions",
+        model_map=_parse_pairs(model_map or [], "--model-map", "="),
+        headers=_parse_pairs(header or [], "--header", ":"),
+        api_key=api_key,
+        max_inflight=max_inflight,
+        concurrency=concurrency,
+        timeout_s=timeout,
+        idle_timeout_s=idle_timeout,
+        optional_fields=not no_optional,
+        tokenizer=tokenizer,
+        prompt_seed=ws.seed,
+    )
+    res = drive(
+        schedule,
+        targets,
+        options,
+        out,
+        name=ws.name,
+        spec=ws.model_dump(mode="json"),
+        slo=ws.slo_dict,
+        workers=workers,
+        quiet=quiet or not sys.stdout.isatty(),
+        telemetry=telemetry,
+        telemetry_interval_s=telemetry_interval,
+    )
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(res.by_status.items()))
+    typer.echo(f"{res.path}")
+    typer.echo(f"{res.status}: {res.planned} planned; {counts}")
+    if not res.verdict.valid:
+        for reason in res.verdict.invalid_reasons:
+            typer.echo(f"INVALID: {reason}")
+    if res.status == "interrupted":
+        raise typer.Exit(130)
+
+
+@app.command()
+def analyze(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (from `phaselens run`).")],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object instead of the summary.")
+    ] = False,
+    gpu_cost_per_hour: Annotated[
+        Optional[float],  # noqa: UP045 - typer needs Optional on 3.10
+        typer.Option("--gpu-cost-per-hour", min=0.0, help="Price of one GPU-hour, in dollars."),
+    ] = None,
+) -> None:
+    """Latency, goodput, phases, fluctuation, roofline, cost and findings of a run."""
+    from phaselens.analysis.render import render
+    from phaselens.analysis.summary import analyze as _analyze
+    from phaselens.analysis.summary import to_json
+    from phaselens.store import load_run
+
+    summary = _analyze(load_run(run_dir), gpu_cost_per_hour=gpu_cost_per_hour)
+    if as_json:
+        typer.echo(to_json(summary))
+    else:
+        render(summary)
+
+
 def main() -> None:
     try:
         app()

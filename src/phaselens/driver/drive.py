@@ -1,0 +1,349 @@
+"""`drive()`: one whole driver run, synchronous: run dir, telemetry, progress, Ctrl-C, self-check.
+
+Why here and not in the CLI: the benchmark and the end-to-end tests call the same function.
+The run writer lives on its own thread, fed by a queue: fsync never blocks the event loop, and
+telemetry samples (which arrive from the sampler's thread) and records share one writer safely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from phaselens import __version__
+from phaselens.driver.runner import DriverOptions, LiveStats, RunSummary, redact_url, run_schedule
+from phaselens.driver.selfcheck import Verdict, verdict
+from phaselens.store import RunWriter, clock_anchor
+from phaselens.telemetry.sampler import parse_spec as parse_telemetry
+from phaselens.telemetry.sampler import start_telemetry
+from phaselens.types import RequestRecord, Schedule, TelemetrySample
+
+
+@dataclass(frozen=True, slots=True)
+class DriveResult:
+    """Where the run went and what the client saw."""
+
+    path: Path
+    status: str  # complete | interrupted
+    planned: int
+    by_status: Mapping[str, int]
+    verdict: Verdict
+    token_count_method: str
+
+
+class _WriterThread:
+    """Owns the RunWriter: records and telemetry samples arrive through one queue."""
+
+    def __init__(self, writer: RunWriter) -> None:
+        self.writer = writer
+        self.q: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
+        self.ids: set[int] = set()
+        self._t = threading.Thread(target=self._run, name="phaselens-writer", daemon=True)
+        self._t.start()
+
+    def record(self, r: RequestRecord) -> None:
+        self.q.put(("r", r))
+
+    def records(self, rs: list[RequestRecord]) -> None:
+        for r in rs:
+            self.q.put(("r", r))
+
+    def samples(self, ss: list[TelemetrySample]) -> None:
+        self.q.put(("t", list(ss)))
+
+    def _run(self) -> None:
+        w = self.writer
+        while True:
+            try:
+                item = self.q.get(timeout=0.5)
+            except queue.Empty:
+                w.flush()
+                continue
+            if item is None:
+                w.flush()
+                return
+            kind, obj = item
+            if kind == "sync":
+                obj.set()
+            elif kind == "r":
+                if obj.id not in self.ids:  # exactly one record per planned request
+                    self.ids.add(obj.id)
+                    w.add_record(obj)
+            else:
+                w.add_samples(obj)
+
+    def join(self) -> None:
+        self.q.put(None)
+        self._t.join()
+
+
+def _versions() -> dict[str, str]:
+    import aiohttp
+
+    return {
+        "phaselens": __version__,
+        "python": sys.version.split()[0],
+        "aiohttp": aiohttp.__version__,
+        "numpy": np.__version__,
+    }
+
+
+def _telemetry_on(spec: str | None) -> bool:
+    return spec is None or spec.strip().lower() not in ("none", "off")
+
+
+def drive(
+    schedule: Schedule,
+    targets: Mapping[str, str],
+    options: DriverOptions,
+    out_root: Path | str,
+    *,
+    name: str = "run",
+    spec: Mapping[str, Any] | None = None,
+    slo: Mapping[str, Any] | None = None,
+    workers: int = 1,
+    quiet: bool = True,
+    telemetry: str | None = "auto",
+    telemetry_interval_s: float = 0.1,
+    manifest_extra: Mapping[str, Any] | None = None,
+    handle_sigint: bool = True,
+) -> DriveResult:
+    """Run `schedule` against `targets` ({model: URL}, or {"*": URL}) and write a run directory.
+
+    First Ctrl-C: stop sending, cancel in-flight requests, close the run as `interrupted`.
+    Second Ctrl-C: exit at once (the run is rebuilt from events.jsonl by `load_run`).
+    """
+    options.validate()
+    if workers < 1:
+        from phaselens.errors import InputError
+
+        raise InputError(f"--workers: expected an integer >= 1, got {workers}")
+    safe_targets = {m: redact_url(u) for m, u in targets.items()}
+    label = (
+        safe_targets["*"]
+        if list(safe_targets) == ["*"]
+        else ",".join(f"{m}={u}" for m, u in safe_targets.items())
+    )
+    manifest: dict[str, Any] = {
+        "kind": "driver",
+        "name": name,
+        "target": label,
+        "targets": safe_targets,
+        "spec": dict(spec or {}),
+        "slo": dict(slo or {}),
+        "stages": [
+            {
+                "index": s.index,
+                "rate_scale": s.rate_scale,
+                "t_start_ns": s.t_start_ns,
+                "t_end_ns": s.t_end_ns,
+            }
+            for s in schedule.stages
+        ],
+        "schedule": {
+            "requests": len(schedule),
+            "seed": schedule.seed,
+            "spec_hash": schedule.spec_hash,
+            "duration_ns": schedule.duration_ns,
+        },
+        "driver": {
+            "endpoint": options.endpoint,
+            "loop": "closed" if options.concurrency else "open",
+            "max_inflight": options.max_inflight,
+            "concurrency": options.concurrency,
+            "timeout_s": options.timeout_s,
+            "idle_timeout_s": options.idle_timeout_s,
+            "optional_fields": options.optional_fields,
+            "model_map": dict(options.model_map),
+            "header_names": sorted(options.headers),  # values may be secrets: never written
+            "authorization": "bearer (from environment)" if options.api_key else "none",
+            "workers": workers,
+            "tokenizer": options.tokenizer,
+        },
+        "versions": _versions(),
+        "valid": True,
+        "invalid_reasons": [],
+    }
+    manifest.update(manifest_extra or {})
+    if _telemetry_on(telemetry):
+        parse_telemetry(telemetry, sorted(set(targets.values())))  # bad spec: fail before the run
+    writer = RunWriter.create(out_root, name, manifest)
+    wt = _WriterThread(writer)
+    stats = LiveStats()
+    stop = threading.Event()
+    state: dict[str, Any] = {"t0": 0, "tel": None}
+    progress: Any = None
+
+    def on_start(t0: int) -> None:
+        state["t0"] = t0
+        anchor = clock_anchor()
+        writer_clock = {**anchor, "run_start_perf_ns": t0}
+        writer.update_manifest(clock=writer_clock)
+        if _telemetry_on(telemetry):
+            urls = sorted(set(targets.values()))
+            state["tel"] = start_telemetry(telemetry, urls, telemetry_interval_s, t0, wt.samples)
+            # The sampler starts in its own process: give it the lead time before t = 0.
+            state["tel"].wait_ready(max(0.0, (t0 - time.perf_counter_ns()) / 1e9 - 0.02))
+        nonlocal progress
+        if not quiet:
+            from phaselens.driver.progress import ProgressLine
+
+            planned_s = schedule.duration_ns / 1e9
+            progress = ProgressLine(lambda: stats, planned_s, len(schedule), t0)
+            progress.start()
+
+    count = [0]
+
+    def on_sigint_sync(*_: Any) -> None:
+        count[0] += 1
+        if count[0] >= 2:
+            from phaselens.driver.shard import kill_workers
+
+            kill_workers()
+            os._exit(130)
+        stop.set()
+
+    summaries: list[RunSummary] = []
+    worker_info: list[dict[str, Any]] = []
+    old_handler: Any = None
+    if handle_sigint and threading.current_thread() is threading.main_thread():
+        old_handler = signal.signal(signal.SIGINT, on_sigint_sync)
+    try:
+        if workers == 1:
+            lead_s = 1.0 if _telemetry_on(telemetry) else 0.05
+            summaries.append(
+                asyncio.run(_single(schedule, targets, options, wt, on_start, stop, stats, lead_s))
+            )
+            worker_info.append({"index": 0, "pid": os.getpid(), "clock": clock_anchor()})
+        else:
+            from phaselens.driver.shard import run_workers
+
+            results = run_workers(
+                schedule, targets, options, workers, wt.records, on_start, stop, stats,
+                lead_s=1.0 if _telemetry_on(telemetry) else 0.1,
+            )
+            for r in results:
+                worker_info.append(
+                    {"index": r.index, "pid": r.pid, "clock": dict(r.clock), "error": r.error}
+                )
+                if r.summary is not None:
+                    summaries.append(r.summary)
+    finally:
+        if old_handler is not None:
+            signal.signal(signal.SIGINT, old_handler)
+        tel_status: dict[str, str] = {}
+        if state["tel"] is not None:
+            try:
+                tel_status = dict(state["tel"].stop())
+            except Exception as e:
+                tel_status = {"sampler": f"unavailable: {type(e).__name__}: {e}"}
+        if progress is not None:
+            progress.stop()
+    # Every planned request ends with exactly one record.
+    seen = _seen_ids(wt)
+    dead = {w["index"] for w in worker_info if w.get("error")}
+    t0 = state["t0"]
+    missing = [row for row in range(len(schedule)) if schedule[row].id not in seen]
+    for row in missing:
+        req = schedule[row]
+        died = workers > 1 and (row % workers) in dead
+        wt.record(
+            RequestRecord(
+                id=req.id,
+                model=req.model,
+                stage=req.stage,
+                scheduled_ns=req.t_ns if not options.concurrency else 0,
+                status="client_error" if died else "not_sent",
+                priority=req.priority,
+                input_tokens=req.input_tokens,
+                error="worker process failed" if died else "stopped before sending",
+            )
+        )
+    wt.join()
+    send = np.concatenate([s.send_lags_ns for s in summaries]) if summaries else np.zeros(0)
+    loop = np.concatenate([s.loop_lags_ns for s in summaries]) if summaries else np.zeros(0)
+    v = verdict(send, loop, workers)
+    methods: Counter[str] = Counter()
+    by_status: Counter[str] = Counter()
+    for s in summaries:
+        methods.update(s.token_methods)
+        by_status.update(s.by_status)
+    by_status.update(
+        Counter(
+            "client_error" if (workers > 1 and (i % workers) in dead) else "not_sent"
+            for i in missing
+        )
+    )
+    method = "usage" if methods.get("usage") and not methods.get("chunks") else "chunks"
+    cpu = sum(s.cpu_s for s in summaries)
+    wall = max((s.wall_s for s in summaries), default=0.0)
+    interrupted = count[0] > 0 or any(s.interrupted for s in summaries)
+    status = "interrupted" if interrupted else "complete"
+    dropped = sorted({redact_url(u) for s in summaries for u in s.dropped_optional})
+    path = writer.close(
+        status,
+        valid=v.valid,
+        invalid_reasons=list(v.invalid_reasons),
+        token_count_method=method,
+        token_count_streams=dict(methods),
+        telemetry=tel_status,
+        client={
+            "send_lag_p99_ms": v.send_lag_p99_ms,
+            "send_lag_max_ms": v.send_lag_max_ms,
+            "loop_lag_p99_ms": v.loop_lag_p99_ms,
+            "loop_lag_max_ms": v.loop_lag_max_ms,
+            "cpu_s": cpu,
+            "wall_s": wall,
+            "cpu_pct": 100.0 * cpu / wall if wall > 0 else 0.0,
+        },
+        workers=worker_info,
+        optional_fields_rejected_by=dropped,
+        ended_perf_ns=time.perf_counter_ns() - t0 if t0 else None,
+    )
+    return DriveResult(path, status, len(schedule), dict(by_status), v, method)
+
+
+def _seen_ids(wt: _WriterThread) -> set[int]:
+    """Ids recorded so far (waits until the writer thread has taken everything queued)."""
+    done = threading.Event()
+    wt.q.put(("sync", done))
+    done.wait(timeout=30)
+    return set(wt.ids)
+
+
+async def _single(
+    schedule: Schedule,
+    targets: Mapping[str, str],
+    options: DriverOptions,
+    wt: _WriterThread,
+    on_start: Any,
+    stop: threading.Event,
+    stats: LiveStats,
+    lead_s: float,
+) -> RunSummary:
+    loop = asyncio.get_running_loop()
+    ev = asyncio.Event()
+    threading.Thread(
+        target=lambda: (stop.wait(), loop.call_soon_threadsafe(ev.set)), daemon=True
+    ).start()
+    t0 = time.perf_counter_ns() + int(lead_s * 1e9)
+    on_start(t0)
+    try:
+        return await run_schedule(
+            schedule, targets, options, wt.record, run_start_perf_ns=t0, stop=ev, stats=stats
+        )
+    finally:
+        if not stop.is_set():
+            stop.set()  # releases the relay thread

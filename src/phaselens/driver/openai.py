@@ -1,0 +1,239 @@
+"""OpenAI-compatible request bodies and a streaming (SSE) parser. No timing logic here.
+
+Why a byte scanner instead of `json.loads` per chunk: the client's CPU per chunk decides how much
+load one process can drive and how late it sees each token. Content chunks are recognised with a
+few regex searches over the raw bytes; JSON is decoded only on the rare paths (error objects).
+The scan is exact for JSON text because a quote inside a JSON string is always escaped (`\\"`),
+so a key pattern such as `"content":"` can only match a real key (tests compare the scanner
+with `json.loads` on generated chunks).
+
+Token counting per chunk: when the server sends continuous usage stats (every chunk carries
+`usage.completion_tokens`), a chunk carries the difference from the previous count; otherwise
+every chunk with non-empty generated text carries one token. `usage.prompt_tokens` is kept as the
+true input length.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+Endpoint = Literal["completions", "chat"]
+ENDPOINTS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+# Fields that force the output length or ask for per-chunk usage; some servers reject them with
+# 400/422, then the driver retries once without them and remembers that for the target.
+OPTIONAL_FIELDS: tuple[str, ...] = ("stream_options", "ignore_eos", "min_tokens")
+
+# Parser results.
+CONTINUE, DONE, FAILED = 0, 1, 2
+
+_DATA = b"data:"
+_CT = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_PT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_USAGE_OBJ = re.compile(rb'"usage"\s*:\s*\{')
+_EMPTY_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+# A key holding generated text whose value is a non-empty string (or any tool call).
+_TEXT = re.compile(
+    rb'"(?:content|text|reasoning_content|reasoning)"\s*:\s*"(?!")|"tool_calls"\s*:\s*\[\s*\{'
+)
+_ERROR_KEY = re.compile(rb'"error"\s*:')
+
+
+def build_body(
+    endpoint: Endpoint,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    optional: bool = True,
+    extra: Mapping[str, Any] | None = None,
+) -> bytes:
+    """The JSON body of one streaming request; `optional=False` leaves out OPTIONAL_FIELDS."""
+    body: dict[str, Any] = {"model": model}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    body["max_tokens"] = max_tokens
+    body["temperature"] = 0
+    body["stream"] = True
+    if optional:
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        body["ignore_eos"] = True
+        body["min_tokens"] = max_tokens
+    if extra:
+        body.update(extra)
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+class StreamParser:
+    """Incremental SSE parser for one response; records token chunk times and counts.
+
+    `feed(data, t_ns)` takes the bytes of one read and the instant they arrived; every event
+    completed by that read is stamped `t_ns`. Handles CRLF/CR line ends (also split across reads),
+    multi-line `data:` fields, comments, other fields, keep-alives and `[DONE]`.
+    """
+
+    __slots__ = (
+        "_buf",
+        "_cr",
+        "continuous",
+        "done",
+        "end_ns",
+        "error",
+        "events",
+        "final_tokens",
+        "last_ct",
+        "max_event_bytes",
+        "prompt_tokens",
+        "token_counts",
+        "token_ns",
+        "usage_chunks",
+    )
+
+    def __init__(self, max_event_bytes: int = 64 << 20) -> None:
+        self._buf = b""
+        self._cr = False  # the previous read ended with "\r" (maybe half of "\r\n")
+        self.token_ns: list[int] = []
+        self.token_counts: list[int] = []
+        self.last_ct = 0
+        self.continuous = False  # the server sends usage with every chunk
+        self.usage_chunks = 0  # token chunks counted from usage deltas
+        self.prompt_tokens: int | None = None
+        self.final_tokens: int | None = None
+        self.done = False
+        self.end_ns = 0  # when [DONE] or the end of the body arrived (set by the reader)
+        self.events = 0  # non-empty data payloads seen
+        self.error = ""
+        self.max_event_bytes = max_event_bytes
+
+    def feed(self, data: bytes, t_ns: int) -> int:
+        """Consume one read; returns CONTINUE, DONE ([DONE] seen) or FAILED (see `error`)."""
+        if b"\r" in data or self._cr:
+            if self._cr and data[:1] == b"\n":
+                data = data[1:]
+            self._cr = data[-1:] == b"\r"
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        buf = self._buf + data if self._buf else data
+        start = 0
+        while True:
+            end = buf.find(b"\n\n", start)
+            if end < 0:
+                break
+            rc = self._event(buf[start:end], t_ns)
+            start = end + 2
+            if rc:
+                self._buf = b""
+                return rc
+        self._buf = buf[start:] if start else buf
+        if len(self._buf) > self.max_event_bytes:
+            self.error = f"bad stream: one event exceeds {self.max_event_bytes} bytes"
+            return FAILED
+        return CONTINUE
+
+    def close(self, t_ns: int) -> int:
+        """The body ended: an unterminated last event still counts (streams cut without [DONE])."""
+        rest, self._buf = self._buf.strip(b"\n"), b""
+        return self._event(rest, t_ns) if rest else CONTINUE
+
+    def _event(self, block: bytes, t_ns: int) -> int:
+        if block.startswith(_DATA) and b"\n" not in block:
+            payload = block[5:]
+        else:
+            parts = [
+                line[5:] for line in block.split(b"\n") if line.startswith(_DATA)
+            ]  # comments (":..."), other fields and field-less lines are ignored, per the SSE spec
+            if not parts:
+                return CONTINUE
+            payload = b"\n".join(p[1:] if p[:1] == b" " else p for p in parts)
+            return self._data(payload.strip(), t_ns)
+        return self._data(payload.strip(), t_ns)
+
+    def _data(self, p: bytes, t_ns: int) -> int:
+        if p[:1] != b"{" or p[-1:] != b"}":
+            if p:
+                self.events += 1
+            if p == b"[DONE]":
+                self.done = True
+                return DONE
+            if not p:
+                return CONTINUE  # keep-alive
+            self.error = f"bad stream: data is not JSON: {p[:80]!r}"
+            return FAILED
+        if _ERROR_KEY.search(p) is not None and (msg := _error_message(p)) is not None:
+            self.error = f"stream error: {msg}"
+            return FAILED
+        self.events += 1
+        u = _USAGE_OBJ.search(p)
+        if u is not None:
+            ct_m = _CT.search(p, u.end())
+            if self.prompt_tokens is None:
+                pt_m = _PT.search(p, u.end())
+                if pt_m is not None:
+                    self.prompt_tokens = int(pt_m.group(1))
+            if ct_m is not None:
+                ct = int(ct_m.group(1))
+                self.final_tokens = ct
+                summary = _EMPTY_CHOICES.search(p) is not None
+                if not self.continuous and not summary and not self.token_ns:
+                    self.continuous = True
+                if self.continuous:
+                    delta = ct - self.last_ct
+                    self.last_ct = ct
+                    if delta > 0:
+                        self.token_ns.append(t_ns)
+                        self.token_counts.append(delta)
+                        self.usage_chunks += 1
+                    return CONTINUE
+        if _TEXT.search(p) is not None:
+            self.token_ns.append(t_ns)
+            self.token_counts.append(1)
+        return CONTINUE
+
+    @property
+    def output_tokens(self) -> int:
+        """The server's final count when it gave one, else the tokens counted per chunk."""
+        counted = sum(self.token_counts)
+        return self.final_tokens if self.final_tokens is not None else counted
+
+    @property
+    def method(self) -> str:
+        """How this stream's tokens were counted: `usage` or `chunks` (`none`: no tokens)."""
+        if not self.token_ns:
+            return "none"
+        return "usage" if self.usage_chunks == len(self.token_ns) else "chunks"
+
+
+def _error_message(p: bytes) -> str | None:
+    """The message of a top-level `{"error": ...}` object, or None when there is none."""
+    try:
+        obj = json.loads(p)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or "error" not in obj or obj["error"] is None:
+        return None
+    err = obj["error"]
+    if isinstance(err, dict):
+        return str(err.get("message") or err)[:300]
+    return str(err)[:300]
+
+
+def error_text(status: int, reason: str | None, body: bytes) -> str:
+    """One line for an HTTP error: the status, and the server's message when it sent one."""
+    text = body.decode("utf-8", "replace").strip()
+    msg = ""
+    if text:
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict):
+            err = obj.get("error", obj.get("detail", obj.get("message", obj)))
+            msg = str(err.get("message", err)) if isinstance(err, dict) else str(err)
+        else:
+            msg = text
+    msg = " ".join(msg.split())[:300]
+    head = f"HTTP {status} {reason or ''}".rstrip()
+    return f"{head}: {msg}" if msg else head

@@ -1,0 +1,581 @@
+"""Executes a Schedule against OpenAI-compatible servers: open loop (default) or closed loop.
+
+Why open loop: each request leaves at its planned time however many are outstanding, so a slow
+server shows up as latency instead of silently lowering the offered load (coordinated
+omission). TTFT and E2E are measured from the *scheduled* instant. With `max_inflight` requests
+wait in a client queue, and that wait stays inside TTFT. Closed loop (`concurrency`) models N
+users, each sending the next request when its previous one ends (scheduled = that moment).
+
+Timing: every instant is `time.perf_counter_ns()` minus the run start. A chunk is stamped right
+after the read that delivered its bytes returns, before any parsing. Timeouts are enforced by
+one watchdog task that scans in-flight requests (no timer per read on the hot path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+import numpy as np
+import numpy.typing as npt
+
+from phaselens.driver.openai import (
+    CONTINUE,
+    DONE,
+    ENDPOINTS,
+    FAILED,
+    Endpoint,
+    StreamParser,
+    build_body,
+    error_text,
+)
+from phaselens.driver.prompts import PromptMaker
+from phaselens.driver.selfcheck import LoopLagMonitor, cpu_seconds
+from phaselens.errors import InputError
+from phaselens.types import RequestRecord, Schedule, Status
+
+RecordSink = Callable[[RequestRecord], None]
+_ERR_BODY_MAX = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class DriverOptions:
+    """How to drive the servers. Secrets (`api_key`) stay out of repr and out of the run dir."""
+
+    endpoint: Endpoint = "chat"
+    model_map: Mapping[str, str] = field(default_factory=dict)  # spec model -> served name
+    headers: Mapping[str, str] = field(default_factory=dict)
+    api_key: str | None = field(default=None, repr=False)
+    max_inflight: int | None = None  # open loop: cap on requests on the wire
+    concurrency: int | None = None  # closed loop: number of virtual users
+    timeout_s: float = 600.0  # per request, from send to end
+    idle_timeout_s: float = 60.0  # longest silence between body reads
+    optional_fields: bool = True  # stream_options / ignore_eos / min_tokens
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    tokenizer: str | None = None
+    prompt_seed: int = 0
+    spin_ns: int = 1_000_000  # sleep until this close to a send time, then spin
+    max_event_bytes: int = 64 << 20
+
+    def validate(self) -> None:
+        """Reject impossible values with one clear line (the CLI exits 2)."""
+        if self.max_inflight is not None and self.concurrency is not None:
+            raise InputError("--max-inflight/--concurrency: give one of them (open or closed loop)")
+        for name, v in (("--max-inflight", self.max_inflight), ("--concurrency", self.concurrency)):
+            if v is not None and v < 1:
+                raise InputError(f"{name}: expected an integer >= 1, got {v}")
+        if not self.timeout_s > 0 or not self.idle_timeout_s > 0:
+            raise InputError("--timeout/--idle-timeout: expected seconds > 0")
+        if self.endpoint not in ENDPOINTS:
+            raise InputError(f"--endpoint: expected completions or chat, got {self.endpoint!r}")
+
+
+def endpoint_url(base: str, endpoint: Endpoint) -> str:
+    """The full request URL: `base` plus the endpoint path unless `base` already has one."""
+    parts = urlsplit(base)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise InputError(f"--target: {redact_url(base)}: expected http://HOST:PORT[/path]")
+    path = parts.path.rstrip("/")
+    if path.endswith(("/completions", "/chat/completions")):
+        return base
+    want = ENDPOINTS[endpoint]
+    path = path + want[3:] if path.endswith("/v1") else path + want
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def redact_url(url: str) -> str:
+    """The URL without user:password (safe for manifests and messages)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
+
+@dataclass(slots=True)
+class LiveStats:
+    """Counters for the progress line (mutated on the loop, read from the progress thread)."""
+
+    sent: int = 0
+    inflight: int = 0
+    done: int = 0
+    errors: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """What one `run_schedule` call did (one per worker), besides the records it emitted."""
+
+    planned: int
+    by_status: Mapping[str, int]
+    send_lags_ns: npt.NDArray[np.int64]  # took-up - scheduled, for every sent request
+    loop_lags_ns: npt.NDArray[np.int64]
+    cpu_s: float
+    wall_s: float
+    token_methods: Mapping[str, int]  # streams counted by `usage` / `chunks`
+    dropped_optional: tuple[str, ...]  # target URLs that rejected the optional fields
+    interrupted: bool
+
+
+class _Flight:
+    """One in-flight request as the watchdog sees it."""
+
+    __slots__ = ("body_armed", "deadline_ns", "last_ns", "reason", "task")
+
+    def __init__(self, task: asyncio.Task[None] | None, deadline_ns: int) -> None:
+        self.task = task
+        self.deadline_ns = deadline_ns
+        self.last_ns = 0
+        self.body_armed = False  # the idle timeout applies once response headers came
+        self.reason = ""
+
+
+class _Driver:
+    """State of one run_schedule call; one aiohttp session, one watchdog."""
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        targets: Mapping[str, str],
+        options: DriverOptions,
+        sink: RecordSink,
+        t0: int,
+        stats: LiveStats,
+    ) -> None:
+        self.s = schedule
+        self.o = options
+        self.sink = sink
+        self.t0 = t0
+        self.stats = stats
+        self.urls = _route(schedule.models, targets, options.endpoint)
+        self.served = [options.model_map.get(m, m) for m in schedule.models]
+        self.prompts = PromptMaker(options.prompt_seed, options.tokenizer)
+        base = dict(options.headers)
+        base["Content-Type"] = "application/json"
+        base["Accept"] = "text/event-stream"
+        if options.api_key:
+            base["Authorization"] = f"Bearer {options.api_key}"
+        self.headers = base
+        self.no_optional: set[str] = set() if options.optional_fields else set(self.urls)
+        self.flights: set[_Flight] = set()
+        self.recorded = np.zeros(len(schedule), dtype=bool)
+        self.send_lags: list[int] = []
+        self.by_status: Counter[str] = Counter()
+        self.methods: Counter[str] = Counter()
+        self.timeout_ns = int(options.timeout_s * 1e9)
+        self.idle_ns = int(options.idle_timeout_s * 1e9)
+        self.sem = asyncio.Semaphore(options.max_inflight) if options.max_inflight else None
+        self.stop = asyncio.Event()
+        self.session: aiohttp.ClientSession | None = None
+        self.run_tag = f"{t0 & 0xFFFFFFFF:08x}"
+
+    # ------------------------------------------------------------------ records
+    def rid(self, row: int) -> int:
+        """The request id of a schedule row (a shard keeps its original ids)."""
+        ids = self.s.ids
+        return int(ids[row]) if ids is not None else row
+
+    def emit(self, rec: RequestRecord, row: int) -> None:
+        if self.recorded[row]:
+            return  # exactly one record per planned request
+        self.recorded[row] = True
+        self.by_status[rec.status] += 1
+        st = self.stats
+        st.done += 1
+        st.output_tokens += rec.output_tokens
+        if rec.status != "ok":
+            st.errors += 1
+        self.sink(rec)
+
+    def _record(self, i: int, scheduled: int, status: Status, **kw: Any) -> RequestRecord:
+        s = self.s
+        err = kw.pop("error", "")
+        if err and self.o.api_key:
+            err = err.replace(self.o.api_key, "***")
+        return RequestRecord(
+            id=self.rid(i),
+            model=s.models[int(s.model_idx[i])],
+            stage=int(s.stage[i]),
+            scheduled_ns=scheduled,
+            status=status,
+            priority=int(s.priority[i]),
+            input_tokens=kw.pop("input_tokens", int(s.input_tokens[i])),
+            error=err,
+            **kw,
+        )
+
+    # ------------------------------------------------------------------ one request
+    def body(self, i: int, optional: bool) -> bytes:
+        req = self.s[i]
+        return build_body(
+            self.o.endpoint,
+            self.served[int(self.s.model_idx[i])],
+            self.prompts.prompt(req),
+            req.output_tokens,
+            optional=optional,
+            extra=self.o.extra_body,
+        )
+
+    async def one(
+        self, i: int, scheduled: int, prompt_body: bytes | None, built_optional: bool = True
+    ) -> None:
+        """Send request i and emit its record; never raises (cancellation included)."""
+        clock = time.perf_counter_ns
+        t0 = self.t0
+        ready = clock()
+        url = self.urls[int(self.s.model_idx[i])]
+        flight = _Flight(asyncio.current_task(), 0)
+        sent: int | None = None
+        parser = StreamParser(self.o.max_event_bytes)
+        http_status: int | None = None
+        ctype = "?"
+        try:
+            if self.sem is not None:
+                await self.sem.acquire()
+            try:
+                self.send_lags.append(ready - t0 - scheduled)
+                optional = url not in self.no_optional
+                if prompt_body is None or built_optional != optional:
+                    body = self.body(i, optional)
+                else:
+                    body = prompt_body
+                headers = {**self.headers, "X-Request-Id": f"pl-{self.run_tag}-{self.rid(i)}"}
+                assert self.session is not None
+                sent_abs = clock()
+                sent = sent_abs - t0
+                flight.deadline_ns = sent_abs + self.timeout_ns
+                self.flights.add(flight)
+                self.stats.sent += 1
+                self.stats.inflight += 1
+                try:
+                    for attempt in (0, 1):
+                        resp = await self.session.post(url, data=body, headers=headers)
+                        try:
+                            http_status = resp.status
+                            ctype = resp.headers.get("Content-Type", "?")
+                            if resp.status >= 300:
+                                raw = await resp.content.read(_ERR_BODY_MAX)
+                                if resp.status in (400, 422) and attempt == 0 and optional:
+                                    body = self.body(i, False)
+                                    optional = False
+                                    continue  # retry once without the optional fields
+                                self.emit(
+                                    self._record(
+                                        i,
+                                        scheduled,
+                                        "http_error",
+                                        sent_ns=sent,
+                                        end_ns=clock() - t0,
+                                        http_status=resp.status,
+                                        error=error_text(resp.status, resp.reason, raw),
+                                    ),
+                                    i,
+                                )
+                                return
+                            if attempt == 1:
+                                self.no_optional.add(url)  # remember: this target rejects them
+                            await self._stream(resp, parser, flight)
+                        finally:
+                            resp.close()
+                        break
+                finally:
+                    self.flights.discard(flight)
+                    self.stats.inflight -= 1
+            finally:
+                if self.sem is not None:
+                    self.sem.release()
+            end = (parser.end_ns if parser.end_ns else clock()) - t0
+            status: Status = "ok"
+            if parser.error:
+                status = "http_error"
+            elif parser.events == 0:
+                status = "http_error"
+                parser.error = f"bad stream: no SSE data events (Content-Type: {ctype})"
+            self._finish(i, scheduled, status, sent, end, parser, http_status, parser.error)
+        except asyncio.CancelledError:
+            now = clock() - t0
+            if flight.reason:
+                self._finish(i, scheduled, "timeout", sent, now, parser, http_status, flight.reason)
+            elif sent is None:
+                rec = self._record(i, scheduled, "not_sent", error="stopped before sending")
+                self.emit(rec, i)
+            else:
+                err = "cancelled: run interrupted"
+                self._finish(i, scheduled, "cancelled", sent, now, parser, http_status, err)
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as e:
+            self._finish(
+                i,
+                scheduled,
+                "disconnected",
+                sent,
+                clock() - t0,
+                parser,
+                http_status,
+                f"{type(e).__name__}: {e}",
+            )
+        except (aiohttp.ClientPayloadError, aiohttp.ClientOSError, ConnectionError) as e:
+            self._finish(
+                i,
+                scheduled,
+                "disconnected",
+                sent,
+                clock() - t0,
+                parser,
+                http_status,
+                f"{type(e).__name__}: {e}",
+            )
+        except aiohttp.ClientResponseError as e:
+            self._finish(
+                i,
+                scheduled,
+                "http_error",
+                sent,
+                clock() - t0,
+                parser,
+                http_status,
+                f"{type(e).__name__}: {e.message}",
+            )
+        except Exception as e:  # a bug or an unforeseen library error: keep the run going
+            self._finish(
+                i,
+                scheduled,
+                "client_error",
+                sent,
+                clock() - t0,
+                parser,
+                http_status,
+                f"{type(e).__name__}: {e}",
+            )
+
+    async def _stream(self, resp: aiohttp.ClientResponse, p: StreamParser, f: _Flight) -> None:
+        """Read the body, stamping each read before it is parsed. Hot path: keep it lean."""
+        read = resp.content.readany
+        clock = time.perf_counter_ns
+        feed = p.feed
+        f.last_ns = clock()
+        f.body_armed = True
+        while True:
+            data = await read()
+            t = clock()
+            f.last_ns = t
+            if not data:
+                if not p.done and not p.error:
+                    p.close(t)
+                    p.end_ns = t
+                return
+            if p.done:
+                continue  # drain to EOF after [DONE] so the connection can be reused
+            rc = feed(data, t)
+            if rc != CONTINUE:
+                p.end_ns = t
+                if rc == FAILED:
+                    return
+                assert rc == DONE
+
+    def _finish(
+        self,
+        i: int,
+        scheduled: int,
+        status: Status,
+        sent: int | None,
+        end: int,
+        p: StreamParser,
+        http_status: int | None,
+        error: str,
+    ) -> None:
+        t0 = self.t0
+        tok = tuple(t - t0 for t in p.token_ns)
+        if status == "timeout" and p.done:
+            status, error = "ok", ""  # the stream was complete; only the drain timed out
+            end = p.end_ns - t0
+        if status == "ok":
+            self.methods[p.method] += 1
+        self.emit(
+            self._record(
+                i,
+                scheduled,
+                status,
+                sent_ns=sent,
+                first_token_ns=tok[0] if tok else None,
+                end_ns=end if sent is not None else None,
+                token_ns=tok,
+                token_counts=tuple(p.token_counts),
+                input_tokens=p.prompt_tokens
+                if p.prompt_tokens is not None
+                else int(self.s.input_tokens[i]),
+                output_tokens=p.output_tokens,
+                http_status=http_status,
+                error=error,
+            ),
+            i,
+        )
+
+    # ------------------------------------------------------------------ loops
+    async def watchdog(self) -> None:
+        """Cancels requests past their total deadline or silent past the idle timeout."""
+        period = min(0.05, self.o.idle_timeout_s / 4, self.o.timeout_s / 4)
+        clock = time.perf_counter_ns
+        while True:
+            await asyncio.sleep(period)
+            now = clock()
+            for f in list(self.flights):
+                if f.reason or f.task is None:
+                    continue
+                if now > f.deadline_ns:
+                    what = "no response headers" if not f.body_armed else "request not finished"
+                    f.reason = f"timeout: {what} within --timeout {self.o.timeout_s:g} s"
+                elif f.body_armed and now - f.last_ns > self.idle_ns:
+                    f.reason = f"timeout: no data for --idle-timeout {self.o.idle_timeout_s:g} s"
+                else:
+                    continue
+                f.task.cancel()
+
+    async def open_loop(self, order: Sequence[int] | npt.NDArray[np.int64]) -> None:
+        """Send each request at its scheduled time (sleep, then spin the last `spin_ns`)."""
+        clock = time.perf_counter_ns
+        t_ns = self.s.t_ns
+        spin = self.o.spin_ns
+        loop = asyncio.get_running_loop()
+        tasks: set[asyncio.Task[None]] = set()
+        stop = self.stop
+        for row in order:
+            i = int(row)
+            sched = int(t_ns[i])
+            due = self.t0 + sched
+            url = self.urls[int(self.s.model_idx[i])]
+            optional = url not in self.no_optional
+            body = self.body(i, optional)  # built before the send time
+            wait = due - clock() - spin
+            if wait > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), wait / 1e9)
+            while clock() < due and not stop.is_set():
+                await asyncio.sleep(0)
+            if stop.is_set():
+                break
+            t = loop.create_task(self.one(i, sched, body, optional))
+            tasks.add(t)
+            t.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait(tasks)
+
+    async def closed_loop(self, order: Sequence[int] | npt.NDArray[np.int64], users: int) -> None:
+        """`users` virtual users; each sends its next request when its previous one ends."""
+        it = iter(order)
+        clock = time.perf_counter_ns
+
+        async def user() -> None:
+            freed = clock()
+            for i in it:
+                if self.stop.is_set():
+                    return
+                await self.one(int(i), freed - self.t0, None)
+                freed = clock()
+
+        await asyncio.gather(*(user() for _ in range(max(1, users))))
+
+
+def _route(models: Sequence[str], targets: Mapping[str, str], endpoint: Endpoint) -> list[str]:
+    """URL per model index: the model's own target, else the default target `*`."""
+    urls = []
+    for m in models:
+        base = targets.get(m, targets.get("*"))
+        if base is None:
+            raise InputError(
+                f"--target: no target for model {m!r}; give --target {m}=URL or one plain URL"
+            )
+        urls.append(endpoint_url(base, endpoint))
+    return urls
+
+
+async def run_schedule(
+    schedule: Schedule,
+    targets: Mapping[str, str],
+    options: DriverOptions,
+    sink: RecordSink,
+    *,
+    run_start_perf_ns: int | None = None,
+    indices: npt.NDArray[np.int64] | None = None,
+    stop: asyncio.Event | None = None,
+    stats: LiveStats | None = None,
+) -> RunSummary:
+    """Drive `schedule` (or the rows `indices` of it) and pass one record per request to `sink`.
+
+    `run_start_perf_ns` is the perf_counter_ns instant of t = 0 (default: now + 20 ms). Setting
+    `stop` ends sending: in-flight requests become `cancelled`, unsent ones `not_sent`.
+    """
+    options.validate()
+    t0 = run_start_perf_ns if run_start_perf_ns is not None else time.perf_counter_ns() + 20_000_000
+    order = np.arange(len(schedule), dtype=np.int64) if indices is None else indices
+    d = _Driver(schedule, targets, options, sink, t0, stats or LiveStats())
+    if indices is not None:
+        d.recorded[:] = True
+        d.recorded[order] = False  # other workers own the rest
+    ext_stop = stop
+    watch_stop: asyncio.Task[None] | None = None
+    if ext_stop is not None:
+
+        async def relay() -> None:
+            await ext_stop.wait()
+            d.stop.set()
+
+        watch_stop = asyncio.get_running_loop().create_task(relay())
+    n_conn = options.max_inflight or options.concurrency or 0
+    connector = aiohttp.TCPConnector(limit=n_conn, limit_per_host=0, ttl_dns_cache=300)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=options.timeout_s)
+    cpu0, wall0 = cpu_seconds(), time.perf_counter()
+    lag = LoopLagMonitor()
+    lag.start()
+    wd = asyncio.get_running_loop().create_task(d.watchdog())
+    main: asyncio.Task[None] | None = None
+    try:
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=True
+        ) as session:
+            d.session = session
+            if options.concurrency:
+                main = asyncio.get_running_loop().create_task(
+                    d.closed_loop(order, options.concurrency)
+                )
+            else:
+                main = asyncio.get_running_loop().create_task(d.open_loop(order))
+            stopper = asyncio.get_running_loop().create_task(d.stop.wait())
+            await asyncio.wait({main, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if not main.done():
+                # Interrupted: stop sending; cancel what is on the wire (recorded as cancelled).
+                await asyncio.sleep(0)
+                for f in list(d.flights):
+                    if f.task is not None:
+                        f.task.cancel()
+                await main
+            stopper.cancel()
+    finally:
+        wd.cancel()
+        if watch_stop is not None:
+            watch_stop.cancel()
+        await lag.stop()
+    stopped_at = time.perf_counter_ns() - t0
+    for row in np.flatnonzero(~d.recorded):
+        i = int(row)
+        # Closed loop has no planned instant: an unsent request is "scheduled" when we gave up.
+        sched = stopped_at if options.concurrency else int(schedule.t_ns[i])
+        d.emit(d._record(i, sched, "not_sent", error="stopped before sending"), i)
+    return RunSummary(
+        planned=len(order),
+        by_status=dict(d.by_status),
+        send_lags_ns=np.asarray(d.send_lags, dtype=np.int64),
+        loop_lags_ns=np.asarray(lag.lags_ns, dtype=np.int64),
+        cpu_s=cpu_seconds() - cpu0,
+        wall_s=time.perf_counter() - wall0,
+        token_methods=dict(d.methods),
+        dropped_optional=tuple(sorted(u for u in d.no_optional if options.optional_fields)),
+        interrupted=d.stop.is_set(),
+    )

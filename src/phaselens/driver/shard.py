@@ -1,0 +1,210 @@
+"""`--workers N`: the schedule split by request across N processes, each with its own loop.
+
+Why processes: one asyncio loop is one core; past that, send lag grows and the run becomes
+client-bound. Requests are dealt round-robin (request i to worker i mod N), so every worker sees
+the same arrival pattern at 1/N of the rate. All workers wait until each has started, then share
+one run start instant on the host's monotonic clock (`perf_counter_ns` is CLOCK_MONOTONIC,
+common to all processes of a host); each records its own clock anchor. Records stream back to
+the parent in batches; the parent owns the run writer, so the run stays one directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from phaselens.driver.runner import DriverOptions, LiveStats, RunSummary, run_schedule
+from phaselens.store import clock_anchor
+from phaselens.types import RequestRecord, Schedule
+
+BATCH_S = 0.1
+BATCH_MAX = 256
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerResult:
+    """What the parent learns from one worker at its end."""
+
+    index: int
+    pid: int
+    clock: Mapping[str, int]
+    summary: RunSummary | None
+    error: str
+
+
+def split(n: int, workers: int) -> list[np.ndarray]:
+    """Row indices per worker: request i goes to worker i mod `workers`."""
+    return [np.arange(w, n, workers, dtype=np.int64) for w in range(workers)]
+
+
+def _worker(
+    index: int,
+    schedule: Schedule,
+    rows: np.ndarray,
+    targets: Mapping[str, str],
+    options: DriverOptions,
+    out: Any,
+    go: Any,
+    t0: Any,
+    stop: Any,
+) -> None:
+    """Worker process body: wait for the common start, drive its rows, stream records back."""
+    import os
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it sets `stop`
+    anchor = clock_anchor()
+    out.put(("ready", index, os.getpid()))
+    go.wait()
+    stats = LiveStats()
+    batch: list[RequestRecord] = []
+    last = time.monotonic()
+
+    def sink(r: RequestRecord) -> None:
+        nonlocal last
+        batch.append(r)
+        now = time.monotonic()
+        if len(batch) >= BATCH_MAX or now - last > BATCH_S:
+            out.put(("recs", index, list(batch)))
+            batch.clear()
+            last = now
+
+    async def main() -> RunSummary:
+        loop = asyncio.get_running_loop()
+        ev = asyncio.Event()
+        threading.Thread(
+            target=lambda: (stop.wait(), loop.call_soon_threadsafe(ev.set)), daemon=True
+        ).start()
+
+        async def report() -> None:
+            nonlocal last
+            while True:
+                await asyncio.sleep(0.25)
+                out.put(("stats", index, (stats.sent, stats.inflight)))
+                if batch and time.monotonic() - last > BATCH_S:
+                    out.put(("recs", index, list(batch)))
+                    batch.clear()
+                    last = time.monotonic()
+
+        rep = loop.create_task(report())
+        try:
+            return await run_schedule(
+                schedule,
+                targets,
+                options,
+                sink,
+                run_start_perf_ns=int(t0.value),
+                indices=rows,
+                stop=ev,
+                stats=stats,
+            )
+        finally:
+            rep.cancel()
+
+    try:
+        summary: RunSummary | None = asyncio.run(main())
+        err = ""
+    except Exception as e:  # reported to the parent, which records the rows as client_error
+        summary, err = None, f"{type(e).__name__}: {e}"
+    if batch:
+        out.put(("recs", index, list(batch)))
+    out.put(("end", index, WorkerResult(index, os.getpid(), anchor, summary, err)))
+
+
+def run_workers(
+    schedule: Schedule,
+    targets: Mapping[str, str],
+    options: DriverOptions,
+    workers: int,
+    on_records: Callable[[list[RequestRecord]], None],
+    on_start: Callable[[int], None],
+    stop: threading.Event,
+    stats: LiveStats,
+    lead_s: float = 0.1,
+) -> list[WorkerResult]:
+    """Run `workers` processes; `on_start(t0)` is called once all are ready, before t = 0."""
+    ctx = mp.get_context("spawn")
+    out: Any = ctx.Queue()
+    go = ctx.Event()
+    mstop = ctx.Event()
+    t0 = ctx.Value("q", 0)
+    rows = split(len(schedule), workers)
+    if options.concurrency:  # closed loop: the users are dealt out too
+        per = [
+            options.concurrency // workers + (w < options.concurrency % workers)
+            for w in range(workers)
+        ]
+    procs = []
+    for w in range(workers):
+        opt = options
+        if options.concurrency:
+            from dataclasses import replace
+
+            opt = replace(options, concurrency=max(1, per[w]))
+        p = ctx.Process(
+            target=_worker,
+            args=(w, schedule, rows[w], targets, opt, out, go, t0, mstop),
+            name=f"phaselens-worker-{w}",
+            daemon=True,
+        )
+        p.start()
+        procs.append(p)
+    ready = 0
+    while ready < workers:
+        try:
+            msg = out.get(timeout=0.2)
+        except queue.Empty:
+            if any(not p.is_alive() for p in procs):
+                raise RuntimeError("a worker process died while starting") from None
+            continue
+        if msg[0] == "ready":
+            ready += 1
+    start = time.perf_counter_ns() + int(lead_s * 1e9)  # every worker is waiting by now
+    t0.value = start
+    on_start(start)
+    go.set()
+    results: dict[int, WorkerResult] = {}
+    wstats: dict[int, tuple[int, int]] = {}
+    while len(results) < workers:
+        if stop.is_set() and not mstop.is_set():
+            mstop.set()
+        try:
+            msg = out.get(timeout=0.1)
+        except queue.Empty:
+            for w, p in enumerate(procs):
+                if w not in results and not p.is_alive() and p.exitcode not in (None, 0):
+                    results[w] = WorkerResult(
+                        w, p.pid or 0, {}, None, f"worker exited with code {p.exitcode}"
+                    )
+            continue
+        kind, w = msg[0], msg[1]
+        if kind == "recs":
+            on_records(msg[2])
+            done = msg[2]
+            stats.done += len(done)
+            stats.errors += sum(r.status != "ok" for r in done)
+            stats.output_tokens += sum(r.output_tokens for r in done)
+        elif kind == "stats":
+            wstats[w] = msg[2]
+            stats.sent = sum(v[0] for v in wstats.values())
+            stats.inflight = sum(v[1] for v in wstats.values())
+        elif kind == "end":
+            results[w] = msg[2]
+    for p in procs:
+        p.join(timeout=10)
+    return [results[w] for w in range(workers)]
+
+
+def kill_workers() -> None:
+    """Second Ctrl-C: end every worker process at once (they are this process's children)."""
+    for p in mp.active_children():
+        if p.name.startswith("phaselens-worker-"):
+            p.kill()

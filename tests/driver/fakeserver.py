@@ -1,0 +1,196 @@
+"""Test servers for the driver: a timing-truth server and a fault server (own process each).
+
+Why a separate process: the server must not share the client's GIL or event loop, or the
+client's timing would be measured against itself. Both processes read the same monotonic clock
+(`perf_counter_ns` is CLOCK_MONOTONIC on Linux), so the server can report when it wrote each
+chunk and the test compares those instants with the driver's stamps directly.
+
+Run: `python fakeserver.py --port 0 [--t0-ms 20,50] [--d-ms 5,10] [--usage continuous|final|none]
+[--per-chunk 1] [--faults kind,kind,...] [--reject-optional]`; prints `PORT <n>` when ready.
+Request i (from the `X-Request-Id: pl-<tag>-<i>` header) uses profile i mod len(list) and, with
+`--faults`, fault kind faults[i mod len].  GET /truth returns what was written and when; GET /log
+the requests as received (headers and body keys).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import struct
+import sys
+import time
+from typing import Any
+
+from aiohttp import web
+
+FAULTS = (
+    "ok",  # a normal stream
+    "weird",  # valid but awkward SSE: CRLF, comments, odd fields, multi-line data, keep-alives
+    "noend",  # a normal stream that ends by closing, without [DONE]
+    "500body",
+    "500",
+    "429body",
+    "429",
+    "reset",  # two tokens, then a TCP reset
+    "stall",  # two tokens, then silence
+    "malformed",  # lines that are not SSE fields, between valid events (to be ignored)
+    "nonjson",  # a data payload that is not JSON
+    "errorobj",  # an {"error": ...} object in the stream
+    "giant",  # one 8 MB content chunk
+    "noheaders",  # the response headers never come
+    "json200",  # 200 with a plain JSON body instead of a stream
+)
+
+
+def _chunk(i: int, text: str, ct: int | None, pt: int, chat: bool) -> bytes:
+    choice: dict[str, Any] = (
+        {"index": 0, "delta": {"content": text}, "finish_reason": None}
+        if chat
+        else {"index": 0, "text": text, "finish_reason": None}
+    )
+    obj: dict[str, Any] = {"id": f"x{i}", "object": "chunk", "choices": [choice]}
+    if ct is not None:
+        obj["usage"] = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _usage_only(n: int, pt: int) -> bytes:
+    obj = {
+        "id": "x",
+        "choices": [],
+        "usage": {"prompt_tokens": pt, "completion_tokens": n, "total_tokens": pt + n},
+    }
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"  # note: with spaces after ':'
+
+
+class State:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.t0_ms = [float(x) for x in args.t0_ms.split(",")]
+        self.d_ms = [float(x) for x in args.d_ms.split(",")]
+        self.usage = args.usage
+        self.per_chunk = args.per_chunk
+        self.faults = args.faults.split(",") if args.faults else ["ok"]
+        self.reject_optional = args.reject_optional
+        self.truth: dict[str, dict[str, Any]] = {}
+        self.log: list[dict[str, Any]] = []
+
+
+async def handle(request: web.Request) -> web.StreamResponse:
+    st: State = request.app["state"]
+    recv_ns = time.perf_counter_ns()
+    raw = await request.read()
+    body = json.loads(raw)
+    xid = request.headers.get("X-Request-Id", "pl-x-0")
+    st.log.append({"headers": dict(request.headers), "keys": sorted(body), "path": request.path})
+    if st.reject_optional and ("ignore_eos" in body or "stream_options" in body):
+        return web.json_response({"detail": "extra fields not permitted"}, status=422)
+    i = int(xid.rsplit("-", 1)[1])
+    t0 = st.t0_ms[i % len(st.t0_ms)] / 1e3
+    d = st.d_ms[i % len(st.d_ms)] / 1e3
+    fault = st.faults[i % len(st.faults)]
+    n = int(body["max_tokens"])
+    chat = "messages" in body
+    pt = len(str(body.get("prompt") or body["messages"][0]["content"]).split())
+    writes: list[int] = []
+    st.truth[xid] = {"recv_ns": recv_ns, "writes": writes, "n": n, "t0": t0, "d": d, "fault": fault}
+
+    if fault in ("500body", "429body"):
+        status = int(fault[:3])
+        return web.json_response({"error": {"message": f"fault {fault}"}}, status=status)
+    if fault in ("500", "429"):
+        return web.Response(status=int(fault), body=b"")
+    if fault == "noheaders":
+        await asyncio.sleep(60)
+    if fault == "json200":
+        return web.json_response({"choices": [{"text": "hello"}]})
+
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    usage = st.usage
+    if usage == "continuous":  # vLLM sends a role chunk with completion_tokens 0 first
+        await resp.write(_chunk(i, "", 0, pt, chat))
+    due = recv_ns / 1e9 + t0
+    sent = 0
+    k = 0
+    while sent < n:
+        now = time.perf_counter()
+        if due > now:
+            await asyncio.sleep(due - now)
+        step = min(st.per_chunk, n - sent)
+        sent += step
+        text = "tok " * step
+        if fault == "giant":
+            text = "x" * (8 << 20)
+        data = _chunk(i, text, sent if usage == "continuous" else None, pt, chat)
+        if fault == "weird":
+            data = b": keep-alive\r\n\r\nevent: message\r\nid: 7\r\n" + data.replace(b"\n", b"\r\n")
+            if k == 1:  # the JSON split over two data: lines
+                js = data.split(b"data: ", 1)[1].strip()
+                cut = js.index(b",")
+                data = b"data: " + js[: cut + 1] + b"\r\ndata:" + js[cut + 1 :] + b"\r\n\r\n"
+        if fault == "malformed":
+            data = b"garbage line without colon\n: comment\ndata\nretry: x\n\n" + data
+        if fault == "nonjson" and k == 1:
+            data = b"data: hello world\n\n"
+        if fault == "errorobj" and k == 1:
+            data = b'data: {"error": {"message": "boom", "code": 500}}\n\n'
+        writes.append(time.perf_counter_ns())
+        await resp.write(data)
+        k += 1
+        if fault in ("reset", "stall") and k == 2:
+            if fault == "stall":
+                await asyncio.sleep(60)
+            sock = request.transport.get_extra_info("socket") if request.transport else None
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            if request.transport is not None:
+                request.transport.abort()
+            return resp
+        due += d
+    if usage in ("final", "continuous"):
+        await resp.write(_usage_only(n, pt))
+    if fault != "noend":
+        await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def truth(request: web.Request) -> web.Response:
+    return web.json_response(request.app["state"].truth)
+
+
+async def log(request: web.Request) -> web.Response:
+    return web.json_response(request.app["state"].log)
+
+
+async def main(args: argparse.Namespace) -> None:
+    app = web.Application(client_max_size=64 << 20)
+    app["state"] = State(args)
+    app.router.add_post("/v1/chat/completions", handle)
+    app.router.add_post("/v1/completions", handle)
+    app.router.add_get("/truth", truth)
+    app.router.add_get("/log", log)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=1024)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    print(f"PORT {port}", flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--t0-ms", default="20")
+    ap.add_argument("--d-ms", default="5")
+    ap.add_argument("--usage", default="none", choices=["none", "final", "continuous"])
+    ap.add_argument("--per-chunk", type=int, default=1)
+    ap.add_argument("--faults", default="")
+    ap.add_argument("--reject-optional", action="store_true")
+    try:
+        asyncio.run(main(ap.parse_args()))
+    except KeyboardInterrupt:
+        sys.exit(0)
