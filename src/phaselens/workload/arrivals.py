@@ -95,20 +95,23 @@ def onoff_process(
         return np.empty(0, np.float64), np.empty(0, np.bool_)
     hi, lo = onoff_rates(rate, burst_ratio, burst_s, quiet_s)
     burst = bool(rng.uniform() < burst_s / (burst_s + quiet_s))
-    starts: list[float] = []
-    ends: list[float] = []
-    states: list[bool] = []
-    t = t0
-    while t < t1:
-        d = float(rng.exponential(burst_s if burst else quiet_s))
-        starts.append(t)
-        ends.append(min(t + d, t1))
-        states.append(burst)
-        t += d
-        burst = not burst
-    s = np.asarray(starts)
-    e = np.asarray(ends)
-    st = np.asarray(states, dtype=np.bool_)
+    # Sojourns alternate burst/quiet; draw them in chunks (vectorised) until t1 is passed.
+    durs: list[F64] = []
+    total, n_done = 0.0, 0
+    while t0 + total < t1:
+        k = int(2 * (t1 - t0 - total) / (burst_s + quiet_s)) + 16
+        first_burst = burst == (n_done % 2 == 0)
+        means = np.where((np.arange(k) % 2 == 0) == first_burst, burst_s, quiet_s)
+        d = rng.exponential(means)
+        durs.append(d)
+        total += float(d.sum())
+        n_done += k
+    d_all = np.concatenate(durs)
+    ends_all = t0 + np.cumsum(d_all)
+    m = int(np.searchsorted(ends_all, t1, side="left")) + 1  # segments that start before t1
+    s = np.concatenate(([t0], ends_all[: m - 1]))
+    e = np.minimum(ends_all[:m], t1)
+    st = (np.arange(m) % 2 == 0) == burst
     lam = np.where(st, hi, lo)
     counts = rng.poisson(lam * (e - s))
     seg = np.repeat(np.arange(len(s)), counts)
