@@ -1,0 +1,311 @@
+"""Per-request latency, pooled ITL, percentiles, throughput, SLO attainment and goodput.
+
+Why this shape: every definition here is written once in docs/metrics.md and computed once here,
+vectorized over the whole run, so the terminal summary, the JSON, the report and the diagnosis
+rules all quote the same numbers.
+
+Choices (peers disagree; see docs/metrics.md): TTFT is measured from the *scheduled* instant
+(free of coordinated omission) and `ttft_from_send` is kept beside it; ITL is per *token* (a chunk
+carrying k tokens contributes k gaps of gap/k, the first chunk's extra tokens contribute none);
+TPOT = (last token − first token) / (output tokens − 1) excludes TTFT; latency percentiles use
+successful requests only; send lag uses every request that was sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from phaselens.analysis.stats import F64, I64, as_int, describe, fnum, pkey_to_q
+
+NS_PER_MS = 1e6
+NS_PER_S = 1e9
+LATENCY_METRICS: tuple[str, ...] = (
+    "ttft_ms",
+    "ttft_from_send_ms",
+    "itl_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "send_lag_ms",
+)
+GROUP_DIMS: tuple[tuple[str, str], ...] = (
+    ("models", "model"),
+    ("stages", "stage"),
+    ("priorities", "priority"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTable:
+    """Per-request metrics plus the pooled per-token ITL values.
+
+    `frame` has one row per planned request (same order as `run.requests`) with the metric
+    columns in ms (null where the metric does not exist for that request). `itl_ms[i]` is one
+    chunk's per-token gap, `itl_w[i]` how many tokens it stands for, `itl_row[i]` the request row
+    and `itl_t_ns[i]` when that chunk arrived (successful requests only).
+    """
+
+    frame: pl.DataFrame
+    itl_ms: F64
+    itl_w: I64
+    itl_row: I64
+    itl_t_ns: I64
+
+
+def request_table(requests: pl.DataFrame) -> RequestTable:
+    """Compute every per-request metric of docs/metrics.md in one vectorized pass."""
+    r = requests
+    last_tok = pl.coalesce(pl.col("token_ns").list.last(), pl.col("first_token_ns"))
+    ok = pl.col("status") == "ok"
+    frame = r.select(
+        "id",
+        "model",
+        "stage",
+        "priority",
+        "status",
+        "scheduled_ns",
+        "sent_ns",
+        "first_token_ns",
+        "end_ns",
+        "input_tokens",
+        "output_tokens",
+        ok.alias("ok"),
+        last_tok.alias("last_token_ns"),
+        ((pl.col("first_token_ns") - pl.col("scheduled_ns")) / NS_PER_MS).alias("ttft_ms"),
+        ((pl.col("first_token_ns") - pl.col("sent_ns")) / NS_PER_MS).alias("ttft_from_send_ms"),
+        pl.when(pl.col("output_tokens") > 1)
+        .then((last_tok - pl.col("first_token_ns")) / (pl.col("output_tokens") - 1) / NS_PER_MS)
+        .otherwise(None)
+        .alias("tpot_ms"),
+        ((pl.col("end_ns") - pl.col("scheduled_ns")) / NS_PER_MS).alias("e2e_ms"),
+        ((pl.col("sent_ns") - pl.col("scheduled_ns")) / NS_PER_MS).alias("send_lag_ms"),
+        ((last_tok - pl.col("first_token_ns")) / NS_PER_MS).alias("decode_ms"),
+        ((pl.col("end_ns") - last_tok) / NS_PER_MS).alias("stream_tail_ms"),
+    )
+    itl_ms, itl_w, itl_row, itl_t = _itl(r)
+    # Mean per-token ITL of each request (used for a per-request ITL SLO check).
+    sums = np.bincount(itl_row, weights=itl_ms * itl_w, minlength=r.height)
+    cnts = np.bincount(itl_row, weights=itl_w.astype(np.float64), minlength=r.height)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_itl = np.where(cnts > 0, sums / np.maximum(cnts, 1), np.nan)
+    frame = frame.with_columns(pl.Series("itl_mean_ms", mean_itl, dtype=pl.Float64).fill_nan(None))
+    return RequestTable(frame, itl_ms, itl_w, itl_row, itl_t)
+
+
+def _itl(requests: pl.DataFrame) -> tuple[F64, I64, I64, I64]:
+    """Per-token gaps from per-chunk arrival times of successful requests.
+
+    Chunks that carried no token are dropped first (their bytes are not a token). For chunk i>0
+    the gap is t_i − t_(i−1) over the previous chunk that carried tokens, split evenly over its
+    k_i tokens. The first chunk's gap is TTFT, not ITL.
+    """
+    e_f: F64 = np.empty(0, dtype=np.float64)
+    e_i: I64 = np.empty(0, dtype=np.int64)
+    if requests.height == 0:
+        return e_f, e_i, e_i, e_i
+    rows = np.flatnonzero((requests["status"] == "ok").to_numpy())
+    sub = requests[rows.tolist()] if rows.size < requests.height else requests
+    if sub.height == 0:
+        return e_f, e_i, e_i, e_i
+    lens = sub["token_ns"].list.len().fill_null(0).to_numpy().astype(np.int64)
+    t = sub["token_ns"].explode().drop_nulls().to_numpy().astype(np.int64)
+    k = sub["token_counts"].explode().drop_nulls().to_numpy().astype(np.int64)
+    if k.size != t.size:  # defensive: counts missing -> one token per chunk
+        k = np.ones_like(t)
+    row = np.repeat(rows.astype(np.int64), lens)
+    keep = k > 0
+    t, k, row = t[keep], k[keep], row[keep]
+    if t.size < 2:
+        return e_f, e_i, e_i, e_i
+    same = row[1:] == row[:-1]
+    gap = (t[1:] - t[:-1])[same].astype(np.float64)
+    kk = k[1:][same]
+    return gap / kk / NS_PER_MS, kk, row[1:][same], t[1:][same]
+
+
+def _window(frame: pl.DataFrame) -> tuple[int | None, int | None]:
+    """Throughput window: first send → last end over the given requests."""
+    first = frame["sent_ns"].min()
+    last = frame["end_ns"].max()
+    if first is None or last is None:
+        return None, None
+    return as_int(first), as_int(last)
+
+
+def throughput(frame: pl.DataFrame) -> dict[str, Any]:
+    """Successful requests and their output tokens per second over first send → last end."""
+    a, b = _window(frame)
+    oks = frame.filter(pl.col("ok"))
+    n_ok = oks.height
+    toks = int(oks["output_tokens"].sum() or 0)
+    if a is None or b is None or b <= a:
+        return {"window_s": 0.0, "requests_per_s": None, "output_tokens_per_s": None}
+    w = (b - a) / NS_PER_S
+    return {
+        "window_s": fnum(w),
+        "requests_per_s": fnum(n_ok / w),
+        "output_tokens_per_s": fnum(toks / w),
+    }
+
+
+def _metric_values(rt: RequestTable, metric: str, rows: I64 | None) -> tuple[F64, I64 | None]:
+    """Values (and weights for ITL) of one metric, restricted to request rows when given."""
+    if metric == "itl_ms":
+        if rows is None:
+            return rt.itl_ms, rt.itl_w
+        m = np.isin(rt.itl_row, rows)
+        return rt.itl_ms[m], rt.itl_w[m]
+    f = rt.frame if rows is None else rt.frame[rows.tolist()]
+    col = f["send_lag_ms"] if metric == "send_lag_ms" else f.filter(pl.col("ok"))[metric]
+    return col.drop_nulls().to_numpy().astype(np.float64), None
+
+
+def latency_block(rt: RequestTable, rows: I64 | None = None) -> dict[str, Any]:
+    """All six latency metrics described (percentiles, mean, std, min, max, count)."""
+    out: dict[str, Any] = {}
+    for m in LATENCY_METRICS:
+        v, w = _metric_values(rt, m, rows)
+        out[m] = describe(v, w)
+    return out
+
+
+def request_counts(frame: pl.DataFrame) -> dict[str, Any]:
+    by = frame.group_by("status").len().sort("status")
+    return {
+        "planned": frame.height,
+        "ok": int(frame["ok"].sum() or 0),
+        "by_status": {str(s): int(n) for s, n in by.iter_rows()},
+    }
+
+
+def group_rows(frame: pl.DataFrame, col: str) -> dict[str, I64]:
+    """Row indices of each value of a grouping column (keys as strings, sorted)."""
+    idx = frame.with_row_index("_row").group_by(col).agg(pl.col("_row")).sort(col)
+    return {
+        str(k): np.asarray(v, dtype=np.int64) for k, v in zip(idx[col], idx["_row"], strict=True)
+    }
+
+
+def group_block(rt: RequestTable, rows: I64) -> dict[str, Any]:
+    sub = rt.frame[rows.tolist()]
+    return {
+        "requests": request_counts(sub),
+        "throughput": throughput(sub),
+        "latency": latency_block(rt, rows),
+    }
+
+
+# --- SLO --------------------------------------------------------------------------------------
+
+_SLO_COLUMN = {
+    "ttft_ms": "ttft_ms",
+    "ttft_from_send_ms": "ttft_from_send_ms",
+    "itl_ms": "itl_mean_ms",
+    "tpot_ms": "tpot_ms",
+    "e2e_ms": "e2e_ms",
+}
+
+
+def slo_targets(slo: Mapping[str, Any] | None) -> list[tuple[str, str, float]]:
+    """Flatten the manifest's SLO block into (metric, stat key, threshold) triples.
+
+    Accepts `{"ttft_ms": {"p90": 200}}` and the shorthand `{"ttft_ms": 200}` (meaning p90, the
+    seed's acceptance percentile). Unknown metrics are ignored.
+    """
+    out: list[tuple[str, str, float]] = []
+    for metric, spec in (slo or {}).items():
+        if metric not in _SLO_COLUMN or spec is None:
+            continue
+        if isinstance(spec, Mapping):
+            for pk, thr in spec.items():
+                if thr is not None and (pkey_to_q(str(pk)) is not None or pk in ("mean", "max")):
+                    out.append((metric, str(pk), float(thr)))
+        elif isinstance(spec, (int, float)):
+            out.append((metric, "p90", float(spec)))
+    return out
+
+
+def slo_block(
+    rt: RequestTable, slo: Mapping[str, Any] | None, rows: I64 | None = None
+) -> dict[str, Any]:
+    """Per-target verdicts, per-metric and overall attainment, goodput (DistServe).
+
+    A target `{metric: {pXX: thr}}` is *met* when the pXX of that metric over successful
+    requests is ≤ thr. A request *attains* a metric when it succeeded and its own value is ≤ the
+    tightest threshold of that metric (ITL: the request's mean per-token gap). Attainment is the
+    share of planned requests that attain; goodput counts requests attaining every metric, per
+    second of the throughput window.
+    """
+    targets = slo_targets(slo)
+    f = rt.frame if rows is None else rt.frame[rows.tolist()]
+    if not targets:
+        return {"targets": [], "attainment": {}, "goodput_rps": None, "met": None}
+    results = []
+    for metric, pk, thr in targets:
+        v, w = _metric_values(rt, metric, rows)
+        obs = describe(v, w).get(pk)
+        results.append(
+            {
+                "metric": metric,
+                "stat": pk,
+                "threshold_ms": thr,
+                "observed_ms": obs,
+                "met": obs is not None and float(obs) <= thr,
+            }
+        )
+    tight: dict[str, float] = {}
+    for metric, _, thr in targets:
+        tight[metric] = min(thr, tight.get(metric, thr))
+    planned = max(f.height, 1)
+    attain: dict[str, Any] = {}
+    all_ok = pl.col("ok")
+    for metric, thr in tight.items():
+        cond = pl.col("ok") & (pl.col(_SLO_COLUMN[metric]).fill_null(float("inf")) <= thr)
+        attain[metric] = fnum(100.0 * int(f.select(cond.sum()).item()) / planned)
+        all_ok = all_ok & cond
+    n_good = int(f.select(all_ok.sum()).item())
+    attain["all"] = fnum(100.0 * n_good / planned) if f.height else None
+    a, b = _window(f)
+    goodput = n_good / ((b - a) / NS_PER_S) if a is not None and b is not None and b > a else None
+    return {
+        "targets": results,
+        "attainment": attain,
+        "goodput_rps": fnum(goodput),
+        "good_requests": n_good,
+        "met": all(t["met"] for t in results),
+    }
+
+
+def stage_table(
+    rt: RequestTable, stages: list[Mapping[str, Any]], slo: Mapping[str, Any] | None
+) -> list[dict[str, Any]]:
+    """Per load stage: counts, throughput, key percentiles and the SLO verdict (the knee)."""
+    rows_by = group_rows(rt.frame, "stage")
+    info = {int(s.get("index", i)): s for i, s in enumerate(stages)}
+    keys = sorted(set(info) | {int(k) for k in rows_by})
+    out = []
+    for k in keys:
+        rows = rows_by.get(str(k), np.empty(0, dtype=np.int64))
+        st = info.get(k, {})
+        lat = latency_block(rt, rows)
+        sub = rt.frame[rows.tolist()]
+        out.append(
+            {
+                "index": k,
+                "rate_scale": st.get("rate_scale"),
+                "t_start_s": fnum(st["t_start_ns"] / NS_PER_S) if "t_start_ns" in st else None,
+                "t_end_s": fnum(st["t_end_ns"] / NS_PER_S) if "t_end_ns" in st else None,
+                "requests": request_counts(sub),
+                "throughput": throughput(sub),
+                "latency": {
+                    m: {p: lat[m][p] for p in ("p50", "p90", "p99", "mean", "max")}
+                    for m in LATENCY_METRICS
+                },
+                "slo": slo_block(rt, slo, rows),
+            }
+        )
+    return out

@@ -1,0 +1,498 @@
+"""The phase timeline: 100 ms bins of request states, engine state, GPU utilization and work.
+
+Why: the seeds' first lesson is that one utilization number misleads; prefill and decode must be
+looked at separately. Each bin is labelled by the work in it and utilization is summarized per
+label (the seed's dashboard: prefill peak, decode trough, overall mean).
+
+Label rule (docs/metrics.md): with engine steps, a bin's prefill share is the share of step time
+spent on prefill (a mixed step's time is split by its prefill tokens vs decode sequences); the bin
+is `idle` when steps ran < 5% of it. Without steps the share is prefill tokens / all tokens
+processed in the bin (engine counters, else from the records: a request's prompt counts at its
+first token, every later token at its arrival), `idle` when no token was processed. Then
+`prefill` if share ≥ 0.7, `decode` if share ≤ 0.3, else `mixed`.
+
+Telemetry convention: a sample stamped t describes the window ending at t (NVML, GPM and DCGM
+average over the preceding period; the simulator stamps bin ends), so it lands in the bin
+containing t − 1 ns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from phaselens.analysis.latency import RequestTable
+from phaselens.analysis.stats import F64, as_float, as_int, fnum, interval_integral
+
+BIN_NS = 100_000_000
+IDLE_BUSY = 0.05
+PREFILL_SHARE = 0.7
+DECODE_SHARE = 0.3
+LABELS: tuple[str, ...] = ("prefill", "decode", "mixed", "idle")
+
+# Best utilization source first (docs/run-format.md): GPM SM% > DCGM SM active > NVML busy > sim.
+UTIL_PREFERENCE: tuple[tuple[str, str], ...] = (
+    ("gpm", "gpu.sm_pct"),
+    ("dcgm", "gpu.sm_pct"),
+    ("dcgm", "gpu.busy_pct"),
+    ("nvml", "gpu.busy_pct"),
+    ("sim", "gpu.sm_pct"),
+    ("sim", "gpu.busy_pct"),
+)
+_PREF = {
+    "gpu.busy_pct": ("dcgm", "nvml", "gpm", "sim"),
+    "gpu.sm_pct": ("gpm", "dcgm", "sim"),
+    "gpu.dram_bw_pct": ("gpm", "dcgm", "sim"),
+    "gpu.power_w": ("nvml", "dcgm", "sim"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """Per-bin frames and where their numbers came from.
+
+    `bins`: one row per 100 ms bin for the whole run (records, engine state, GPU means, label).
+    `lanes`: one row per (gpu, bin) — the unit that gets a label and a utilization; a single
+    lane "all" when work is not known per GPU.
+    """
+
+    bins: pl.DataFrame
+    lanes: pl.DataFrame
+    util_source: str | None
+    sources: Mapping[str, str]  # canonical metric -> "source:metric" used
+    work_source: str  # "steps", "engine" or "records"
+
+
+def run_end_ns(
+    run_manifest: Mapping[str, Any], rt: RequestTable, tel: pl.DataFrame, steps: pl.DataFrame
+) -> int:
+    """Last instant anything happened (requests, telemetry, steps, planned stages)."""
+    cands: list[int] = []
+    f = rt.frame
+    for c in ("end_ns", "scheduled_ns", "last_token_ns", "first_token_ns", "sent_ns"):
+        v = f[c].max() if f.height else None
+        if v is not None:
+            cands.append(as_int(v))
+    if tel.height:
+        cands.append(as_int(tel["t_ns"].max()))
+    if steps.height:
+        cands.append(as_int(steps["t_end_ns"].max()))
+    for st in run_manifest.get("stages") or []:
+        if isinstance(st, Mapping) and isinstance(st.get("t_end_ns"), (int, float)):
+            cands.append(int(st["t_end_ns"]))
+    return max(cands, default=0)
+
+
+def sample_bins(t_ns: pl.Expr) -> pl.Expr:
+    """Bin of a telemetry sample (it describes the window ending at its stamp)."""
+    return ((t_ns - 1) // BIN_NS).clip(lower_bound=0).cast(pl.Int64)
+
+
+def gpu_series(tel: pl.DataFrame, metric: str, n: int) -> tuple[str | None, pl.DataFrame]:
+    """Per-(gpu, bin) mean of one GPU metric from its best source, with gaps forward-filled.
+
+    Sampling periods longer than a bin (NVML's 1/6–1 s) would leave empty bins; the last value
+    is carried forward for up to 2 s, never across longer gaps.
+    """
+    rows = tel.filter(pl.col("metric") == metric)
+    if rows.height == 0:
+        return None, pl.DataFrame(schema={"gpu": pl.String, "bin": pl.Int64, "value": pl.Float64})
+    present = set(rows["source"].unique().to_list())
+    order = [s for s in _PREF.get(metric, ()) if s in present] + sorted(
+        present - set(_PREF.get(metric, ()))
+    )
+    src = order[0]
+    rows = rows.filter(pl.col("source") == src)
+    df = (
+        rows.with_columns(
+            pl.col("labels").str.json_path_match("$.gpu").fill_null("0").alias("gpu"),
+            sample_bins(pl.col("t_ns")).alias("bin"),
+        )
+        .filter(pl.col("bin") < n)
+        .group_by("gpu", "bin")
+        .agg(pl.col("value").mean())
+    )
+    gpus = sorted(df["gpu"].unique().to_list())
+    grid = pl.DataFrame({"gpu": gpus}).join(
+        pl.DataFrame({"bin": np.arange(n, dtype=np.int64)}), how="cross"
+    )
+    full = (
+        grid.join(df, on=["gpu", "bin"], how="left")
+        .sort("gpu", "bin")
+        .with_columns(pl.col("value").forward_fill(limit=20).over("gpu"))
+    )
+    return f"{src}:{metric}", full
+
+
+def engine_series(tel: pl.DataFrame, metric: str, n: int, how: str) -> F64 | None:
+    """One engine metric per bin across engines: per-engine bin mean, then `how` (sum|max)."""
+    rows = tel.filter(pl.col("metric") == metric)
+    if rows.height == 0:
+        return None
+    per = (
+        rows.with_columns(sample_bins(pl.col("t_ns")).alias("bin"))
+        .filter(pl.col("bin") < n)
+        .group_by("labels", "bin")
+        .agg(pl.col("value").sum() if metric in _COUNTS else pl.col("value").mean())
+    )
+    agg = pl.col("value").sum() if how == "sum" else pl.col("value").max()
+    s = per.group_by("bin").agg(agg)
+    out = np.full(n, np.nan)
+    out[s["bin"].to_numpy()] = s["value"].to_numpy()
+    if metric in _COUNTS:
+        zeroed: F64 = np.nan_to_num(out, nan=0.0)
+        return zeroed
+    return _ffill(out, 20)
+
+
+# (canonical metric, how engines combine, column name in the bin frame)
+ENGINE_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("engine.running", "sum", "running"),
+    ("engine.waiting", "sum", "queued"),
+    ("engine.kv_usage_pct", "max", "kv_usage_pct"),
+    ("engine.prefill_tokens", "sum", "prefill_tokens"),
+    ("engine.decode_tokens", "sum", "decode_tokens"),
+    ("engine.preemptions", "sum", "preemptions"),
+)
+_COUNTS = {"engine.prefill_tokens", "engine.decode_tokens", "engine.preemptions"}
+
+
+def _ffill(a: F64, limit: int) -> F64:
+    s = pl.Series(a).fill_nan(None).forward_fill(limit=limit)
+    return s.to_numpy().astype(np.float64)
+
+
+def _hist(t: Any, n: int, weights: Any = None) -> F64:
+    t = np.asarray(t, dtype=np.int64)
+    b = np.clip(t // BIN_NS, 0, max(n - 1, 0))
+    w = None if weights is None else np.asarray(weights, dtype=np.float64)
+    return np.bincount(b, weights=w, minlength=n)[:n].astype(np.float64)
+
+
+def _label(share: F64, active: Any) -> Any:
+    lab = np.where(
+        share >= PREFILL_SHARE, "prefill", np.where(share <= DECODE_SHARE, "decode", "mixed")
+    )
+    return np.where(active, lab, "idle")
+
+
+def _np(frame: pl.DataFrame, col: str) -> F64:
+    out: F64 = frame[col].cast(pl.Float64).to_numpy().astype(np.float64)
+    return out
+
+
+def build_timeline(
+    manifest: Mapping[str, Any], rt: RequestTable, tel: pl.DataFrame, steps: pl.DataFrame
+) -> Timeline:
+    """Everything per 100 ms bin; pure and vectorized."""
+    end = run_end_ns(manifest, rt, tel, steps)
+    n = max(1, math.ceil(end / BIN_NS)) if end > 0 else 0
+    edges = np.arange(n + 1, dtype=np.float64) * BIN_NS
+    f = rt.frame
+    cols: dict[str, Any] = {"bin": np.arange(n, dtype=np.int64), "t_s": edges[:-1] / 1e9}
+
+    # --- from the records ---------------------------------------------------------------
+    sched = _np(f, "scheduled_ns")
+    first = _np(f, "first_token_ns")
+    endr = _np(f, "end_ns")
+    last = _np(f, "last_token_ns")
+    sent = ~np.isnan(_np(f, "sent_ns"))
+    stop_wait = np.where(np.isnan(first), endr, first)
+    wmask = sent & ~np.isnan(stop_wait)
+    cols["arrivals"] = _hist(sched[~np.isnan(sched)], n) if n else np.zeros(0)
+    cols["waiting"] = interval_integral(sched[wmask], stop_wait[wmask], edges) / BIN_NS
+    dstop = np.where(np.isnan(endr), last, np.fmax(endr, last))
+    dmask = ~np.isnan(first) & ~np.isnan(dstop)
+    cols["decoding"] = interval_integral(first[dmask], dstop[dmask], edges) / BIN_NS
+    ended = endr[~np.isnan(endr)]
+    cols["finished"] = (
+        np.searchsorted(np.sort(ended), edges[1:], side="right").astype(np.float64)
+        if n
+        else np.zeros(0)
+    )
+    fm = ~np.isnan(first)
+    rec_prefill = _hist(first[fm], n, _np(f, "input_tokens")[fm]) if n else np.zeros(0)
+    rec_decode = _hist(rt.itl_t_ns, n, rt.itl_w) if n else np.zeros(0)
+    gap_sum = _hist(rt.itl_t_ns, n, rt.itl_ms * rt.itl_w) if n else np.zeros(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cols["itl_mean_ms"] = np.where(rec_decode > 0, gap_sum / rec_decode, np.nan)
+    ok = f["ok"].to_numpy() & ~np.isnan(first)
+    ttft_sum = _hist(sched[ok], n, _np(f, "ttft_ms")[ok]) if n else np.zeros(0)
+    ttft_cnt = _hist(sched[ok], n) if n else np.zeros(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cols["ttft_mean_ms"] = np.where(ttft_cnt > 0, ttft_sum / ttft_cnt, np.nan)
+
+    # --- engine telemetry ----------------------------------------------------------------
+    sources: dict[str, str] = {}
+    for metric, how, key in ENGINE_COLUMNS:
+        s = engine_series(tel, metric, n, how) if n else None
+        cols[key] = s if s is not None else np.full(n, np.nan)
+        if s is not None:
+            sources[metric] = metric
+
+    # --- GPU telemetry -------------------------------------------------------------------
+    series: dict[str, pl.DataFrame] = {}
+    for metric in ("gpu.busy_pct", "gpu.sm_pct", "gpu.dram_bw_pct", "gpu.power_w"):
+        src, df = gpu_series(tel, metric, n) if n else (None, pl.DataFrame())
+        if src is not None:
+            sources[metric] = src
+            series[metric] = df
+    util_source = None
+    util_metric = None
+    for s_name, m in UTIL_PREFERENCE:
+        if sources.get(m, "").startswith(s_name + ":"):
+            util_source, util_metric = sources[m], m
+            break
+    if util_source is None:
+        for m in ("gpu.sm_pct", "gpu.busy_pct"):
+            if m in sources:
+                util_source, util_metric = sources[m], m
+                break
+    short = {
+        "gpu.busy_pct": "busy",
+        "gpu.sm_pct": "sm",
+        "gpu.dram_bw_pct": "bw",
+        "gpu.power_w": "power_w",
+    }
+    for m, name in short.items():
+        if m in series:
+            mean = (
+                series[m]
+                .group_by("bin")
+                .agg(pl.col("value").sum() if m == "gpu.power_w" else pl.col("value").mean())
+                .sort("bin")
+            )
+            arr = np.full(n, np.nan)
+            arr[mean["bin"].to_numpy()] = mean["value"].cast(pl.Float64).to_numpy()
+            cols[name] = arr
+        else:
+            cols[name] = np.full(n, np.nan)
+    cols["util"] = cols[short[util_metric]] if util_metric else np.full(n, np.nan)
+
+    # --- work per lane -------------------------------------------------------------------
+    lanes, work_source = _lanes(steps, tel, n, edges, rec_prefill, rec_decode, sources)
+    # Utilization per lane: that GPU's series when it has one, else the mean over GPUs.
+    if util_metric is not None and lanes.height:
+        u = series[util_metric].rename({"value": "util"})
+        lane_names = set(lanes["gpu"].unique().to_list())
+        if lane_names <= set(u["gpu"].unique().to_list()):
+            lanes = lanes.join(u, on=["gpu", "bin"], how="left")
+        else:
+            lanes = lanes.join(
+                pl.DataFrame({"bin": cols["bin"], "util": cols["util"]}), on="bin", how="left"
+            )
+    else:
+        lanes = lanes.with_columns(pl.lit(None, dtype=pl.Float64).alias("util"))
+    for m, name in (("gpu.sm_pct", "sm"), ("gpu.dram_bw_pct", "bw"), ("gpu.busy_pct", "busy_tel")):
+        if m in series and lanes.height:
+            ser = series[m].rename({"value": name})
+            if set(lanes["gpu"].unique().to_list()) <= set(ser["gpu"].unique().to_list()):
+                lanes = lanes.join(ser, on=["gpu", "bin"], how="left")
+            else:
+                whole = pl.DataFrame({"bin": cols["bin"], name: cols[short[m]]})
+                lanes = lanes.join(whole, on="bin", how="left")
+        else:
+            lanes = lanes.with_columns(pl.lit(None, dtype=pl.Float64).alias(name))
+    lanes = lanes.with_columns(pl.col(c).fill_nan(None) for c in ("util", "sm", "bw", "busy_tel"))
+
+    # Whole-run label per bin from the summed work of all lanes.
+    agg = (
+        lanes.group_by("bin")
+        .agg(pl.col("prefill_work").sum(), pl.col("decode_work").sum(), pl.col("active").any())
+        .sort("bin")
+    )
+    pw = np.zeros(n)
+    dw = np.zeros(n)
+    act = np.zeros(n, dtype=bool)
+    if agg.height:
+        b = agg["bin"].to_numpy()
+        pw[b] = agg["prefill_work"].to_numpy()
+        dw[b] = agg["decode_work"].to_numpy()
+        act[b] = agg["active"].to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(pw + dw > 0, pw / (pw + dw), 0.0)
+    cols["prefill_share"] = share
+    cols["label"] = _label(share, act) if n else np.zeros(0, dtype=str)
+    cols["prefill_tokens_rec"] = rec_prefill
+    cols["decode_tokens_rec"] = rec_decode
+    bins = pl.DataFrame(
+        {k: (pl.Series(k, v, dtype=pl.String) if k == "label" else v) for k, v in cols.items()}
+    )
+    float_cols = [c for c, t in bins.schema.items() if t == pl.Float64]
+    bins = bins.with_columns(pl.col(c).fill_nan(None) for c in float_cols)
+    return Timeline(bins, lanes, util_source, sources, work_source)
+
+
+def _lanes(
+    steps: pl.DataFrame,
+    tel: pl.DataFrame,
+    n: int,
+    edges: F64,
+    rec_prefill: F64,
+    rec_decode: F64,
+    sources: dict[str, str],
+) -> tuple[pl.DataFrame, str]:
+    """Work per (gpu, bin): from steps per GPU, else engine counters or records for lane "all"."""
+    if n == 0:
+        return (
+            pl.DataFrame(
+                schema={
+                    "gpu": pl.String,
+                    "bin": pl.Int64,
+                    "prefill_work": pl.Float64,
+                    "decode_work": pl.Float64,
+                    "busy": pl.Float64,
+                    "active": pl.Boolean,
+                    "share": pl.Float64,
+                    "label": pl.String,
+                    "flops": pl.Float64,
+                    "bytes": pl.Float64,
+                    "prefill_tokens": pl.Float64,
+                    "decode_tokens": pl.Float64,
+                }
+            ),
+            "records",
+        )
+    frames = []
+    if steps.height:
+        for (gpu,), g in steps.partition_by("gpu", as_dict=True).items():
+            s = _np(g, "t_start_ns")
+            e = _np(g, "t_end_ns")
+            dur = np.maximum(e - s, 1.0)
+            p = _np(g, "prefill_tokens")
+            d = _np(g, "decode_seqs")
+            tok = p + d
+            pf = np.where(tok > 0, p / np.maximum(tok, 1.0), 0.0)
+            busy = interval_integral(s, e, edges) / BIN_NS
+            pbusy = interval_integral(s, e, edges, pf) / BIN_NS
+            dbusy = busy - pbusy
+            share = np.where(busy > 0, pbusy / np.maximum(busy, 1e-12), 0.0)
+            active = busy >= IDLE_BUSY
+            frames.append(
+                pl.DataFrame(
+                    {
+                        "gpu": [str(gpu)] * n,
+                        "bin": np.arange(n, dtype=np.int64),
+                        "prefill_work": pbusy,
+                        "decode_work": dbusy,
+                        "busy": np.minimum(busy, 1.0),
+                        "active": active,
+                        "share": share,
+                        "label": _label(share, active),
+                        "flops": interval_integral(s, e, edges, _np(g, "flops") / dur),
+                        "bytes": interval_integral(s, e, edges, _np(g, "bytes") / dur),
+                        "prefill_tokens": interval_integral(s, e, edges, p / dur),
+                        "decode_tokens": interval_integral(s, e, edges, d / dur),
+                    }
+                )
+            )
+        return pl.concat(frames).sort("gpu", "bin"), "steps"
+    ep = engine_series(tel, "engine.prefill_tokens", n, "sum")
+    ed = engine_series(tel, "engine.decode_tokens", n, "sum")
+    if ep is not None and ed is not None:
+        p, d, src = ep, ed, "engine"
+    else:
+        p, d, src = rec_prefill, rec_decode, "records"
+    tot = p + d
+    share = np.where(tot > 0, p / np.maximum(tot, 1e-12), 0.0)
+    active = tot > 0
+    nanv = np.full(n, np.nan)
+    return (
+        pl.DataFrame(
+            {
+                "gpu": ["all"] * n,
+                "bin": np.arange(n, dtype=np.int64),
+                "prefill_work": p,
+                "decode_work": d,
+                "busy": nanv,
+                "active": active,
+                "share": share,
+                "label": _label(share, active),
+                "flops": nanv,
+                "bytes": nanv,
+                "prefill_tokens": p,
+                "decode_tokens": d,
+            }
+        ).with_columns(pl.col("busy", "flops", "bytes").fill_nan(None)),
+        src,
+    )
+
+
+def phase_summary(tl: Timeline) -> dict[str, Any]:
+    """The seed's dashboard figures per label, plus the columnar bin timeline."""
+    lanes = tl.lanes
+    by_label: dict[str, Any] = {}
+    for lab in LABELS:
+        sub = lanes.filter(pl.col("label") == lab)
+        u = sub["util"].drop_nulls().to_numpy() if sub.height else np.zeros(0)
+        by_label[lab] = {
+            "bins": sub.height,
+            "time_s": fnum(sub.height * BIN_NS / 1e9),
+            "util_mean": fnum(float(u.mean())) if u.size else None,
+            "util_p5": fnum(float(np.percentile(u, 5))) if u.size else None,
+            "util_p50": fnum(float(np.percentile(u, 50))) if u.size else None,
+            "util_p95": fnum(float(np.percentile(u, 95))) if u.size else None,
+            "sm_mean": _mean(sub, "sm"),
+            "bw_mean": _mean(sub, "bw"),
+            "busy_mean": _mean(sub, "busy_tel")
+            if _mean(sub, "busy_tel") is not None
+            else _mean(sub, "busy"),
+        }
+    u_all = lanes["util"].drop_nulls().to_numpy() if lanes.height else np.zeros(0)
+    b = tl.bins
+    keep = [
+        c
+        for c in (
+            "t_s",
+            "label",
+            "util",
+            "busy",
+            "sm",
+            "bw",
+            "arrivals",
+            "waiting",
+            "decoding",
+            "finished",
+            "running",
+            "queued",
+            "kv_usage_pct",
+            "itl_mean_ms",
+            "ttft_mean_ms",
+        )
+        if c in b.columns
+    ]
+    return {
+        "bin_s": BIN_NS / 1e9,
+        "source": tl.util_source,
+        "sources": dict(tl.sources),
+        "work_source": tl.work_source,
+        "lanes": sorted(lanes["gpu"].unique().to_list()) if lanes.height else [],
+        "label_rule": (
+            f"prefill share of the bin's work (step time, else tokens) >= {PREFILL_SHARE}: "
+            f"prefill; <= {DECODE_SHARE}: decode; else mixed; idle when steps ran < "
+            f"{IDLE_BUSY:.0%} of the bin (or no tokens were processed)"
+        ),
+        "by_label": by_label,
+        "prefill_peak_util": by_label["prefill"]["util_p95"],
+        "decode_trough_util": by_label["decode"]["util_p5"],
+        "util_mean": fnum(float(u_all.mean())) if u_all.size else None,
+        "bins": {c: [_jsonable(x) for x in b[c].to_list()] for c in keep},
+    }
+
+
+def _mean(df: pl.DataFrame, col: str) -> float | None:
+    if col not in df.columns or df.height == 0:
+        return None
+    v = df[col].drop_nulls()
+    return fnum(as_float(v.mean())) if v.len() else None
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float):
+        return fnum(x, 4)
+    return x
