@@ -471,6 +471,10 @@ def _describe(e: ValidationError) -> str:
         msg = "required"
     elif kind == "extra_forbidden":
         msg = "unknown field"
+    elif kind in ("model_attributes_type", "model_type", "dict_type"):
+        msg = f"expected a mapping (got {err.get('input')!r})"
+    elif kind == "list_type":
+        msg = f"expected a list (got {err.get('input')!r})"
     elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<"}.get(kind, "<=")
         bound = next(iter(ctx.values()), "?")

@@ -197,3 +197,10 @@ def test_name_defaults_to_file_stem(tmp_path: Path) -> None:
     p = tmp_path / "my-load.yaml"
     p.write_text(yaml.safe_dump(d))
     assert load_spec(p).name == "my-load"
+
+
+def test_wrong_shapes_say_what_was_expected() -> None:
+    assert "models[0].arrival: expected a mapping (got 'poisson')" in err(
+        spec_with("models[0].arrival=poisson")
+    )
+    assert "spec.yaml: models: expected a list (got {})" in err(spec_with("models={}"))
