@@ -372,7 +372,8 @@ def _memory_fractions(
         if implicit and left < 0:
             who = ", ".join(f"{d.engines[i].name} ({models[i].name})" for i in implicit)
             raise InputError(
-                f"{source}: GPU {g.name}: {who} do not fit: weights + reserve need "
+                f"{source}: GPU {g.name}: {who} {'does' if len(implicit) == 1 else 'do'} not "
+                f"fit: weights + reserve need "
                 f"{sum(need[i] for i in implicit) / 1e9:.1f} GB, {rest / 1e9:.1f} GB usable; "
                 f"short by {-left / 1e9:.1f} GB"
             )

@@ -1,0 +1,179 @@
+"""Deployment files: the examples load, defaults are sensible, bad input is one clear line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from phaselens.errors import InputError
+from phaselens.sim.deploy import default_deployment, load_deployment, parse_deployment
+from phaselens.sim.models import read_hf_config
+from phaselens.sim.run import parse_target, simulate
+
+from .helpers import make_schedule
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "deploy"
+
+
+def _one(**engine: Any) -> dict[str, Any]:
+    e = {"name": "e", "model": "llama-3-8b", "serves": ["m"], "gpus": ["g0"]}
+    e.update(engine)
+    return {"gpus": [{"name": "g0", "type": "H100-SXM"}], "engines": [e]}
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_load(path: Path) -> None:
+    d = load_deployment(path)
+    assert d.engines and all(e.kv_capacity_tokens >= 4096 for e in d.engines)
+
+
+def test_seed_pair_shares_one_h200_with_memory_split_by_need() -> None:
+    """8B (16.1 GB) + 70B FP8 (70.6 GB) + 2 x 1.5 GB reserve on 0.9 x 141 GB: 37.2 GB of KV left,
+    18.6 GB each: 142,240 tokens of 128 KiB and 113,792 of 160 KiB (whole 16-token blocks)."""
+    d = default_deployment(["chat-8b", "big-70b"])
+    assert [g.spec.type for g in d.gpus] == ["H200"]
+    chat, big = d.engines
+    assert (chat.model.name, big.model.name, big.model.weight_bytes) == (
+        "llama-3-8b",
+        "llama-3-70b",
+        1.0,
+    )
+    assert (chat.serves, big.serves) == (("chat-8b",), ("big-70b",))
+    assert chat.kv_capacity_tokens == 142_240 and big.kv_capacity_tokens == 113_792
+
+
+def test_default_splits_gpus_when_models_do_not_fit_together() -> None:
+    d = default_deployment(["a-70b", "b-72b"])
+    assert len(d.gpus) == 2 and d.engines[0].gpus != d.engines[1].gpus
+
+
+def test_target_strings() -> None:
+    assert parse_target("sim", ["x"]).engines[0].serves == ("x",)
+    assert parse_target(f"sim:{EXAMPLES / 'full.yaml'}", ["x"]).engines[0].name == "chat"
+    with pytest.raises(InputError, match="expected `sim` or `sim:DEPLOY.yaml`"):
+        parse_target("simulator", ["x"])
+
+
+def test_hf_config_reader(tmp_path: Path) -> None:
+    cfg = {
+        "hidden_size": 2560,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "num_hidden_layers": 36,
+        "intermediate_size": 9728,
+        "vocab_size": 151936,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": True,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    m = read_hf_config(tmp_path)
+    assert m.head_dim == 128  # read, not derived (2560 / 32 = 80 would be wrong for Qwen3-4B)
+    assert m.kv_bytes_per_token == 2 * 36 * 8 * 128 * 2
+    d = parse_deployment(_one(model=str(tmp_path / "config.json")), "<t>")
+    assert d.engines[0].model.layers == 36
+
+
+BAD: list[tuple[dict[str, Any], str]] = [
+    (
+        {
+            "gpus": [{"name": "g0", "type": "B300"}],
+            "engines": [{"name": "e", "model": "llama-3-8b", "gpus": ["g0"]}],
+        },
+        r"gpus\[0\]\.type: unknown GPU 'B300'",
+    ),
+    (_one(model="gpt-5"), r"engines\[0\]\.model: unknown model 'gpt-5'"),
+    (_one(gpus=["g0", "g7"]), r"engines\[0\]\.gpus: GPU 'g7' does not exist \(tensor parallel"),
+    (
+        {
+            "gpus": [{"name": "g0", "type": "L4"}],
+            "engines": [{"name": "e", "model": "llama-3-70b", "serves": ["m"], "gpus": ["g0"]}],
+        },
+        r"GPU g0: e \(llama-3-70b\) does not fit: weights \+ reserve need 142\.6 GB, "
+        r"21\.6 GB usable; short by 121\.0 GB",
+    ),
+    (_one(share={"memory_fraction": 0.2}), r"does not fit GPU g0: .* short by"),
+    (
+        {
+            "gpus": [{"name": "g0", "type": "H200"}],
+            "engines": [
+                {
+                    "name": "a",
+                    "model": "llama-3-8b",
+                    "gpus": ["g0"],
+                    "share": {"memory_fraction": 0.6},
+                },
+                {
+                    "name": "b",
+                    "model": "llama-3-8b",
+                    "gpus": ["g0"],
+                    "share": {"memory_fraction": 0.6},
+                },
+            ],
+        },
+        r"memory_fraction of its engines adds up to 1\.20 > 1",
+    ),
+    (
+        {
+            "gpus": [{"name": "g0", "type": "H200"}],
+            "engines": [
+                {
+                    "name": "a",
+                    "model": "llama-3-8b",
+                    "gpus": ["g0"],
+                    "share": {"mode": "spatial", "sm_fraction": 0.7},
+                },
+                {
+                    "name": "b",
+                    "model": "llama-3-8b",
+                    "gpus": ["g0"],
+                    "share": {"mode": "spatial", "sm_fraction": 0.7},
+                },
+            ],
+        },
+        r"sm_fraction of its spatial engines adds up to 1\.40 > 1",
+    ),
+    (_one(share={"sm_fraction": 1.5}), r"engines\[0\]\.share\.sm_fraction: Input should be"),
+    (_one(policy={"type": "magic"}), r"engines\[0\]\.policy\.type: Input should be"),
+    (_one(polcy={}), r"engines\[0\]\.polcy: Extra inputs are not permitted"),
+    (_one(role="prefill"), r"engines\[0\]\.handoff: a prefill engine needs"),
+    (
+        {"gpus": [{"name": "g0", "tflops": 100}], "engines": []},
+        r"engines: List should have at least 1 item",
+    ),
+    (
+        {
+            "gpus": [{"name": "g0", "tflops": 100}],
+            "engines": [{"name": "e", "model": "llama-3-8b", "gpus": ["g0"]}],
+        },
+        r"gpus\[0\]: expected `type` or all of tflops, bandwidth_gbs, memory_gb",
+    ),
+    ({**_one(), "cost": {"eta_magic": 1.0}}, r"cost\.eta_magic: not a CostParams field"),
+    (["not", "a", "mapping"], r"expected a mapping"),  # type: ignore[list-item]
+]
+
+
+@pytest.mark.parametrize(("data", "message"), BAD, ids=[m[:30] for _, m in BAD])
+def test_bad_deployments_are_one_line(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(InputError, match=message) as e:
+        parse_deployment(data, "deploy.yaml")
+    assert "\n" not in str(e.value) and str(e.value).startswith("deploy.yaml: ")
+
+
+def test_bad_yaml_and_missing_file(tmp_path: Path) -> None:
+    p = tmp_path / "d.yaml"
+    p.write_text("gpus: [\n  {name: g0\nengines: x\n")
+    with pytest.raises(InputError, match=r"d\.yaml: line \d+: invalid YAML"):
+        load_deployment(p)
+    with pytest.raises(InputError, match="deployment file not found"):
+        load_deployment(tmp_path / "nope.yaml")
+
+
+def test_spec_model_no_engine_serves() -> None:
+    d = parse_deployment(_one(), "deploy.yaml")
+    s = make_schedule([0.0], [10], [2], models=["m", "other"], model_idx=[0])
+    with pytest.raises(InputError, match=r"deploy\.yaml: spec model 'other' is served by no"):
+        simulate(s, d)
