@@ -53,7 +53,7 @@ def test_default_splits_gpus_when_models_do_not_fit_together() -> None:
 def test_target_strings() -> None:
     assert parse_target("sim", ["x"]).engines[0].serves == ("x",)
     assert parse_target(f"sim:{EXAMPLES / 'full.yaml'}", ["x"]).engines[0].name == "chat"
-    with pytest.raises(InputError, match="expected `sim` or `sim:DEPLOY.yaml`"):
+    with pytest.raises(InputError, match=r"expected `sim` or `sim:DEPLOY\.yaml`"):
         parse_target("simulator", ["x"])
 
 
