@@ -160,56 +160,11 @@ def build_run(
     return load_run(path)
 
 
-def fake_analysis(run: Run, findings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """An analysis dict of the documented shape, built from the analysis engineer's functions.
+def analysis_of(run: Run, findings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The real analysis of the run, optionally with the findings replaced (to test drawing)."""
+    from phaselens.analysis.summary import analyze
 
-    Used until/unless `phaselens.analysis.summary.analyze` is importable; phase bins are a crude
-    stand-in (SM > 50% = prefill) so the drawing code has something to shade.
-    """
-    from phaselens.analysis import latency as lat
-
-    rt = lat.request_table(run.requests)
-    slo = run.manifest.get("slo")
-    models = {m: lat.group_block(rt, rows) for m, rows in lat.group_rows(rt.frame, "model").items()}
-    sm = run.telemetry.filter(run.telemetry["metric"] == "gpu.sm_pct").sort("t_ns")
-    bins = [
-        {"t_s": t / 1e9, "label": "prefill" if v > 50 else "decode", "sm_pct": v}
-        for t, v in sm.select("t_ns", "value").iter_rows()
-    ]
-    return {
-        "valid": run.manifest.get("valid", True),
-        "invalid_reasons": run.manifest.get("invalid_reasons", []),
-        "requests": lat.request_counts(rt.frame),
-        "throughput": lat.throughput(rt.frame),
-        "latency": lat.latency_block(rt),
-        "models": models,
-        "stages": lat.stage_table(rt, list(run.manifest.get("stages") or []), slo),
-        "slo": lat.slo_block(rt, slo),
-        "phases": {
-            "bins": bins,
-            "by_label": {
-                "prefill": {"sm_pct": 85.0, "dram_bw_pct": 40.0},
-                "decode": {"sm_pct": 20.0, "dram_bw_pct": 80.0},
-            }
-            if bins
-            else {},
-            "prefill_peak_util": 85.0 if bins else None,
-            "decode_trough_util": 15.0 if bins else None,
-            "source": "sim" if bins else None,
-        },
-        "fluctuation": {"util_std_5s": 30.0, "peak_to_trough": 70.0, "drop_events": []},
-        "findings": findings
-        if findings is not None
-        else [
-            {
-                "code": "burst-driven",
-                "severity": "warning",
-                "title": "Bursts drive the swing",
-                "t_start_s": 2.0,
-                "t_end_s": 2.8,
-                "evidence": {"arrival_cv": 1.8, "util_std_5s": 30.0},
-                "recommendation": "admission control",
-            }
-        ],
-        "not_evaluated": [],
-    }
+    a = analyze(run)
+    if findings is not None:
+        a["findings"] = findings
+    return a

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from report_browser import find_chromium, open_page
-from report_runs import fake_analysis
+from report_runs import analysis_of
 
 from phaselens.report.html import write_report
 from phaselens.store import Run
@@ -32,7 +32,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def test_report_renders_without_js_errors(make_run: Callable[..., Run], tmp_path: Path) -> None:
     run = make_run(error_text="<script>alert(1)</script>")
-    page = write_report(run, tmp_path / "report.html", fake_analysis(run))
+    page = write_report(run, tmp_path / "report.html", analysis_of(run))
     shot = tmp_path / "report.png"
     res = open_page(page, shot)
     assert res.errors == [], res.errors
@@ -59,6 +59,6 @@ def test_harness_catches_errors(tmp_path: Path) -> None:
 
 def test_report_without_telemetry_renders(make_run: Callable[..., Run], tmp_path: Path) -> None:
     run = make_run(telemetry=False, steps=False, fail_all=True)
-    page = write_report(run, tmp_path / "r.html", fake_analysis(run, findings=[]))
+    page = write_report(run, tmp_path / "r.html", analysis_of(run, findings=[]))
     res = open_page(page, None)
     assert res.errors == [], res.errors

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from report_runs import fake_analysis
+from report_runs import analysis_of
 
 from phaselens.report.html import headline, render_report, write_report
 from phaselens.store import Run
@@ -49,7 +49,7 @@ def trace_names(fig: dict[str, Any]) -> list[str]:
 
 def test_self_contained_and_plots_have_data(make_run: Callable[..., Run], tmp_path: Path) -> None:
     run = make_run()
-    p = write_report(run, tmp_path / "r.html", fake_analysis(run))
+    p = write_report(run, tmp_path / "r.html", analysis_of(run))
     html = p.read_text()
     # no network: no external scripts or stylesheets
     assert not re.search(r"<script[^>]+src=", html)
@@ -79,7 +79,7 @@ def test_self_contained_and_plots_have_data(make_run: Callable[..., Run], tmp_pa
 
 def test_headline_cards_and_stage_table(make_run: Callable[..., Run]) -> None:
     run = make_run()
-    a = fake_analysis(run)
+    a = analysis_of(run)
     html = render_report(run, a)
     assert '<span class="badge valid">VALID</span>' in html
     assert 'class="badge invalid"' not in html and 'class="banner invalid"' not in html
@@ -107,7 +107,7 @@ def test_user_strings_are_escaped(make_run: Callable[..., Run]) -> None:
             "recommendation": XSS,
         }
     ]
-    html = render_report(run, fake_analysis(run, findings))
+    html = render_report(run, analysis_of(run, findings))
     # the only <script> elements are ours: inline JSON data, the plotly bundle and the loader
     for tag in re.findall(r"<script[^>]*>", html):
         assert tag == "<script>" or tag.startswith('<script type="application/json"'), tag
@@ -120,7 +120,7 @@ def test_user_strings_are_escaped(make_run: Callable[..., Run]) -> None:
 
 def test_invalid_run_says_so_in_red(make_run: Callable[..., Run]) -> None:
     run = make_run(valid=False)
-    a = fake_analysis(run)
+    a = analysis_of(run)
     a["valid"] = False
     a["invalid_reasons"] = ["client send lag p99 3.2 ms > 1 ms"]
     html = render_report(run, a)
@@ -132,7 +132,7 @@ def test_invalid_run_says_so_in_red(make_run: Callable[..., Run]) -> None:
 
 def test_zero_successful_requests(make_run: Callable[..., Run]) -> None:
     run = make_run(fail_all=True)
-    a = fake_analysis(run, findings=[])
+    a = analysis_of(run, findings=[])
     html = render_report(run, a)
     assert "No request succeeded" in html
     figs = figures(html)
@@ -146,14 +146,14 @@ def test_zero_successful_requests(make_run: Callable[..., Run]) -> None:
 def test_partial_run(make_run: Callable[..., Run]) -> None:
     run = make_run(status="partial")
     assert run.partial
-    html = render_report(run, fake_analysis(run))
+    html = render_report(run, analysis_of(run))
     assert '<span class="badge partial">PARTIAL</span>' in html
     assert "rebuilt from the event log" in html
 
 
 def test_no_telemetry(make_run: Callable[..., Run]) -> None:
     run = make_run(telemetry=False, steps=False)
-    html = render_report(run, fake_analysis(run))
+    html = render_report(run, analysis_of(run))
     figs = figures(html)
     texts = [a.get("text", "") for a in figs["timeline"]["layout"]["annotations"]]
     assert "no GPU telemetry in this run" in texts
@@ -167,5 +167,5 @@ def test_no_telemetry(make_run: Callable[..., Run]) -> None:
 def test_empty_run(make_run: Callable[..., Run], n: int) -> None:
     """A run with no requests at all still renders (nothing to plot, nothing breaks)."""
     run = make_run(n=n, telemetry=False, steps=False)
-    html = render_report(run, fake_analysis(run, findings=[]))
+    html = render_report(run, analysis_of(run, findings=[]))
     assert "<html" in html

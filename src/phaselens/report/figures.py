@@ -467,7 +467,7 @@ def phase_util_figure(by_label: Mapping[str, Mapping[str, float]]) -> go.Figure:
     labels = [lab for lab in ("prefill", "mixed", "decode", "idle") if lab in by_label]
     labels += [lab for lab in by_label if lab not in labels]
     fig = go.Figure()
-    for key, name in (("sm_pct", "SM %"), ("dram_bw_pct", "DRAM BW %"), ("busy_pct", "busy %")):
+    for key, name in (("sm_mean", "SM %"), ("bw_mean", "DRAM BW %"), ("busy_mean", "busy %")):
         ys = [by_label[lab].get(key) for lab in labels]
         if all(y is None for y in ys):
             continue

@@ -9,7 +9,6 @@ and every other user-provided string render as text.
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
@@ -26,6 +25,8 @@ import polars as pl
 from phaselens import __version__
 from phaselens.analysis.latency import RequestTable, request_table
 from phaselens.analysis.phases import BIN_NS, Timeline, build_timeline
+from phaselens.analysis.roofline import gpu_peaks
+from phaselens.analysis.summary import compute
 from phaselens.report import figures as figs
 from phaselens.report.figures import F64, Series, TimelineData
 from phaselens.store import Run
@@ -293,15 +294,13 @@ def roofline_inputs(run: Run) -> tuple[F64, F64, Any, float | None, float | None
     flops = st["flops"].to_numpy()
     byts = st["bytes"].to_numpy()
     dt = (st["t_end_ns"] - st["t_start_ns"]).to_numpy() / 1e9
-    gpus = run.manifest.get("gpus") or []
-    peak = _get(gpus[0], "tflops") if gpus else None
-    bw = _get(gpus[0], "bandwidth_gbs") if gpus else None
+    peaks = list(gpu_peaks(run.manifest).values())
     return (
         flops / byts,
         flops / dt / 1e12,
         st["prefill_tokens"].to_numpy() > 0,
-        float(peak) if peak else None,
-        float(bw) if bw else None,
+        peaks[0]["tflops"] if peaks else None,
+        peaks[0]["bandwidth_gbs"] if peaks else None,
     )
 
 
@@ -347,12 +346,12 @@ def _cards(analysis: Mapping[str, Any]) -> list[dict[str, str]]:
             "cls": "bad" if req.get("planned") and not req.get("ok") else "",
         },
     ]
-    cost = analysis.get("cost")
-    if isinstance(cost, Mapping):
-        for k, v in cost.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and "per" in k:
-                cards.append({"label": k.replace("_", " "), "value": fmt(float(v)), "cls": ""})
-                break
+    usd = _get(analysis, "cost", "usd_per_million_output_tokens")
+    if isinstance(usd, (int, float)):
+        cards.append({"label": "USD per 1M output tokens", "value": fmt(float(usd)), "cls": ""})
+    joules = _get(analysis, "cost", "joules_per_output_token")
+    if isinstance(joules, (int, float)):
+        cards.append({"label": "joules per output token", "value": fmt(float(joules)), "cls": ""})
     return cards
 
 
@@ -472,29 +471,56 @@ def _phase_rows(phases: Any) -> list[tuple[str, str]]:
     if not isinstance(phases, Mapping):
         return rows
     names = {
-        "prefill_peak_util": "prefill peak SM % (p90 over prefill bins)",
-        "decode_trough_util": "decode trough SM % (p10 over decode bins)",
-        "util_mean": "mean SM % over the run",
+        "prefill_peak_util": "prefill peak utilization % (p95 over prefill bins)",
+        "decode_trough_util": "decode trough utilization % (p5 over decode bins)",
+        "util_mean": "mean utilization % over the run",
         "source": "utilization source",
+        "work_source": "bins labelled from",
     }
     for k, label in names.items():
         v = phases.get(k)
         if v is not None:
             rows.append((label, fmt(v)))
+    by = phases.get("by_label")
+    if isinstance(by, Mapping):
+        for lab, d in by.items():
+            if isinstance(d, Mapping) and d.get("bins"):
+                rows.append((f"time in {lab} bins", fmt(d.get("time_s"), " s")))
     return rows
 
 
 def _fluct_rows(fl: Any) -> list[tuple[str, str]]:
+    """The seed's fluctuation figures in words (nested analysis dicts flattened)."""
     if not isinstance(fl, Mapping):
         return []
     rows = []
-    for k, v in fl.items():
-        if isinstance(v, (list, tuple)):
-            rows.append((k.replace("_", " "), f"{len(v)}"))
-        elif isinstance(v, Mapping):
-            continue
-        else:
-            rows.append((k.replace("_", " "), fmt(v)))
+    std = fl.get("util_std_5s")
+    if isinstance(std, Mapping) and std.get("mean") is not None:
+        rows.append(
+            (
+                "utilization std within 5 s windows (mean / max)",
+                f"{fmt(std.get('mean'))} / {fmt(std.get('max'))} points",
+            )
+        )
+    ptt = fl.get("peak_to_trough")
+    if isinstance(ptt, Mapping) and ptt.get("value") is not None:
+        rows.append(
+            (
+                "peak-to-trough (p95 − p5 of 100 ms utilization)",
+                f"{fmt(ptt.get('value'))} points ({fmt(ptt.get('p5'))}% → {fmt(ptt.get('p95'))}%)",
+            )
+        )
+    cv = fl.get("arrival_cv")
+    if isinstance(cv, Mapping) and cv.get("overall") is not None:
+        rows.append(
+            (
+                "arrival CV (overall; Poisson = 1, bursty > 1)",
+                f"{fmt(cv.get('overall'))} (max per model and stage {fmt(cv.get('max'))})",
+            )
+        )
+    drops = fl.get("drop_events")
+    if isinstance(drops, (list, tuple)):
+        rows.append(("utilization drops (> 80% to < 20% within 10 s, low > 3 s)", str(len(drops))))
     return rows
 
 
@@ -503,7 +529,7 @@ def _phase_by_label(phases: Any) -> dict[str, dict[str, float]]:
     if isinstance(by, Mapping):
         out: dict[str, dict[str, float]] = {}
         for lab, d in by.items():
-            if isinstance(d, Mapping):
+            if isinstance(d, Mapping) and d.get("bins", 1):
                 out[str(lab)] = {
                     k: float(v)
                     for k, v in d.items()
@@ -524,10 +550,21 @@ def _phase_line(phases: Any) -> str:
     )
 
 
-def build_context(run: Run, analysis: Mapping[str, Any]) -> dict[str, Any]:
-    """Everything the template needs: strings (escaped by jinja) and figure JSON."""
-    rt = request_table(run.requests)
-    timeline = build_timeline(run.manifest, rt, run.telemetry, run.steps)
+def build_context(
+    run: Run,
+    analysis: Mapping[str, Any],
+    rt: RequestTable | None = None,
+    timeline: Timeline | None = None,
+) -> dict[str, Any]:
+    """Everything the template needs: strings (escaped by jinja) and figure JSON.
+
+    `rt` and `timeline` are the analysis' own per-request table and 100 ms bins; they are
+    recomputed (by the same analysis functions) when not given.
+    """
+    if rt is None:
+        rt = request_table(run.requests)
+    if timeline is None:
+        timeline = build_timeline(run.manifest, rt, run.telemetry, run.steps)
     findings = [f for f in (analysis.get("findings") or []) if isinstance(f, Mapping)]
     figures: list[tuple[str, str]] = []
     tl = timeline_data(run, rt, timeline, findings)
@@ -599,23 +636,26 @@ def build_context(run: Run, analysis: Mapping[str, Any]) -> dict[str, Any]:
         "model_rows": _model_rows(analysis.get("models")),
         "stage_rows": _stage_rows(analysis.get("stages")),
         "slo_rows": _slo_rows(analysis.get("slo")),
-        "not_evaluated": [str(x) for x in (analysis.get("not_evaluated") or [])],
+        "not_evaluated": [_not_evaluated(x) for x in (analysis.get("not_evaluated") or [])],
         "error_rows": _error_rows(run.requests),
         "figures": figures,
         "version": __version__,
     }
 
 
-def _analyze(run: Run) -> dict[str, Any]:
-    # Imported by name so this module loads even before analysis.summary exists.
-    summary = importlib.import_module("phaselens.analysis.summary")
-    return dict(summary.analyze(run))
+def _not_evaluated(x: Any) -> str:
+    if isinstance(x, Mapping):
+        return f"{x.get('code')}: needs {x.get('needs')}"
+    return str(x)
 
 
 def render_report(run: Run, analysis: Mapping[str, Any] | None = None) -> str:
-    """The report page as one string (plotly.js inlined)."""
-    a = analysis if analysis is not None else _analyze(run)
-    ctx = build_context(run, a)
+    """The report page as one string (plotly.js inlined); analyzes the run when not given."""
+    if analysis is None:
+        a_obj, summary = compute(run)
+        ctx = build_context(run, summary, a_obj.rt, a_obj.tl)
+    else:
+        ctx = build_context(run, analysis)
     return _env().get_template("report.html.j2").render(**ctx, css=_css(), plotlyjs=plotly_js())
 
 
