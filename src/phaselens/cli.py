@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from phaselens import __version__
 from phaselens.errors import InputError
+
+if TYPE_CHECKING:
+    from phaselens.spec import WorkloadSpec
 
 app = typer.Typer(
     name="phaselens",
@@ -196,8 +199,7 @@ def run(
             raise InputError("--target: sim cannot be mixed with other targets")
         from phaselens.sim.run import run_sim
 
-        manifest = {"name": ws.name, "spec": ws.model_dump(mode="json"), "slo": ws.slo_dict}
-        path = run_sim(schedule, sim[0], out, manifest)
+        path = run_sim(schedule, sim[0], out, _sim_manifest(ws))
         typer.echo(str(path))
         return
     from phaselens.driver.drive import drive
@@ -268,6 +270,50 @@ def analyze(
         typer.echo(to_json(summary))
     else:
         render(summary)
+
+
+def _sim_manifest(ws: WorkloadSpec) -> dict[str, Any]:
+    return {"name": ws.name, "kind": "sim", "spec": ws.model_dump(mode="json"), "slo": ws.slo_dict}
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option("--out", help="Runs directory.")] = Path("runs"),
+    spec: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--spec", help="Another workload spec (default: the seed scenario)."),
+    ] = None,
+    target: Annotated[
+        str, typer.Option("--target", help="sim or sim:DEPLOY.yaml (default deployment: sim).")
+    ] = "sim",
+) -> None:
+    """Simulate the seed's two-model bursty scenario, explain it, and write its HTML report."""
+    from phaselens.analysis.render import render
+    from phaselens.analysis.summary import analyze as _analyze
+    from phaselens.report.html import write_report
+    from phaselens.sim.run import run_sim
+    from phaselens.spec import demo_spec_path, load_spec
+    from phaselens.store import load_run
+    from phaselens.workload.plan import build_schedule
+
+    if not (target == "sim" or target.startswith("sim:")):
+        raise InputError(
+            f"--target: demo runs on the simulator (sim or sim:DEPLOY.yaml), got {target!r}"
+        )
+    ws = load_spec(spec or demo_spec_path())
+    schedule = build_schedule(ws)
+    typer.echo(
+        f"Simulating {ws.name}: {len(schedule)} requests over {schedule.duration_ns / 1e9:.0f} s "
+        f"({', '.join(schedule.models)}) on target {target} ..."
+    )
+    path = run_sim(schedule, target, out, _sim_manifest(ws))
+    run = load_run(path)
+    summary = _analyze(run)
+    render(summary)
+    report = write_report(run, path / "report.html", summary)
+    typer.echo(f"Run:    {path}")
+    typer.echo(f"Report: {report}")
+    typer.echo(f"Next:   phaselens analyze {path}   |   phaselens trace {path} -o trace.json")
 
 
 def main() -> None:
