@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from phaselens.errors import InputError
 from phaselens.workload.traces import (
@@ -187,3 +189,31 @@ def test_sorted_trace_gives_no_warning() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         read_trace(DATA / "azure_conv_head200.csv")
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=hst.lists(
+        hst.tuples(hst.integers(0, 10**7), hst.integers(1, 10**5), hst.integers(1, 10**4)),
+        min_size=1,
+        max_size=50,
+    )
+)
+def test_generic_csv_roundtrip_property(rows: list[tuple[int, int, int]]) -> None:
+    """Whatever the row order, the reader returns the rows sorted by time (stable), offsets
+    from the earliest, and each row's lengths with it."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "g.csv"
+        p.write_text("ms,i,o\n" + "".join(f"{t},{i},{o}\n" for t, i, o in rows))
+        cols = {"timestamp": "ms", "input_tokens": "i", "output_tokens": "o"}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TraceWarning)
+            tr = read_trace(p, "csv", cols, "ms")
+    expect = sorted(rows, key=lambda r: r[0])
+    t0 = expect[0][0]
+    np.testing.assert_allclose(tr.t_s, [(t - t0) / 1000 for t, _, _ in expect], atol=1e-9)
+    assert tr.input_tokens is not None and tr.output_tokens is not None
+    assert tr.input_tokens.tolist() == [i for _, i, _ in expect]
+    assert tr.output_tokens.tolist() == [o for _, _, o in expect]
