@@ -38,7 +38,7 @@ FAULTS = (
     "malformed",  # lines that are not SSE fields, between valid events (to be ignored)
     "nonjson",  # a data payload that is not JSON
     "errorobj",  # an {"error": ...} object in the stream
-    "giant",  # one 8 MB content chunk
+    "giant",  # the first content chunk is 8 MB
     "noheaders",  # the response headers never come
     "json200",  # 200 with a plain JSON body instead of a stream
 )
@@ -121,7 +121,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
         step = min(st.per_chunk, n - sent)
         sent += step
         text = "tok " * step
-        if fault == "giant":
+        if fault == "giant" and k == 0:
             text = "x" * (8 << 20)
         data = _chunk(i, text, sent if usage == "continuous" else None, pt, chat)
         if fault == "weird":

@@ -23,7 +23,14 @@ from typing import Any
 import numpy as np
 
 from phaselens import __version__
-from phaselens.driver.runner import DriverOptions, LiveStats, RunSummary, redact_url, run_schedule
+from phaselens.driver.runner import (
+    DriverOptions,
+    LiveStats,
+    RunSummary,
+    redact_url,
+    relay_stop,
+    run_schedule,
+)
 from phaselens.driver.selfcheck import Verdict, verdict
 from phaselens.store import RunWriter, clock_anchor
 from phaselens.telemetry.sampler import parse_spec as parse_telemetry
@@ -231,7 +238,14 @@ def drive(
             from phaselens.driver.shard import run_workers
 
             results = run_workers(
-                schedule, targets, options, workers, wt.records, on_start, stop, stats,
+                schedule,
+                targets,
+                options,
+                workers,
+                wt.records,
+                on_start,
+                stop,
+                stats,
                 lead_s=1.0 if _telemetry_on(telemetry) else 0.1,
             )
             for r in results:
@@ -335,9 +349,7 @@ async def _single(
 ) -> RunSummary:
     loop = asyncio.get_running_loop()
     ev = asyncio.Event()
-    threading.Thread(
-        target=lambda: (stop.wait(), loop.call_soon_threadsafe(ev.set)), daemon=True
-    ).start()
+    relay_done = relay_stop(stop.wait, loop, ev)
     t0 = time.perf_counter_ns() + int(lead_s * 1e9)
     on_start(t0)
     try:
@@ -345,5 +357,4 @@ async def _single(
             schedule, targets, options, wt.record, run_start_perf_ns=t0, stop=ev, stats=stats
         )
     finally:
-        if not stop.is_set():
-            stop.set()  # releases the relay thread
+        relay_done.set()

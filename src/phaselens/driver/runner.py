@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -481,6 +482,26 @@ class _Driver:
                 freed = clock()
 
         await asyncio.gather(*(user() for _ in range(max(1, users))))
+
+
+def relay_stop(
+    wait: Callable[[float], bool], loop: asyncio.AbstractEventLoop, ev: asyncio.Event
+) -> threading.Event:
+    """Sets `ev` on `loop` once `wait(timeout)` (a thread or process event) returns True.
+
+    Returns an event that ends the relay thread when the run is over.
+    """
+    done = threading.Event()
+
+    def run() -> None:
+        while not done.is_set():
+            if wait(0.1):
+                with contextlib.suppress(RuntimeError):  # the loop may have closed meanwhile
+                    loop.call_soon_threadsafe(ev.set)
+                return
+
+    threading.Thread(target=run, name="phaselens-stop-relay", daemon=True).start()
+    return done
 
 
 def _route(models: Sequence[str], targets: Mapping[str, str], endpoint: Endpoint) -> list[str]:

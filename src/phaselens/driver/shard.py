@@ -22,7 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from phaselens.driver.runner import DriverOptions, LiveStats, RunSummary, run_schedule
+from phaselens.driver.runner import (
+    DriverOptions,
+    LiveStats,
+    RunSummary,
+    relay_stop,
+    run_schedule,
+)
 from phaselens.store import clock_anchor
 from phaselens.types import RequestRecord, Schedule
 
@@ -80,9 +86,7 @@ def _worker(
     async def main() -> RunSummary:
         loop = asyncio.get_running_loop()
         ev = asyncio.Event()
-        threading.Thread(
-            target=lambda: (stop.wait(), loop.call_soon_threadsafe(ev.set)), daemon=True
-        ).start()
+        relay_done = relay_stop(stop.wait, loop, ev)
 
         async def report() -> None:
             nonlocal last
@@ -108,6 +112,7 @@ def _worker(
             )
         finally:
             rep.cancel()
+            relay_done.set()
 
     try:
         summary: RunSummary | None = asyncio.run(main())
