@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test lint typecheck unit e2e engines bench clean
+.PHONY: install demo test lint typecheck unit e2e engines browser bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,10 +31,14 @@ unit: install
 engines: install
 	bash scripts/engines/install.sh
 
+# Debian's chromium for the HTML report tests (a real browser opens the report).
+browser:
+	bash scripts/install_browser.sh
+
 e2e: engines
 	$(PY) -m pytest -m e2e
 
-test: lint typecheck engines
+test: lint typecheck engines browser
 	$(PY) -m pytest
 
 bench: install
