@@ -40,8 +40,8 @@ MAX_STEPS = 4000  # roofline points
 LAYOUT: dict[str, Any] = {
     "template": "plotly_white",
     "font": {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12},
-    "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
-    "legend": {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
+    "margin": {"l": 60, "r": 20, "t": 80, "b": 40},
+    "legend": {"orientation": "h", "y": 0.99, "yanchor": "top", "x": 0, "yref": "container"},
 }
 
 

@@ -41,7 +41,7 @@ MAX_SERIES = 4  # more label sets than this (many GPUs/engines) are averaged int
 
 
 @lru_cache(maxsize=1)
-def _env() -> jinja2.Environment:
+def template_env() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.PackageLoader("phaselens.report", "templates"),
         autoescape=True,  # every template variable is HTML-escaped unless marked safe
@@ -59,7 +59,7 @@ def plotly_js() -> str:
     return str(get_plotlyjs())
 
 
-def _css() -> str:
+def page_css() -> str:
     return (resources.files("phaselens.report") / "templates" / "base.css").read_text("utf-8")
 
 
@@ -656,7 +656,11 @@ def render_report(run: Run, analysis: Mapping[str, Any] | None = None) -> str:
         ctx = build_context(run, summary, a_obj.rt, a_obj.tl)
     else:
         ctx = build_context(run, analysis)
-    return _env().get_template("report.html.j2").render(**ctx, css=_css(), plotlyjs=plotly_js())
+    return (
+        template_env()
+        .get_template("report.html.j2")
+        .render(**ctx, css=page_css(), plotlyjs=plotly_js())
+    )
 
 
 def write_report(run: Run, path: Path | str, analysis: Mapping[str, Any] | None = None) -> Path:
