@@ -316,6 +316,82 @@ def demo(
     typer.echo(f"Next:   phaselens analyze {path}   |   phaselens trace {path} -o trace.json")
 
 
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (from `phaselens run`).")],
+    output: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("-o", "--output", help="HTML file (default: RUN/report.html)."),
+    ] = None,
+) -> None:
+    """Write one self-contained HTML report (opens offline) and print the headline."""
+    from phaselens.report.html import headline, report_from_run
+    from phaselens.store import load_run
+
+    run = load_run(run_dir)
+    path, summary = report_from_run(run, output or run.path / "report.html")
+    typer.echo(headline(summary))
+    typer.echo(f"Report: {path}")
+
+
+@app.command()
+def trace(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (from `phaselens run`).")],
+    output: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("-o", "--output", help="Trace JSON (default: RUN/trace.json)."),
+    ] = None,
+) -> None:
+    """Write a Perfetto/Chrome trace: requests as slices, telemetry as counters."""
+    from phaselens.report.perfetto import write_trace
+    from phaselens.store import load_run
+
+    run = load_run(run_dir)
+    path = write_trace(run, output or run.path / "trace.json")
+    typer.echo(f"Trace: {path}  (open at https://ui.perfetto.dev or chrome://tracing)")
+
+
+@app.command()
+def compare(
+    runs: Annotated[
+        list[Path], typer.Argument(help="Two or more run directories; the first is the baseline.")
+    ],
+    output: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("-o", "--output", help="HTML file (default: compare.html; none with --json)."),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the comparison as JSON (for CI).")
+    ] = False,
+    fail_on: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option(
+            "--fail-on",
+            help="Exit 1 when METRIC regressed significantly beyond a limit, e.g. ttft_p99:+10% "
+            "or goodput:-5% (repeatable).",
+        ),
+    ] = None,
+    n_boot: Annotated[int, typer.Option("--n-boot", min=100, help="Bootstrap resamples.")] = 1000,
+    seed: Annotated[int, typer.Option("--seed", help="Bootstrap seed.")] = 0,
+) -> None:
+    """Compare runs against a baseline: differences with bootstrap intervals and verdicts."""
+    from phaselens.report.compare import compare_runs, summary_lines, to_json, write_compare
+    from phaselens.store import load_run
+
+    loaded = [load_run(r) for r in runs]
+    result, stats = compare_runs(loaded, n_boot=n_boot, seed=seed, fail_on=fail_on or [])
+    if as_json:
+        typer.echo(to_json(result))
+    else:
+        for line in summary_lines(result):
+            typer.echo(line)
+    if output is not None or not as_json:
+        path = write_compare(result, stats, output or Path("compare.html"))
+        typer.echo(f"Compare: {path}", err=as_json)
+    if result["failed"]:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     try:
         app()

@@ -575,3 +575,22 @@ def write_compare(result: Mapping[str, Any], stats: Sequence[RunStats], path: Pa
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(render_compare(result, stats), encoding="utf-8")
     return p
+
+
+def summary_lines(result: Mapping[str, Any]) -> list[str]:
+    """The terminal view: one line per metric that changed significantly, then the gates."""
+    lines = [f"baseline: {result['baseline']['run']}  ({result['confidence']})"]
+    for c in result["comparisons"]:
+        changed = [r for r in c["metrics"] if r["verdict"] in ("better", "worse")]
+        lines.append(f"{c['run']}: {len(changed)} of {len(c['metrics'])} metrics changed")
+        for r in changed:
+            rel = "" if r["rel"] is None else f" ({100 * r['rel']:+.1f}%)"
+            lines.append(
+                f"  {r['verdict']:6s} {r['metric']:20s} {fmt(r['a'])} -> {fmt(r['b'])} "
+                f"{r['unit']}{rel}"
+            )
+        for g in c["fail_on"]:
+            lines.append(
+                f"  gate {g['gate']}: {'FAILED' if g['failed'] else 'passed'} — {g['why']}"
+            )
+    return lines

@@ -656,6 +656,10 @@ def render_report(run: Run, analysis: Mapping[str, Any] | None = None) -> str:
         ctx = build_context(run, summary, a_obj.rt, a_obj.tl)
     else:
         ctx = build_context(run, analysis)
+    return _render(ctx)
+
+
+def _render(ctx: Mapping[str, Any]) -> str:
     return (
         template_env()
         .get_template("report.html.j2")
@@ -669,3 +673,13 @@ def write_report(run: Run, path: Path | str, analysis: Mapping[str, Any] | None 
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(render_report(run, analysis), encoding="utf-8")
     return p
+
+
+def report_from_run(run: Run, path: Path | str) -> tuple[Path, dict[str, Any]]:
+    """Analyze once, write the report, and return its path with the summary (for the headline)."""
+    a_obj, summary = compute(run)
+    ctx = build_context(run, summary, a_obj.rt, a_obj.tl)
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(_render(ctx), encoding="utf-8")
+    return p, summary
