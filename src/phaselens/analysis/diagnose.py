@@ -18,13 +18,20 @@ import polars as pl
 
 from phaselens.analysis.latency import RequestTable
 from phaselens.analysis.phases import BIN_NS, Timeline
-from phaselens.analysis.stats import F64, as_float, as_int, fnum, interval_integral
+from phaselens.analysis.stats import (
+    F64,
+    as_float,
+    as_int,
+    fnum,
+    interval_cumulative,
+    interval_integral,
+)
 from phaselens.types import Finding, Severity
 
 # decode-bandwidth-bound
 DBB_BW_HIGH = 60.0  # % of peak DRAM bandwidth in decode bins (median)
 DBB_SM_LOW = 30.0  # % SM in decode bins (median) — the seed's "SM 10–30% in decode"
-DBB_MIN_DECODE_SHARE = 0.3  # decode bins / active bins: decode must be a large part of the run
+DBB_MIN_DECODE_SHARE = 0.3  # decode bins / all bins: decode must be a large part of the run
 MIN_BINS = 10  # one second of 100 ms bins before a rule trusts a median
 # load-insufficient
 LI_BUSY_LOW = 30.0  # % busy (or SM when busy is unknown), mean over the active window
@@ -40,8 +47,8 @@ LT_FEW = 0.25  # a "tail" bin decodes ≤ this share of the p90 decoding count .
 LT_LONG_SHARE = 0.8  # ... and ≥ this share of what decodes is the longest 10% of requests
 LT_TAIL_TIME = 0.10  # tail bins / decode-active bins
 # prefill-interference
-PI_RATIO = 1.5  # median ITL in heavy-prefill bins / in bins without prefill
-PI_MIN_BINS = 5
+PI_RATIO = 2.0  # median ITL of gaps spanning a long prefill / of gaps spanning no prefill
+PI_MIN_GAPS = 5
 # kv-pressure
 KV_HIGH = 90.0
 KV_WARN = 85.0
@@ -62,6 +69,7 @@ class Analysis:
     rt: RequestTable
     tl: Timeline
     telemetry: pl.DataFrame
+    steps: pl.DataFrame
     latency: Mapping[str, Any]  # overall latency block
     fluctuation: Mapping[str, Any]
     stages: list[dict[str, Any]]
@@ -107,13 +115,15 @@ def decode_bandwidth_bound(a: Analysis) -> RuleResult:
     dec = lanes.filter(pl.col("label") == "decode")
     sm, bw = _col(dec, "sm"), _col(dec, "bw")
     ok = ~np.isnan(sm) & ~np.isnan(bw)
-    active = int(lanes.filter(pl.col("label") != "idle").height)
+    # Decode must be where the run's time goes (idle bins count: at low load the GPU is idle,
+    # and "bandwidth-bound" would be the wrong lesson — load-insufficient is the right one).
+    active = lanes.height
     if ok.sum() >= MIN_BINS:
         m_sm, m_bw = float(np.median(sm[ok])), float(np.median(bw[ok]))
         share = dec.height / max(active, 1)
         ev: dict[str, Any] = {
             "decode_bins": int(ok.sum()),
-            "decode_share_of_active": fnum(share, 3),
+            "decode_share_of_run": fnum(share, 3),
             "decode_sm_median_pct": fnum(m_sm, 2),
             "decode_bw_median_pct": fnum(m_bw, 2),
             "thresholds": {
@@ -139,7 +149,7 @@ def decode_bandwidth_bound(a: Analysis) -> RuleResult:
             "decode_arithmetic_intensity": p["arithmetic_intensity"],
             "decode_pct_peak_bw": p["pct_peak_bw"],
             "decode_pct_peak_flops": p["pct_peak_flops"],
-            "decode_share_of_active": fnum(share, 3),
+            "decode_share_of_run": fnum(share, 3),
             "thresholds": {"bw_high_pct": DBB_BW_HIGH, "sm_low_pct": DBB_SM_LOW},
             "source": "steps (roofline)",
         }
@@ -364,44 +374,97 @@ def long_tail_drag(a: Analysis) -> RuleResult:
     ]
 
 
-def prefill_interference(a: Analysis) -> RuleResult:
-    b = a.tl.bins
-    itl = _col(b, "itl_mean_ms")
-    if (~np.isnan(itl)).sum() < 2 * PI_MIN_BINS:
-        return Missing("per-token timings (ITL) in at least 1 s of bins")
-    lanes = a.tl.lanes
-    if a.tl.work_source in ("steps", "engine") and lanes.height:
-        pt = lanes.group_by("bin").agg(pl.col("prefill_tokens").sum()).sort("bin")
-        pref = np.zeros(b.height)
-        pref[pt["bin"].to_numpy()] = pt["prefill_tokens"].cast(pl.Float64).fill_null(0).to_numpy()
-        src = a.tl.work_source
+def _engines_of(manifest: Mapping[str, Any]) -> dict[str, set[str]]:
+    """model name -> names of the engines serving it (manifest `engines`)."""
+    out: dict[str, set[str]] = {}
+    for e in manifest.get("engines") or []:
+        if isinstance(e, Mapping):
+            for m in e.get("serves") or [e.get("model")]:
+                out.setdefault(str(m), set()).add(str(e.get("name")))
+    return out
+
+
+def prefill_during_gaps(a: Analysis) -> tuple[F64, str]:
+    """Prompt tokens prefilled (by the engine serving the request) during each ITL gap.
+
+    From steps (tokens spread over each step), else engine prefill counters (spread over their
+    interval), else the records (a prompt counts at its first token, gap end inclusive).
+    """
+    rt = a.rt
+    end = rt.itl_t_ns.astype(np.float64)
+    start = end - rt.itl_ms * rt.itl_w * 1e6
+    x = np.zeros(end.size)
+    codes = rt.frame["model"].cast(pl.Categorical).to_physical().to_numpy()
+    names = rt.frame["model"].to_numpy()
+    gap_code = codes[rt.itl_row]
+    serving = _engines_of(a.manifest)
+    steps = a.steps
+    tel = a.telemetry.filter(pl.col("metric") == "engine.prefill_tokens")
+    if steps.height:
+        src = "steps"
+    elif tel.height:
+        src = "engine.prefill_tokens"
+        tel = tel.with_columns(
+            pl.col("labels").str.json_path_match("$.engine").fill_null("").alias("engine")
+        )
     else:
-        pref, src = np.nan_to_num(_col(b, "prefill_tokens_rec"), nan=0.0), "records"
-    has = ~np.isnan(itl)
-    nz = pref[has & (pref > 0)]
-    if nz.size < PI_MIN_BINS:
-        return []
-    heavy_thr = float(np.percentile(nz, 75))
-    heavy = has & (pref >= heavy_thr) & (pref > 0)
-    quiet = has & (pref <= 0)
-    if heavy.sum() < PI_MIN_BINS or quiet.sum() < PI_MIN_BINS:
-        return []
-    m_h, m_q = float(np.median(itl[heavy])), float(np.median(itl[quiet]))
-    ratio = m_h / m_q if m_q > 0 else float("inf")
+        src = "records"
+    for c in np.unique(gap_code):
+        sel = gap_code == c
+        model = str(names[np.flatnonzero(codes == c)[0]])
+        engines = serving.get(model)
+        pts = np.concatenate([start[sel], end[sel]])
+        if src == "steps":
+            st = steps if not engines else steps.filter(pl.col("engine").is_in(list(engines)))
+            s0 = st["t_start_ns"].cast(pl.Float64).to_numpy()
+            s1 = st["t_end_ns"].cast(pl.Float64).to_numpy()
+            w = st["prefill_tokens"].cast(pl.Float64).to_numpy() / np.maximum(s1 - s0, 1.0)
+            f = interval_cumulative(s0, s1, pts, w)
+        elif src == "engine.prefill_tokens":
+            tt = tel if not engines else tel.filter(pl.col("engine").is_in(list(engines)))
+            t1 = tt["t_ns"].cast(pl.Float64).to_numpy()
+            f = interval_cumulative(t1 - BIN_NS, t1, pts, tt["value"].to_numpy() / BIN_NS)
+        else:
+            fr = rt.frame.filter(
+                (pl.col("model") == model) & pl.col("first_token_ns").is_not_null()
+            )
+            ft = fr["first_token_ns"].cast(pl.Float64).to_numpy()
+            order = np.argsort(ft)
+            cum = np.concatenate(([0.0], np.cumsum(fr["input_tokens"].to_numpy()[order])))
+            f = cum[np.searchsorted(ft[order], pts, side="right")]
+        k = int(sel.sum())
+        x[sel] = f[k:] - f[:k]
+    return x, src
+
+
+def prefill_interference(a: Analysis) -> RuleResult:
+    rt = a.rt
+    if rt.itl_ms.size < 50:
+        return Missing("per-token timings (ITL) of at least 50 tokens")
+    x, src = prefill_during_gaps(a)
     inp = a.rt.frame["input_tokens"].cast(pl.Float64).to_numpy()
+    long_thr = max(2.0 * float(np.median(inp)), 1.0) if inp.size else 1.0
+    heavy = x >= long_thr
+    light = x <= 0.5
+    if heavy.sum() < PI_MIN_GAPS or light.sum() < PI_MIN_GAPS:
+        return []  # no gap overlapped a long prefill, or prefill never paused
+    m_h, m_q = float(np.median(rt.itl_ms[heavy])), float(np.median(rt.itl_ms[light]))
+    ratio = m_h / m_q if m_q > 0 else float("inf")
     ev = {
-        "itl_median_heavy_prefill_bins_ms": fnum(m_h, 3),
-        "itl_median_no_prefill_bins_ms": fnum(m_q, 3),
+        "itl_median_gaps_over_long_prefill_ms": fnum(m_h, 3),
+        "itl_median_gaps_without_prefill_ms": fnum(m_q, 3),
         "ratio": fnum(ratio, 3),
-        "heavy_prefill_tokens_per_bin": fnum(heavy_thr, 1),
+        "gaps_over_long_prefill": int(heavy.sum()),
+        "long_prefill_tokens": fnum(long_thr, 1),
         "input_tokens_p50": fnum(float(np.percentile(inp, 50)), 1) if inp.size else None,
         "input_tokens_max": fnum(float(inp.max()), 1) if inp.size else None,
         "prefill_source": src,
-        "thresholds": {"ratio": PI_RATIO},
+        "thresholds": {"ratio": PI_RATIO, "long_prefill": "2 x median input tokens"},
     }
     if ratio < PI_RATIO:
         return []
-    t0, t1 = _span(heavy, b["bin"].to_numpy())
+    t0 = int(rt.itl_t_ns[heavy].min())
+    t1 = int(rt.itl_t_ns[heavy].max())
     return [
         Finding(
             "prefill-interference",
@@ -591,7 +654,9 @@ _HITS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")
 _QUERIES = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")
 
 
-def prefix_hit_rate(tel: pl.DataFrame) -> tuple[float, float, str] | None:
+def prefix_hit_rate(
+    tel: pl.DataFrame, manifest: Mapping[str, Any]
+) -> tuple[float, float, str] | None:
     """(hit rate %, queries, source): vLLM counters (Δ), per-interval engine counts, or SGLang."""
 
     def delta(names: tuple[str, ...]) -> float | None:
@@ -619,34 +684,39 @@ def prefix_hit_rate(tel: pl.DataFrame) -> tuple[float, float, str] | None:
     sg = tel.filter(pl.col("metric") == "sglang:cache_hit_rate")["value"]
     if sg.len():
         return 100.0 * as_float(sg.mean()), float("nan"), "sglang:cache_hit_rate"
+    engines = ((manifest.get("sim") or {}).get("engines") or {}).values()
+    rates = [float(e["prefix_hit_rate"]) for e in engines if "prefix_hit_rate" in e]
+    if rates:  # the simulator's per-engine totals (cached prompt tokens / prompt tokens)
+        return 100.0 * float(np.mean(rates)), float("nan"), "simulator manifest"
     return None
 
 
 def prefix_cache_low(a: Analysis) -> RuleResult:
-    r = prefix_hit_rate(a.telemetry)
+    r = prefix_hit_rate(a.telemetry, a.manifest)
     if r is None:
         return Missing(
             "prefix cache hits and queries (vllm:prefix_cache_hits/queries, "
             "engine.prefix_cache_hits/queries or sglang:cache_hit_rate)"
         )
     rate, queries, src = r
-    shared = any(
-        isinstance(m, Mapping) and m.get("prefix")
-        for m in ((a.manifest.get("spec") or {}).get("models") or [])
+    models = (a.manifest.get("spec") or {}).get("models")
+    known = isinstance(models, list)
+    shared = isinstance(models, list) and any(
+        isinstance(m, Mapping) and m.get("prefix") for m in models
     )
     ev = {
         "hit_rate_pct": fnum(rate, 2),
         "queries": fnum(queries, 0),
         "source": src,
-        "workload_has_shared_prefixes": shared,
+        "workload_has_shared_prefixes": shared if known else None,
         "thresholds": {"hit_rate_pct": PC_HIT},
     }
-    if rate >= PC_HIT:
-        return []
+    if rate >= PC_HIT or (known and not shared):
+        return []  # a workload without shared prefixes has nothing to hit
     return [
         Finding(
             "prefix-cache-low",
-            "info" if not shared else "warning",
+            "warning" if shared else "info",
             f"Prefix cache hit rate is {rate:.0f}% (< {PC_HIT:.0f}%): prefills recompute "
             "shared text",
             None,

@@ -119,14 +119,32 @@ def lagged_corr(a: F64, b: F64, max_lag: int) -> dict[str, Any]:
     return {"corr": fnum(best[0]), "lag_s": best[1]}
 
 
-def drop_events(u: F64, bins: pl.DataFrame, lane: str) -> list[dict[str, Any]]:
+def full_scale(manifest: Mapping[str, Any], util_source: str | None) -> float:
+    """The value a fully active GPU shows in this utilization source (100 for measured ones).
+
+    The simulator's SM % is FLOPs / peak, and its GEMMs run at `eta_linear` of peak, so a GPU
+    whose SMs are all busy reads 100·eta_linear there (80 by default), never 100.
+    """
+    if util_source == "sim:gpu.sm_pct":
+        cp = (manifest.get("sim") or {}).get("cost_params") or {}
+        eta = cp.get("eta_linear")
+        if isinstance(eta, (int, float)) and 0 < eta <= 1:
+            return 100.0 * float(eta)
+    return 100.0
+
+
+def drop_events(
+    u: F64, bins: pl.DataFrame, lane: str, scale: float = 100.0
+) -> list[dict[str, Any]]:
     """The seed's rule on one utilization series (100 ms bins).
 
     A drop: a run of bins < 30% lasting > 3 s that contains a bin < 20% which comes ≤ 10 s after
     a bin > 80%. The event spans from that last high bin to the end of the low run, and says
-    what was running during the low part.
+    what was running during the low part. Percentages are of `scale` (see `full_scale`).
     """
-    low = np.nan_to_num(u, nan=np.inf) < DROP_STAY
+    k = scale / 100.0
+    hi_thr, lo_thr, stay_thr = DROP_HIGH * k, DROP_LOW * k, DROP_STAY * k
+    low = np.nan_to_num(u, nan=np.inf) < stay_thr
     if not low.any():
         return []
     d = np.diff(np.concatenate(([0], low.astype(np.int8), [0])))
@@ -136,12 +154,12 @@ def drop_events(u: F64, bins: pl.DataFrame, lane: str) -> list[dict[str, Any]]:
     for a, b in zip(starts, ends, strict=True):
         if (b - a) / BINS_PER_S <= DROP_MIN_LOW_S:
             continue
-        below = np.flatnonzero(np.nan_to_num(u[a:b], nan=np.inf) < DROP_LOW)
+        below = np.flatnonzero(np.nan_to_num(u[a:b], nan=np.inf) < lo_thr)
         if below.size == 0:
             continue
         i20 = a + int(below[0])
         lo = max(0, i20 - within)
-        high = np.flatnonzero(np.nan_to_num(u[lo:i20], nan=-np.inf) > DROP_HIGH)
+        high = np.flatnonzero(np.nan_to_num(u[lo:i20], nan=-np.inf) > hi_thr)
         if high.size == 0:
             continue
         peak = lo + int(high[-1])
@@ -185,6 +203,7 @@ def fluctuation(tl: Timeline, rt: RequestTable, manifest: Mapping[str, Any]) -> 
     p2t: list[tuple[float, float, float, str]] = []
     events: list[dict[str, Any]] = []
     has_util = lanes.height > 0 and lanes["util"].drop_nulls().len() > 0
+    scale = full_scale(manifest, tl.util_source)
     if has_util:
         for (lane,), g in lanes.partition_by("gpu", as_dict=True).items():
             u = g.sort("bin")["util"].cast(pl.Float64).fill_null(np.nan).to_numpy()
@@ -193,7 +212,7 @@ def fluctuation(tl: Timeline, rt: RequestTable, manifest: Mapping[str, Any]) -> 
             if v.size:
                 hi, lo = float(np.percentile(v, 95)), float(np.percentile(v, 5))
                 p2t.append((hi - lo, hi, lo, str(lane)))
-            events.extend(drop_events(u, tl.bins, str(lane)))
+            events.extend(drop_events(u, tl.bins, str(lane), scale))
     s = np.asarray(stds)
     worst = max(p2t) if p2t else None
     b = tl.bins
@@ -234,6 +253,8 @@ def fluctuation(tl: Timeline, rt: RequestTable, manifest: Mapping[str, Any]) -> 
         "drop_events": events,
         "drop_rule": (
             f"{tl.util_source or 'utilization'} from > {DROP_HIGH:g}% to < {DROP_LOW:g}% within "
-            f"{DROP_WITHIN_S:g} s, staying < {DROP_STAY:g}% for > {DROP_MIN_LOW_S:g} s"
+            f"{DROP_WITHIN_S:g} s, staying < {DROP_STAY:g}% for > {DROP_MIN_LOW_S:g} s "
+            f"(percent of full scale {scale:g})"
         ),
+        "util_full_scale": scale,
     }

@@ -117,32 +117,42 @@ def pkey_to_q(pkey: str) -> float | None:
     return q if 0.0 <= q <= 100.0 else None
 
 
-def interval_integral(starts: F64, ends: F64, edges: F64, weights: F64 | None = None) -> F64:
-    """Exact time-weighted sum of intervals over consecutive edges.
+def interval_cumulative(starts: F64, ends: F64, x: F64, weights: F64 | None = None) -> F64:
+    """F(x) = Σ_i w_i · |[s_i, e_i) ∩ (−∞, x)| at each point of x, in O((n + m) log n).
 
-    For each bin [edges[j], edges[j+1]) returns Σ_i w_i · |[s_i, e_i) ∩ bin|, in O((n+m) log n):
-    F(x) = Σ_{s_i<x} w_i (x − s_i) − Σ_{e_i<x} w_i (x − e_i); a bin is F(e_{j+1}) − F(e_j).
-    With w = 1 and dividing by the bin width this is the mean number of intervals open in the bin
-    (requests in a state, or busy fraction of steps); with w = flops/duration it spreads each
-    step's FLOPs over the bins it overlaps.
+    F(x) = Σ_{s_i<x} w_i (x − s_i) − Σ_{e_i<x} w_i (x − e_i). With w = 1 it is the time spent in
+    intervals before x; with w = tokens/duration it is the tokens processed before x.
     """
     s = np.asarray(starts, dtype=np.float64)
     e = np.asarray(ends, dtype=np.float64)
     w = np.ones_like(s) if weights is None else np.asarray(weights, dtype=np.float64)
     keep = e > s
     s, e, w = s[keep], e[keep], w[keep]
-    x = np.asarray(edges, dtype=np.float64)
+    xs = np.asarray(x, dtype=np.float64)
 
     def part(t: F64) -> F64:
         order = np.argsort(t, kind="stable")
         ts, ws = t[order], w[order]
         cw = np.concatenate(([0.0], np.cumsum(ws)))
         cwt = np.concatenate(([0.0], np.cumsum(ws * ts)))
-        idx = np.searchsorted(ts, x, side="left")
-        return cw[idx] * x - cwt[idx]
+        idx = np.searchsorted(ts, xs, side="left")
+        out: F64 = cw[idx] * xs - cwt[idx]
+        return out
 
-    f = part(s) - part(e)
-    return np.diff(f)
+    res: F64 = part(s) - part(e)
+    return res
+
+
+def interval_integral(starts: F64, ends: F64, edges: F64, weights: F64 | None = None) -> F64:
+    """Exact time-weighted sum of intervals over consecutive edges.
+
+    For each bin [edges[j], edges[j+1]) returns Σ_i w_i · |[s_i, e_i) ∩ bin|. With w = 1 and
+    dividing by the bin width it is the mean number of intervals open in the bin (requests in a
+    state, or the busy fraction of steps); with w = flops/duration it spreads each step's FLOPs
+    over the bins it overlaps.
+    """
+    out: F64 = np.diff(interval_cumulative(starts, ends, edges, weights))
+    return out
 
 
 def as_int(x: Any) -> int:
