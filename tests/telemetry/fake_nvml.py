@@ -49,6 +49,7 @@ class FakeGpu:
     buffer: dict[int, list[tuple[int, int]]] | None = field(default_factory=dict)
     gpm: bool = True
     gpm_counter: float = 0.0  # advanced by the test; a GPM sample records it
+    gpm_values: dict[int, float] | None = None  # metric id -> value over the next interval
     not_supported: set[str] = field(default_factory=set)  # function names that raise
 
 
@@ -61,6 +62,7 @@ class _Sample:
 @dataclass
 class _GpmSample:
     counter: float = 0.0
+    values: dict[int, float] | None = None
     freed: bool = False
 
 
@@ -84,7 +86,8 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
     """A module named `pynvml` with the functions of the real one that phaselens uses.
 
     GPM metric value (any id) = 10 x (sample2.counter - sample1.counter) + id, so a test can
-    tell which two samples were compared and that they were swapped correctly.
+    tell which two samples were compared and that they were swapped correctly; or, when the GPU
+    has `gpm_values`, the value it had when the interval's second sample was taken.
     """
     nv = types.ModuleType("pynvml")
     state: dict[str, Any] = {"init": False, "shutdown": 0, "calls": []}
@@ -183,6 +186,7 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
     def nvmlGpmSampleGet(h: FakeGpu, s: _GpmSample) -> _GpmSample:
         check(h, "nvmlGpmSampleGet")
         s.counter = h.gpm_counter
+        s.values = dict(h.gpm_values) if h.gpm_values is not None else None
         return s
 
     def c_nvmlGpmMetricsGet_t() -> _MetricsGet:
@@ -192,7 +196,10 @@ def make_fake(gpus: list[FakeGpu], init_error: int | None = None) -> types.Modul
         if r.version != 1 or r.sample1 is None or r.sample2 is None or r.sample1 is r.sample2:
             raise NVMLError(2)  # Invalid Argument, as the real call would
         for m in r.metrics[: r.numMetrics]:
-            m.value = 10.0 * (r.sample2.counter - r.sample1.counter) + m.metricId
+            if r.sample2.values is not None:
+                m.value = r.sample2.values.get(m.metricId, 0.0)
+            else:
+                m.value = 10.0 * (r.sample2.counter - r.sample1.counter) + m.metricId
             m.nvmlReturn = NVML_SUCCESS
         return r
 

@@ -103,6 +103,7 @@ class NvmlSource:
         self._gpm_why = ""
         start_us = clock.anchor_wall_ns // 1000
         self.devices = [self._open_device(i, start_us) for i in range(nv.nvmlDeviceGetCount())]
+        self._gpm_ok = any(d.gpm for d in self.devices)
 
     def _open_device(self, i: int, start_us: int) -> _Device:
         nv = self._nv
@@ -261,8 +262,8 @@ class NvmlSource:
         return []
 
     def statuses(self) -> dict[str, str]:
-        gpm_ok = any(d.gpm for d in self.devices)
-        return {SOURCE: "ok", GPM_SOURCE: "ok" if gpm_ok else f"unavailable: {self._gpm_why}"}
+        gpm = "ok" if self._gpm_ok else f"unavailable: {self._gpm_why}"
+        return {SOURCE: "ok", GPM_SOURCE: gpm}
 
     def close(self) -> None:
         nv = self._nv

@@ -64,6 +64,8 @@ class SmiSource:
         self._clock = clock
         self._lock = threading.Lock()
         self._pending: list[TelemetrySample] = []
+        self._lines = 0
+        self._closed = False
         self._proc = subprocess.Popen(
             list(cmd), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
         )
@@ -76,6 +78,7 @@ class SmiSource:
             samples = parse_smi_line(line, self._clock)
             with self._lock:
                 self._pending += samples
+                self._lines += 1 if samples else 0
 
     def tick(self) -> list[TelemetrySample]:
         with self._lock:
@@ -87,11 +90,14 @@ class SmiSource:
 
     def statuses(self) -> dict[str, str]:
         rc = self._proc.poll()
-        if rc is not None and rc != 0:
+        if rc is not None and not self._closed:
             return {SOURCE: f"unavailable: nvidia-smi exited with {rc}"}
+        if self._closed and self._lines == 0:
+            return {SOURCE: "unavailable: nvidia-smi printed no readable line"}
         return {SOURCE: "ok"}
 
     def close(self) -> None:
+        self._closed = True
         if self._proc.poll() is None:
             self._proc.terminate()
             try:
