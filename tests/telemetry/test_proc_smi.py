@@ -14,6 +14,7 @@ import pytest
 from phaselens.telemetry import proc, smi
 from phaselens.telemetry.clock import RunClock
 from phaselens.telemetry.source import Unavailable
+from phaselens.types import TelemetrySample
 
 
 @dataclass
@@ -79,8 +80,9 @@ def test_proc_source_sums_the_tree(tmp_path: Path) -> None:
     )
     clock.t = 1_000_000_000  # 1 s later, past the tree rescan period
     out = src.tick()
-    total = [s for s in out if s.metric == "host.cpu_pct"]
-    assert [(s.value, dict(s.labels)) for s in total] == [(pytest.approx(110.0), {"pid": "100"})]
+    (total,) = [s for s in out if s.metric == "host.cpu_pct"]
+    assert total.value == pytest.approx(110.0)
+    assert total.labels == {"pid": "100"}
     per = {s.labels["comm"]: s.value for s in out if s.metric == "host.proc_cpu_pct"}
     assert per == {
         "python3": pytest.approx(12.0),
@@ -116,11 +118,13 @@ def test_real_proc_reads_this_process() -> None:
 
 def test_listening_pid_on_fake_proc(tmp_path: Path) -> None:
     (tmp_path / "net").mkdir()
-    hdr = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    hdr = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid"
+    rest = "00000000:00000000 00:00000000 00000000  1000 0"
     (tmp_path / "net" / "tcp").write_text(
         hdr
-        + "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000 0 4242 1\n"
-        + "   1: 0100007F:1F90 0100007F:D000 01 00000000:00000000 00:00000000 00000000  1000 0 5555 1\n"
+        + "  timeout inode\n"
+        + f"   0: 0100007F:1F90 00000000:0000 0A {rest} 4242 1\n"  # LISTEN on 8080
+        + f"   1: 0100007F:1F90 0100007F:D000 01 {rest} 5555 1\n"  # an established one
     )
     for pid, inode in [(300, "4242"), (301, "4242"), (400, "9999")]:
         fd = tmp_path / str(pid) / "fd"
@@ -137,10 +141,12 @@ def test_parse_smi_line_hand_computed() -> None:
     import datetime as dt
 
     wall = dt.datetime(2026, 11, 29, 8, 41, 43, 123000).timestamp()  # local time, as printed
-    clock = StepClock(anchor_wall_ns=round(wall * 1e9) - 2_000_000_000, anchor_perf_ns=0)
+    clock = RunClock(
+        run_start_perf_ns=0, anchor_perf_ns=0, anchor_wall_ns=round(wall * 1e9) - 2 * 10**9
+    )
     out = smi.parse_smi_line(
         "2026/11/29 08:41:43.123, 1, 87, 41, 612.25, 1980, 2619, 71234\n", clock
-    )  # type: ignore[arg-type]
+    )
     assert {s.t_ns for s in out} == {2_000_000_000}
     assert {s.labels["gpu"] for s in out} == {"1"}
     got = {s.metric: s.value for s in out}
@@ -152,10 +158,10 @@ def test_parse_smi_line_hand_computed() -> None:
         "gpu.mem_clock_mhz": 2619.0,
         "gpu.mem_used_bytes": 71234 * 1024.0 * 1024.0,
     }
-    na = smi.parse_smi_line("2026/11/29 08:41:43.123, 0, 5, 1, [N/A], 1980, 2619, 10\n", clock)  # type: ignore[arg-type]
+    na = smi.parse_smi_line("2026/11/29 08:41:43.123, 0, 5, 1, [N/A], 1980, 2619, 10\n", clock)
     assert "gpu.power_w" not in {s.metric for s in na}
     assert len(na) == 5
-    assert smi.parse_smi_line("No devices were found\n", clock) == []  # type: ignore[arg-type]
+    assert smi.parse_smi_line("No devices were found\n", clock) == []
 
 
 FAKE_SMI = """#!{python}
@@ -179,7 +185,7 @@ def test_smi_loop_with_stand_in_binary(tmp_path: Path) -> None:
     run_start = time.perf_counter_ns()
     src = smi.open_smi(RunClock.start(run_start), 0.1, str(binary))
     deadline = time.perf_counter() + 20
-    got = []
+    got: list[TelemetrySample] = []
     while (
         time.perf_counter() < deadline and len([s for s in got if s.metric == "gpu.busy_pct"]) < 3
     ):
