@@ -31,8 +31,12 @@ def rec(
     toks = tuple(int(c * MS) for c in chunks_ms)
     cnts = tuple(counts) if counts is not None else tuple(1 for _ in toks)
     sent = None if status == "not_sent" else int((sched_ms if send_ms is None else send_ms) * MS)
-    end = None if status == "not_sent" else int(
-        (end_ms if end_ms is not None else (chunks_ms and max(chunks_ms)) or sched_ms) * MS
+    end = (
+        None
+        if status == "not_sent"
+        else int(
+            (end_ms if end_ms is not None else (chunks_ms and max(chunks_ms)) or sched_ms) * MS
+        )
     )
     return RequestRecord(
         id=i,
@@ -68,8 +72,9 @@ def make_run(
     )
 
 
-def util(t_s: float, value: float, metric: str = "gpu.sm_pct", source: str = "sim",
-         gpu: str = "g0") -> TelemetrySample:
+def util(
+    t_s: float, value: float, metric: str = "gpu.sm_pct", source: str = "sim", gpu: str = "g0"
+) -> TelemetrySample:
     """A GPU sample describing the bin that ends at t_s."""
     return TelemetrySample(int(round(t_s * S)), source, metric, value, {"gpu": gpu})
 

@@ -40,9 +40,9 @@ def schedule(
         return a[order]
 
     end = int(t.max(initial=0)) + 1
-    st = tuple(
-        StageInfo(i, r, int(a * S), int(b * S)) for i, (r, a, b) in enumerate(stages)
-    ) or (StageInfo(0, 1.0, 0, end),)
+    st = tuple(StageInfo(i, r, int(a * S), int(b * S)) for i, (r, a, b) in enumerate(stages)) or (
+        StageInfo(0, 1.0, 0, end),
+    )
     return Schedule(
         models=("m",),
         t_ns=t[order],
@@ -60,15 +60,18 @@ def schedule(
     )
 
 
-def deployment(
-    gpu: str = "H100-SXM", model: str = "llama-3-8b", **policy: object
-) -> Deployment:
+def deployment(gpu: str = "H100-SXM", model: str = "llama-3-8b", **policy: object) -> Deployment:
     return parse_deployment(
         {
             "gpus": [{"name": "g0", "type": gpu}],
             "engines": [
-                {"name": "e", "model": model, "serves": ["m"], "gpus": ["g0"],
-                 "policy": dict(policy)}
+                {
+                    "name": "e",
+                    "model": model,
+                    "serves": ["m"],
+                    "gpus": ["g0"],
+                    "policy": dict(policy),
+                }
             ],
         },
         "<scenario>",
@@ -86,8 +89,12 @@ def sim_run(
     res = simulate(sch, deploy or deployment())
     m: dict[str, Any] = {**res.manifest_extra, "status": "complete", "name": "scenario"}
     m["stages"] = [
-        {"index": s.index, "rate_scale": s.rate_scale, "t_start_ns": s.t_start_ns,
-         "t_end_ns": s.t_end_ns}
+        {
+            "index": s.index,
+            "rate_scale": s.rate_scale,
+            "t_start_ns": s.t_start_ns,
+            "t_end_ns": s.t_end_ns,
+        }
         for s in sch.stages
     ]
     m["spec"] = {"models": [{"name": "m", "prefix": {"groups": 1} if prefix else None}]}
