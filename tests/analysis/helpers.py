@@ -76,8 +76,8 @@ def util(
     t_s: float, value: float, metric: str = "gpu.sm_pct", source: str = "sim", gpu: str = "g0"
 ) -> TelemetrySample:
     """A GPU sample describing the bin that ends at t_s."""
-    return TelemetrySample(int(round(t_s * S)), source, metric, value, {"gpu": gpu})
+    return TelemetrySample(round(t_s * S), source, metric, value, {"gpu": gpu})
 
 
 def eng(t_s: float, metric: str, value: float, engine: str = "e0") -> TelemetrySample:
-    return TelemetrySample(int(round(t_s * S)), "sim", metric, value, {"engine": engine})
+    return TelemetrySample(round(t_s * S), "sim", metric, value, {"engine": engine})

@@ -27,7 +27,11 @@ def test_multi_token_chunks_split_the_gap_per_token() -> None:
     # scheduled 0, sent 5; chunks at 100 (1 token), 110 (1), 130 (2 tokens), 160 (3 tokens)
     r = rec(0, 0, send_ms=5, chunks_ms=[100, 110, 130, 160], counts=[1, 1, 2, 3], end_ms=161)
     rt = request_table(make_run([r]).requests)
-    assert sorted(zip(rt.itl_ms.tolist(), rt.itl_w.tolist())) == [(10.0, 1), (10.0, 2), (10.0, 3)]
+    assert sorted(zip(rt.itl_ms.tolist(), rt.itl_w.tolist(), strict=True)) == [
+        (10.0, 1),
+        (10.0, 2),
+        (10.0, 3),
+    ]
     row = rt.frame.row(0, named=True)
     assert row["ttft_ms"] == 100.0
     assert row["ttft_from_send_ms"] == 95.0
@@ -55,7 +59,7 @@ def test_first_chunk_with_several_tokens_and_empty_chunks() -> None:
     # first chunk carries 3 tokens (no ITL for them), a 0-token chunk (e.g. usage-only) is ignored
     r = rec(0, 0, chunks_ms=[50, 70, 75, 90], counts=[3, 1, 0, 2])
     rt = request_table(make_run([r]).requests)
-    assert sorted(zip(rt.itl_ms.tolist(), rt.itl_w.tolist())) == [(10.0, 2), (20.0, 1)]
+    assert sorted(zip(rt.itl_ms.tolist(), rt.itl_w.tolist(), strict=True)) == [(10.0, 2), (20.0, 1)]
     assert rt.frame["tpot_ms"][0] == pytest.approx(40.0 / 5)
 
 
@@ -142,7 +146,9 @@ def test_interval_integral_matches_brute_force(pairs: list[tuple[int, int]]) -> 
     edges = np.arange(0, 61, 10, dtype=np.float64)
     got = interval_integral(s, e, edges)
     want = [
-        sum(max(0.0, min(ei, edges[j + 1]) - max(si, edges[j])) for si, ei in zip(s, e))
+        sum(
+            max(0.0, min(ei, edges[j + 1]) - max(si, edges[j])) for si, ei in zip(s, e, strict=True)
+        )
         for j in range(len(edges) - 1)
     ]
     assert np.allclose(got, want)
