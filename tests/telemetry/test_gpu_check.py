@@ -74,7 +74,9 @@ def test_gpu_check_tells_the_phases_apart_with_fakes(
     gpu = FakeGpu(buffer=None, gpm_values={})
     fake = make_fake([gpu])
     monkeypatch.setitem(sys.modules, "torch", _fake_torch(gpu))
-    monkeypatch.setitem(sampler.SOURCES, "gpu", lambda spec, clock: [nvml.open_nvml(clock, fake)])
+    monkeypatch.setitem(
+        sampler.SOURCES, "gpu", lambda spec, clock, interval: [nvml.open_nvml(clock, fake)]
+    )
     check = _load_gpu_check()
     monkeypatch.setattr(check, "_import_sampler", lambda: (sampler, "thread"))
     monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--seconds", "1.5", "--out", str(tmp_path)])

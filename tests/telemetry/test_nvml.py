@@ -189,7 +189,7 @@ def test_real_import_or_init_fails_cleanly_without_a_gpu() -> None:
     """The real package (installed or not) on a machine without a GPU: one line, no raise."""
     from phaselens.telemetry.clock import RunClock
 
-    sources, statuses = open_sources([SourceSpec("gpu", quiet=True)], RunClock.start(0))
+    sources, statuses = open_sources([SourceSpec("gpu")], RunClock.start(0))
     assert [s for s in sources if s.name == "nvml"] == []
     why = statuses["nvml"]
     assert why.startswith("unavailable: ")

@@ -299,12 +299,12 @@ def test_parse_spec_auto_finds_the_local_engine_pid(target: Target) -> None:
     import os
 
     specs = parse_spec(None, [target.base, "http://10.1.2.3:8000/v1"])
-    assert specs[0] == SourceSpec("gpu", quiet=True)
+    assert specs[0] == SourceSpec("gpu")
     assert SourceSpec("engine", target.url) in specs
     assert SourceSpec("engine", "http://10.1.2.3:8000/metrics") in specs
     # the test's own process is listening on the target port
-    assert SourceSpec("cpu", str(os.getpid()), quiet=True) in specs
-    assert parse_spec("auto", ["sim"]) == (SourceSpec("gpu", quiet=True),)
+    assert SourceSpec("cpu", str(os.getpid())) in specs
+    assert parse_spec("auto", ["sim"]) == (SourceSpec("gpu"),)
 
 
 @pytest.mark.parametrize(
@@ -334,3 +334,51 @@ def test_metrics_url_drops_the_openai_path() -> None:
     assert metrics_url("https://api.example:443/") == "https://api.example:443/metrics"
     with pytest.raises(InputError):
         metrics_url("127.0.0.1:8000")
+
+
+class Flaky(Heartbeat):
+    """Raises on its second tick (an error type no source expects), works otherwise."""
+
+    name = "flaky"
+
+    def __init__(self, run_start: int) -> None:
+        super().__init__(run_start)
+        self.ticks = 0
+
+    def tick(self) -> list[TelemetrySample]:
+        self.ticks += 1
+        if self.ticks == 2:
+            raise ZeroDivisionError("a bug in a source")
+        return [TelemetrySample(time.perf_counter_ns() - self.run_start, "test", "flaky", 1.0)]
+
+
+def test_a_source_that_raises_skips_one_tick_only(capsys: pytest.CaptureFixture[str]) -> None:
+    run_start = time.perf_counter_ns()
+    flaky = Flaky(run_start)
+    got: list[TelemetrySample] = []
+    handle = start_sources([flaky], 0.05, got.extend, run_start)
+    time.sleep(0.5)
+    assert handle.stop() == {"flaky": "ok"}
+    assert flaky.ticks >= 4
+    assert len([s for s in got if s.metric == "flaky"]) == flaky.ticks - 1
+    err = capsys.readouterr().err
+    assert "flaky: tick failed" in err and "ZeroDivisionError" in err
+
+
+def test_killed_sampler_process_is_reported(target: Target) -> None:
+    got: list[TelemetrySample] = []
+    handle = start_telemetry("engine", [target.base], 0.1, time.perf_counter_ns(), got.extend)
+    assert handle.wait_ready(30.0)
+    time.sleep(0.3)
+    assert handle._process is not None
+    handle._process.kill()
+    time.sleep(0.3)
+    assert handle.stop() == {f"engine@{target.url}": "unavailable: the sampler process died"}
+    assert any(s.metric == "scrape.ok" for s in got)  # what arrived before is kept
+
+
+def test_none_starts_nothing() -> None:
+    handle = start_telemetry("none", ["http://127.0.0.1:8000/v1"], 0.1, 0, lambda b: None)
+    assert handle.wait_ready(0.0)
+    assert handle._process is None
+    assert handle.stop() == {}

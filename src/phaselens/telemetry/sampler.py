@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,33 +45,33 @@ class SourceSpec:
 
     kind: str
     arg: str = ""
-    quiet: bool = False  # auto-detected: a missing GPU is reported, not an error
 
 
-def _open_gpu(spec: SourceSpec, clock: RunClock) -> list[Source]:
+def _open_gpu(spec: SourceSpec, clock: RunClock, interval_s: float) -> list[Source]:
     from phaselens.telemetry import nvml
 
     return [nvml.open_nvml(clock)]
 
 
-def _open_smi(spec: SourceSpec, clock: RunClock) -> list[Source]:
+def _open_smi(spec: SourceSpec, clock: RunClock, interval_s: float) -> list[Source]:
     from phaselens.telemetry import smi
 
-    return [smi.open_smi(clock, interval_s=float(spec.arg or "0.1"))]
+    return [smi.open_smi(clock, interval_s)]
 
 
-def _open_scrape(spec: SourceSpec, clock: RunClock) -> list[Source]:
+def _open_scrape(spec: SourceSpec, clock: RunClock, interval_s: float) -> list[Source]:
     return [ScrapeSource(spec.arg, spec.kind, clock)]
 
 
-def _open_cpu(spec: SourceSpec, clock: RunClock) -> list[Source]:
+def _open_cpu(spec: SourceSpec, clock: RunClock, interval_s: float) -> list[Source]:
     from phaselens.telemetry import proc
 
     return [proc.open_proc(int(spec.arg), clock)]
 
 
-# kind -> opener; an opener raises Unavailable with the reason when it cannot start.
-SOURCES: dict[str, Callable[[SourceSpec, RunClock], list[Source]]] = {
+# kind -> opener(spec, clock, interval_s); an opener raises Unavailable with the reason.
+Opener = Callable[[SourceSpec, RunClock, float], list[Source]]
+SOURCES: dict[str, Opener] = {
     "gpu": _open_gpu,
     "smi": _open_smi,
     "engine": _open_scrape,
@@ -90,10 +91,10 @@ def parse_spec(spec: str | None, targets: Sequence[str]) -> tuple[SourceSpec, ..
     `engine=URL` for a /metrics URL of its own, `none` for nothing. Bad values: InputError."""
     http_targets = [t for t in targets if urllib.parse.urlsplit(t).scheme in ("http", "https")]
     if spec is None or spec.strip() == "auto":
-        out = [SourceSpec("gpu", quiet=True)]
+        out = [SourceSpec("gpu")]
         out += [SourceSpec("engine", metrics_url(t)) for t in http_targets]
-        out += [SourceSpec("cpu", str(pid), quiet=True) for pid in _local_pids(http_targets)]
-        return tuple(out)
+        out += [SourceSpec("cpu", str(pid)) for pid in _local_pids(http_targets)]
+        return tuple(dict.fromkeys(out))
     items = [x.strip() for x in spec.split(",") if x.strip()]
     if items == ["none"] or items == ["off"]:
         return ()
@@ -130,7 +131,7 @@ def parse_spec(spec: str | None, targets: Sequence[str]) -> tuple[SourceSpec, ..
             raise InputError(f"--telemetry: {kind} takes no value (got {item!r})")
         else:
             out.append(SourceSpec(kind))
-    return tuple(out)
+    return tuple(dict.fromkeys(out))  # a source named twice runs once
 
 
 def _local_pids(http_targets: Sequence[str]) -> list[int]:
@@ -157,15 +158,13 @@ def open_sources(
     sources: list[Source] = []
     statuses: dict[str, str] = {}
     for spec in specs:
-        if spec.kind == "smi" and not spec.arg:
-            spec = SourceSpec("smi", str(interval_s), spec.quiet)
         try:
-            sources += SOURCES[spec.kind](spec, clock)
+            sources += SOURCES[spec.kind](spec, clock, interval_s)
         except Unavailable as e:
             statuses[_status_key(spec)] = f"unavailable: {e}"
             if spec.kind == "gpu" and shutil.which("nvidia-smi"):
                 try:
-                    sources += _open_smi(SourceSpec("smi", str(interval_s)), clock)
+                    sources += SOURCES["smi"](SourceSpec("smi"), clock, interval_s)
                 except Unavailable as e2:
                     statuses["smi"] = f"unavailable: {e2}"
     for s in sources:
@@ -180,11 +179,28 @@ def _source_loop(
     out: queue.SimpleQueue[list[TelemetrySample]],
     run_start_perf_ns: int,
 ) -> None:
-    """Tick on a fixed grid; slots lost to an overrunning tick are reported via `missed`."""
+    """Tick on a fixed grid; slots lost to an overrunning tick are reported via `missed`.
+
+    A tick that raises (a bug, an error type a source did not expect) is reported once on
+    stderr and skipped: one broken reading must not end the source or the run.
+    """
     clock_next = time.perf_counter_ns()
+    reported = False
+
+    def tick() -> list[TelemetrySample]:
+        nonlocal reported
+        try:
+            return source.tick()
+        except Exception:
+            if not reported:
+                reported = True
+                print(f"phaselens telemetry: {source.name}: tick failed", file=sys.stderr)
+                traceback.print_exc()
+            return []
+
     try:
         while True:
-            batch = source.tick()
+            batch = tick()
             clock_next += interval_ns
             now = time.perf_counter_ns()
             while clock_next <= now:  # the tick overran one or more slots
@@ -194,7 +210,7 @@ def _source_loop(
                 out.put(batch)
             if stop.wait((clock_next - now) / 1e9):
                 break
-        out.put(source.tick())  # a last tick at stop, so counters cover the whole run
+        out.put(tick())  # a last tick at stop, so counters cover the whole run
     finally:
         source.close()
 
@@ -237,22 +253,35 @@ def run_sampling(
 
 
 class TelemetryHandle:
-    """A running sampler. `stop()` ends it and returns per source "ok" or "unavailable: why"."""
+    """A running sampler. `stop()` ends it and returns per source "ok" or "unavailable: why".
 
-    def __init__(self) -> None:
+    Delivers batches to the sink from one thread; an exception from the sink stops delivery and
+    is re-raised by `stop()` (the sampler must not lose data silently).
+    """
+
+    def __init__(self, sink: Sink) -> None:
+        self._sink = sink
         self._statuses: dict[str, str] = {}
-        self._stop_thread: threading.Event = threading.Event()
-        self._process: subprocess.Popen[bytes] | None = None
-        self._thread: threading.Thread | None = None
-        self._sink_error: BaseException | None = None
         self._lock = threading.Lock()
         self._ready = threading.Event()
+        self._stop = threading.Event()  # thread mode: the sources' stop signal
+        self._sink_error: Exception | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._thread: threading.Thread | None = None
 
     def _set_statuses(self, statuses: dict[str, str], ready: bool = True) -> None:
         with self._lock:
             self._statuses.update(statuses)
         if ready:
             self._ready.set()
+
+    def _deliver(self, batch: list[TelemetrySample]) -> None:
+        if self._sink_error is not None:
+            return
+        try:
+            self._sink(batch)
+        except Exception as e:
+            self._sink_error = e
 
     def wait_ready(self, timeout_s: float = 10.0) -> bool:
         """Block until every source has opened (the sampler process takes ~1 s to start)."""
@@ -265,7 +294,8 @@ class TelemetryHandle:
             return dict(self._statuses)
 
     def stop(self, timeout_s: float = SCRAPE_TIMEOUT_S + 5.0) -> dict[str, str]:
-        self._stop_thread.set()
+        """Take a last sample of every source, wait for the sampler, return the statuses."""
+        self._stop.set()
         proc = self._process
         if proc is not None and proc.stdin is not None:
             with contextlib.suppress(OSError):
@@ -282,39 +312,48 @@ class TelemetryHandle:
             raise RuntimeError(f"telemetry sink failed: {self._sink_error}") from self._sink_error
         return self.statuses
 
+    def _run_in_thread(self, sources: Sequence[Source], interval_s: float, start_ns: int) -> None:
+        run_sampling(sources, interval_s, self._stop, self._deliver, start_ns)
+        final: dict[str, str] = {}
+        for s in sources:
+            final.update(s.statuses())
+        self._set_statuses(final)
 
-def _safe_sink(handle: TelemetryHandle, sink: Sink) -> Sink:
-    def call(batch: list[TelemetrySample]) -> None:
-        if handle._sink_error is not None:
-            return
-        try:
-            sink(batch)
-        except Exception as e:  # kept and re-raised by stop(): the sampler must not die silently
-            handle._sink_error = e
-
-    return call
+    def _receive(self, stream: IO[bytes]) -> None:
+        """Turn the worker's frames into samples for the sink, until it is done or dies."""
+        while True:
+            try:
+                kind, payload = pickle.load(stream)
+            except (EOFError, OSError, pickle.UnpicklingError):
+                with self._lock:
+                    for k, v in self._statuses.items():
+                        if v == "ok":
+                            self._statuses[k] = "unavailable: the sampler process died"
+                self._ready.set()
+                return
+            if kind == "samples":
+                self._deliver([TelemetrySample(t, src, m, v, lab) for t, src, m, v, lab in payload])
+            elif kind == "status":
+                self._set_statuses(payload)
+            elif kind == "done":
+                return
 
 
 def start_sources(
     sources: Sequence[Source], interval_s: float, sink: Sink, run_start_perf_ns: int
 ) -> TelemetryHandle:
     """Run already-opened sources in this process (tests, and `mode="thread"`)."""
-    handle = TelemetryHandle()
+    handle = TelemetryHandle(sink)
     statuses: dict[str, str] = {}
     for s in sources:
         statuses.update(s.statuses())
     handle._set_statuses(statuses)
-
-    def run() -> None:
-        run_sampling(
-            sources, interval_s, handle._stop_thread, _safe_sink(handle, sink), run_start_perf_ns
-        )
-        final: dict[str, str] = {}
-        for s in sources:
-            final.update(s.statuses())
-        handle._set_statuses(final)
-
-    handle._thread = threading.Thread(target=run, name="telemetry-dispatch", daemon=True)
+    handle._thread = threading.Thread(
+        target=handle._run_in_thread,
+        args=(sources, interval_s, run_start_perf_ns),
+        name="telemetry-dispatch",
+        daemon=True,
+    )
     handle._thread.start()
     return handle
 
@@ -326,7 +365,7 @@ def worker_main(argv: Sequence[str]) -> None:
     stderr so a stray print cannot corrupt them); stdin closing (the parent stopping, or dying)
     is the stop signal.
     """
-    specs = tuple(SourceSpec(k, a, q) for k, a, q in json.loads(argv[0]))
+    specs = tuple(SourceSpec(k, a) for k, a in json.loads(argv[0]))
     interval_s, run_start_perf_ns = float(argv[1]), int(argv[2])
     chan = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
@@ -340,8 +379,15 @@ def worker_main(argv: Sequence[str]) -> None:
     threading.Thread(target=wait_eof, daemon=True).start()
 
     def send(kind: str, payload: Any) -> None:
-        pickle.dump((kind, payload), chan, protocol=pickle.HIGHEST_PROTOCOL)
-        chan.flush()
+        if chan.closed:
+            return
+        try:
+            pickle.dump((kind, payload), chan, protocol=pickle.HIGHEST_PROTOCOL)
+            chan.flush()
+        except OSError:  # the parent is gone: stop quietly
+            stop.set()
+            with contextlib.suppress(OSError):
+                chan.close()
 
     clock = RunClock.start(run_start_perf_ns)
     sources, statuses = open_sources(specs, clock, interval_s)
@@ -356,27 +402,8 @@ def worker_main(argv: Sequence[str]) -> None:
         final.update(s.statuses())
     send("status", final)
     send("done", None)
-    chan.close()
-
-
-def _receive(handle: TelemetryHandle, stream: IO[bytes], sink: Sink) -> None:
-    call = _safe_sink(handle, sink)
-    while True:
-        try:
-            kind, payload = pickle.load(stream)
-        except (EOFError, OSError, pickle.UnpicklingError):
-            with handle._lock:
-                for k, v in handle._statuses.items():
-                    if v == "ok":
-                        handle._statuses[k] = "unavailable: the sampler process died"
-            handle._ready.set()
-            return
-        if kind == "samples":
-            call([TelemetrySample(t, src, m, v, lab) for t, src, m, v, lab in payload])
-        elif kind == "status":
-            handle._set_statuses(payload)
-        elif kind == "done":
-            return
+    with contextlib.suppress(OSError):
+        chan.close()
 
 
 def start_telemetry(
@@ -390,6 +417,8 @@ def start_telemetry(
     """Start sampling. `spec` is `--telemetry` (see parse_spec); `targets` the run's target
     URLs; each sample is stamped `perf_counter_ns() - run_start_perf_ns`; `sink` is called from
     one sampler thread with batches. Bad spec or interval: InputError, before anything starts.
+    `mode="process"` samples in a child process (the default: keeps the GIL free for the
+    driver), `mode="thread"` in this one.
     """
     if not interval_s > 0:
         raise InputError(f"--telemetry-interval must be > 0 seconds (got {interval_s})")
@@ -402,23 +431,24 @@ def start_telemetry(
         handle = start_sources(sources, interval_s, sink, run_start_perf_ns)
         handle._set_statuses(statuses)
         return handle
-    handle = TelemetryHandle()
+    handle = TelemetryHandle(sink)
+    if not specs:  # --telemetry none
+        handle._set_statuses({})
+        return handle
     handle._set_statuses(
         {_status_key(s): "unavailable: the sampler process did not start" for s in specs},
         ready=False,
     )
-    args = [json.dumps([[s.kind, s.arg, s.quiet] for s in specs]), repr(interval_s)]
-    handle._process = subprocess.Popen(
-        [sys.executable, "-m", "phaselens.telemetry.worker", *args, str(run_start_perf_ns)],
+    args = [json.dumps([[s.kind, s.arg] for s in specs]), repr(interval_s), str(run_start_perf_ns)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phaselens.telemetry.worker", *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
-    assert handle._process.stdout is not None
+    assert proc.stdout is not None
+    handle._process = proc
     handle._thread = threading.Thread(
-        target=_receive,
-        args=(handle, handle._process.stdout, sink),
-        name="telemetry-receive",
-        daemon=True,
+        target=handle._receive, args=(proc.stdout,), name="telemetry-receive", daemon=True
     )
     handle._thread.start()
     return handle

@@ -128,10 +128,9 @@ class ScrapeSource:
             self._conn = None
 
     def statuses(self) -> dict[str, str]:
-        if self.ok_count:
+        if self.ok_count or not self.missing_count:  # not tried yet counts as opened fine
             return {self.name: "ok"}
-        why = self.last_error or "not scraped yet"
-        return {self.name: f"unavailable: no successful scrape ({why})"}
+        return {self.name: f"unavailable: no successful scrape ({self.last_error})"}
 
     def close(self) -> None:
         self._drop_connection()
