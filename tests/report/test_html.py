@@ -61,7 +61,21 @@ def test_self_contained_and_plots_have_data(make_run: Callable[..., Run], tmp_pa
     names = trace_names(tl)
     for expected in ("llama-8b", "llama-70b", "SM %", "DRAM BW %", "KV usage %", "decoding"):
         assert expected in names, expected
-    assert any(n.endswith("bins") for n in names)  # prefill/decode shading
+    # prefill/decode shading: for a short run every labelled 100 ms bin is shaded exactly
+    from phaselens.analysis.latency import request_table
+    from phaselens.analysis.phases import build_timeline
+
+    bins = build_timeline(
+        run.manifest, request_table(run.requests), run.telemetry, run.steps
+    ).bins
+    shaded = {t["name"]: t for t in tl["data"] if str(t.get("name", "")).endswith("-heavy")}
+    assert shaded
+    for name, t in shaded.items():
+        lab = name.removesuffix("-heavy")
+        xs = values(t, "x").reshape(-1, 6)[:, :2]  # polygons: x0, x1, x1, x0, x0, gap
+        width = float(np.sum(xs[:, 1] - xs[:, 0]))
+        n_bins = int((bins["label"] == lab).sum())
+        assert width == pytest.approx(n_bins * 0.1, abs=1e-6), lab
     assert all(n_points(t) > 0 for t in tl["data"])
     # arrivals (req/s per bin) integrate back to every planned request of that model
     for t in tl["data"][:2]:

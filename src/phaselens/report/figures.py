@@ -25,13 +25,12 @@ F64 = npt.NDArray[np.float64]
 # Colours: one per model (Okabe-Ito, colour-blind safe), and one per phase label.
 MODEL_COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")
 PHASE_COLORS = {
-    "prefill": "rgba(230,120,20,0.22)",
-    "decode": "rgba(0,114,178,0.14)",
-    "mixed": "rgba(150,80,170,0.16)",
+    "prefill": "rgba(230,120,20,0.25)",
+    "decode": "rgba(0,114,178,0.10)",
+    "mixed": "rgba(150,80,170,0.12)",
     "idle": "rgba(120,120,120,0.10)",
 }
 UTIL_COLORS = {"SM %": "#D55E00", "DRAM BW %": "#0072B2", "busy %": "#7f7f7f"}
-FINDING_FILL = "rgba(220,30,30,0.10)"
 
 MAX_LINE_POINTS = 3000  # per time series, after min/max decimation
 MAX_DOTS = 20_000  # TTFT dots in the timeline, all models together
@@ -61,6 +60,8 @@ class Series:
     name: str
     t_s: F64
     v: F64
+    lo: F64 | None = None  # min per bucket, when the series was bucketed
+    hi: F64 | None = None  # max per bucket
 
 
 @dataclass
@@ -77,7 +78,7 @@ class TimelineData:
     kv: Sequence[Series]
     ttft: Mapping[str, tuple[F64, F64]]  # per model: (start s, TTFT ms)
     stages: Sequence[Mapping[str, Any]]  # manifest stages
-    windows: Sequence[tuple[float, float, str]]  # finding windows (t0, t1, code)
+    windows: Sequence[tuple[float, float, str, str, str]]  # (t0, t1, code, severity, title)
     slo_ttft_ms: float | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -155,22 +156,122 @@ def _rects(spans: Sequence[tuple[float, float]], lo: float, hi: float) -> tuple[
     return np.array(xs, dtype=np.float64), np.array(ys, dtype=np.float64)
 
 
+SEVERITY_COLORS = {"critical": "#c62828", "warning": "#e69f00", "info": "#0072B2"}
+ROW_TITLES = (
+    "Arrivals (requests/s) per model",
+    "Requests in flight",
+    "GPU utilization % (shaded: prefill-heavy / decode-heavy time)",
+    "KV cache usage %",
+    "TTFT (ms) of each request at its start time",
+    "Findings: when each one applies (hover for the title)",
+)
+
+
+def bucket_stats(t: F64, v: F64, width: float) -> tuple[F64, F64, F64, F64]:
+    """Mean, min and max of `v` per `width`-second bucket (NaNs ignored; empty buckets dropped)."""
+    ok = np.isfinite(v)
+    t, v = t[ok], v[ok]
+    if t.shape[0] == 0:
+        e = np.empty(0)
+        return e, e, e, e
+    b = np.floor(t / width).astype(np.int64)
+    uniq, inv = np.unique(b, return_inverse=True)
+    cnt = np.bincount(inv)
+    mean = np.bincount(inv, weights=v) / cnt
+    lo = np.full(uniq.shape[0], np.inf)
+    hi = np.full(uniq.shape[0], -np.inf)
+    np.minimum.at(lo, inv, v)
+    np.maximum.at(hi, inv, v)
+    return (uniq.astype(np.float64) + 0.5) * width, mean, lo, hi
+
+
+def coarse_phase_spans(t_s: F64, labels: Any, width: float) -> list[tuple[float, float, str]]:
+    """Majority phase label per `width`-second bucket (idle only when nothing ran), merged."""
+    if t_s.shape[0] == 0:
+        return []
+    b = np.floor(t_s / width).astype(np.int64)
+    n = int(b.max()) + 1
+    lab = np.asarray(labels).astype(str)
+    counts = {k: np.bincount(b[lab == k], minlength=n) for k in ("prefill", "decode", "mixed")}
+    stack = np.vstack([counts["prefill"], counts["decode"], counts["mixed"]])
+    names = np.array(["prefill", "decode", "mixed"])
+    best = names[np.argmax(stack, axis=0)]
+    best = np.where(stack.sum(axis=0) > 0, best, "idle")
+    out: list[tuple[float, float, str]] = []
+    for i, name in enumerate(best.tolist()):
+        t0, t1 = i * width, (i + 1) * width
+        if out and out[-1][2] == name:
+            out[-1] = (out[-1][0], t1, name)
+        else:
+            out.append((t0, t1, name))
+    return out
+
+
+def _line(
+    fig: go.Figure, s: Series, row: int, color: str | None, dash: str = "solid", fmt: str = ".0f"
+) -> None:
+    """A series, with its min–max band when it was bucketed."""
+    name = esc(s.name)
+    if s.lo is not None and s.hi is not None:
+        fig.add_trace(
+            go.Scatter(
+                x=s.t_s,
+                y=s.lo,
+                line={"width": 0},
+                hoverinfo="skip",
+                showlegend=False,
+                legendgroup=name,
+                mode="lines",
+            ),
+            row=row,
+            col=1,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=s.t_s,
+                y=s.hi,
+                line={"width": 0},
+                fill="tonexty",
+                hoverinfo="skip",
+                fillcolor=_alpha(color or "#888888", 0.18),
+                showlegend=False,
+                legendgroup=name,
+                mode="lines",
+            ),
+            row=row,
+            col=1,
+        )
+    t, v, _ = decimate(s.t_s, s.v)
+    fig.add_trace(
+        go.Scatter(
+            x=t,
+            y=v,
+            name=name,
+            legendgroup=name,
+            line={"color": color, "dash": dash, "width": 1.5},
+            hovertemplate="%{y:" + fmt + "}<extra>" + name + "</extra>",
+        ),
+        row=row,
+        col=1,
+    )
+
+
+def _alpha(hex_color: str, a: float) -> str:
+    h = hex_color.lstrip("#")
+    r, g, b = int(h[0:2], 16), int(h[2:4], 16), int(h[4:6], 16)
+    return f"rgba({r},{g},{b},{a})"
+
+
 def timeline_figure(d: TimelineData) -> go.Figure:
     """The shared-axis story: arrivals -> queue/batch -> utilization by phase -> KV -> TTFT."""
-    titles = (
-        "Arrivals (requests/s) per model",
-        "Requests in flight",
-        "GPU utilization % (shaded: prefill / decode bins)",
-        "KV cache usage %",
-        "TTFT (ms) of each request at its start time",
-    )
+    n_find = len(d.windows)
     fig = make_subplots(
-        rows=5,
+        rows=6,
         cols=1,
         shared_xaxes=True,
-        vertical_spacing=0.045,
-        subplot_titles=titles,
-        row_heights=[0.17, 0.19, 0.26, 0.14, 0.24],
+        vertical_spacing=0.04,
+        subplot_titles=ROW_TITLES,
+        row_heights=[0.15, 0.16, 0.25, 0.12, 0.22, 0.04 + 0.025 * max(1, n_find)],
     )
     # 1. arrivals
     w = nice_bin(d.duration_s)
@@ -195,84 +296,49 @@ def timeline_figure(d: TimelineData) -> go.Figure:
     if not d.arrivals_s:
         _no_data(fig, "no requests", row=1)
     # 2. in flight
-    styles = [
-        ("#E69F00", "solid"),
-        ("#009E73", "solid"),
-        ("#CC79A7", "dot"),
-        ("#555555", "dot"),
-    ]
+    styles = [("#E69F00", "solid"), ("#009E73", "solid"), ("#CC79A7", "dot"), ("#555555", "dot")]
     for k, s in enumerate([*d.inflight, *d.engine_queue]):
         color, dash = styles[k % len(styles)]
-        t, v, _ = decimate(s.t_s, s.v)
-        fig.add_trace(
-            go.Scatter(
-                x=t,
-                y=v,
-                name=esc(s.name),
-                line={"color": color, "dash": dash, "width": 1.5},
-                hovertemplate="%{y:.0f}<extra>" + esc(s.name) + "</extra>",
-            ),
-            row=2,
-            col=1,
-        )
+        _line(fig, s, 2, color, dash)
     # 3. utilization with phase shading
     if d.util:
         by_label: dict[str, list[tuple[float, float]]] = {}
         for t0, t1, lab in d.phase_spans:
-            by_label.setdefault(lab, []).append((t0, t1))
-        for lab, spans in by_label.items():
-            xs, ys = _rects(spans, 0.0, 100.0)
+            if lab != "idle":
+                by_label.setdefault(lab, []).append((t0, t1))
+        for lab in ("prefill", "decode", "mixed"):
+            if lab not in by_label:
+                continue
+            xs, ys = _rects(by_label[lab], 0.0, 100.0)
             fig.add_trace(
                 go.Scatter(
                     x=xs,
                     y=ys,
                     fill="toself",
                     mode="none",
-                    fillcolor=PHASE_COLORS.get(lab, "rgba(0,0,0,0.05)"),
-                    name=f"{esc(lab)} bins",
+                    fillcolor=PHASE_COLORS[lab],
+                    name=f"{lab}-heavy",
                     hoverinfo="skip",
                 ),
                 row=3,
                 col=1,
             )
         for s in d.util:
-            t, v, _ = decimate(s.t_s, s.v)
-            fig.add_trace(
-                go.Scatter(
-                    x=t,
-                    y=v,
-                    name=esc(s.name),
-                    line={"color": UTIL_COLORS.get(s.name.split(" [")[0]), "width": 1.4},
-                    hovertemplate="%{y:.0f}%<extra>" + esc(s.name) + "</extra>",
-                ),
-                row=3,
-                col=1,
-            )
+            _line(fig, s, 3, UTIL_COLORS.get(s.name.split(" [")[0]))
         fig.update_yaxes(range=[0, 102], row=3, col=1)
     else:
         _no_data(fig, "no GPU telemetry in this run", row=3)
     # 4. KV
     if d.kv:
         for s in d.kv:
-            t, v, _ = decimate(s.t_s, s.v)
-            fig.add_trace(
-                go.Scatter(
-                    x=t,
-                    y=v,
-                    name=esc(s.name),
-                    line={"color": "#8c564b", "width": 1.4},
-                    hovertemplate="%{y:.0f}%<extra>" + esc(s.name) + "</extra>",
-                ),
-                row=4,
-                col=1,
-            )
+            _line(fig, s, 4, "#8c564b")
         fig.update_yaxes(range=[0, 102], row=4, col=1)
     else:
         _no_data(fig, "no KV cache telemetry in this run", row=4)
     # 5. TTFT dots
     n_dots = sum(int(x.shape[0]) for x, _ in d.ttft.values())
     rng = np.random.default_rng(0)
-    any_dots = False
+    all_y: list[F64] = []
     for i, m in enumerate(d.models):
         if m not in d.ttft:
             continue
@@ -283,10 +349,10 @@ def timeline_figure(d: TimelineData) -> go.Figure:
         x, y, thinned = sample_dots(x, y, keep, rng)
         if thinned and not any(n.startswith("TTFT dots") for n in d.notes):
             d.notes.append(
-                f"TTFT dots: {n_dots:,} requests, showing {MAX_DOTS:,} "
+                f"TTFT dots: {n_dots:,} requests, showing about {MAX_DOTS:,} "
                 "(every request in the slowest 1% plus a seeded uniform sample of the rest)."
             )
-        any_dots = True
+        all_y.append(y)
         fig.add_trace(
             go.Scatter(
                 x=x,
@@ -294,31 +360,64 @@ def timeline_figure(d: TimelineData) -> go.Figure:
                 mode="markers",
                 name=esc(m),
                 legendgroup=f"m{i}",
-                showlegend=False,
                 marker={"color": model_color(i), "size": 4, "opacity": 0.6},
                 hovertemplate="t=%{x:.2f}s TTFT=%{y:.0f} ms<extra>" + esc(m) + "</extra>",
             ),
             row=5,
             col=1,
         )
-    if not any_dots:
+    log_ttft = False
+    if all_y:
+        ys = np.concatenate(all_y)
+        med = float(np.median(ys))
+        log_ttft = med > 0 and float(ys.max()) / med > 30
+        if log_ttft:
+            fig.update_yaxes(type="log", row=5, col=1)
+    else:
         _no_data(fig, "no request produced a first token", row=5)
     if d.slo_ttft_ms is not None:
         fig.add_hline(
-            y=d.slo_ttft_ms,
-            line={"color": "#c00", "dash": "dash", "width": 1},
-            annotation_text=f"TTFT SLO {d.slo_ttft_ms:g} ms",
-            annotation_position="top left",
-            annotation_font={"color": "#c00", "size": 10},
-            row=5,
-            col=1,
+            y=d.slo_ttft_ms, line={"color": "#c00", "dash": "dash", "width": 1}, row=5, col=1
         )
-    if any_dots:
-        ys = np.concatenate([y for _, y in d.ttft.values() if y.shape[0]])
-        med = float(np.median(ys))
-        if med > 0 and float(ys.max()) / med > 30:
-            fig.update_yaxes(type="log", row=5, col=1)
-    # stage boundaries and finding windows across all rows
+        # annotations on a log axis take log10 coordinates (shapes do not)
+        y_ann = float(np.log10(d.slo_ttft_ms)) if log_ttft else d.slo_ttft_ms
+        fig.add_annotation(
+            x=0,
+            xref="x5 domain",
+            y=y_ann,
+            yref="y5",
+            text=f"TTFT SLO {d.slo_ttft_ms:g} ms",
+            showarrow=False,
+            xanchor="left",
+            yanchor="bottom",
+            font={"color": "#c00", "size": 10},
+        )
+    # 6. findings lane
+    if d.windows:
+        codes = [esc(c) for _, _, c, _, _ in d.windows]
+        for sev, color in SEVERITY_COLORS.items():
+            rows = [(t0, t1, c, title) for t0, t1, c, s, title in d.windows if s == sev]
+            if not rows:
+                continue
+            fig.add_trace(
+                go.Bar(
+                    base=[r[0] for r in rows],
+                    x=[max(r[1] - r[0], d.duration_s / 400) for r in rows],
+                    y=[esc(r[2]) for r in rows],
+                    orientation="h",
+                    marker={"color": color, "opacity": 0.75},
+                    name=sev,
+                    hovertext=[esc(r[3]) for r in rows],
+                    hovertemplate="%{hovertext}<extra>%{y}</extra>",
+                    width=0.6,
+                ),
+                row=6,
+                col=1,
+            )
+        fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(codes)), row=6, col=1)
+    else:
+        _no_data(fig, "no finding with a time window", row=6)
+    # stage boundaries across all rows
     for st in d.stages:
         t0 = float(st.get("t_start_ns", 0)) / 1e9
         fig.add_vline(x=t0, line={"color": "#444", "dash": "dot", "width": 1})
@@ -336,26 +435,11 @@ def timeline_figure(d: TimelineData) -> go.Figure:
             yshift=16,
             font={"size": 11, "color": "#444"},
         )
-    for t0, t1, code in d.windows:
-        fig.add_vrect(
-            x0=t0, x1=max(t1, t0 + 0.05), fillcolor=FINDING_FILL, line_width=0, layer="below"
-        )
-        fig.add_annotation(
-            x=t0,
-            y=0.0,
-            xref="x",
-            yref="paper",
-            text=esc(code),
-            showarrow=False,
-            xanchor="left",
-            yanchor="top",
-            font={"size": 10, "color": "#b00"},
-        )
     fig.update_xaxes(range=[0, max(d.duration_s, 1e-3)])
-    fig.update_xaxes(title_text="seconds since run start", row=5, col=1)
-    fig.update_layout(**LAYOUT, height=1150, hovermode="x unified")
-    fig.update_layout(margin={"t": 70, "b": 60, "r": 230})
-    _row_legends(fig, 5)
+    fig.update_xaxes(title_text="seconds since run start", row=6, col=1)
+    fig.update_layout(**LAYOUT, height=1250 + 18 * n_find, hovermode="closest")
+    fig.update_layout(margin={"t": 70, "b": 60, "r": 230}, barmode="overlay")
+    _row_legends(fig, 6)
     return fig
 
 
@@ -366,8 +450,10 @@ def _row_legends(fig: go.Figure, rows: int) -> None:
         ax = str(tr.yaxis or "y")
         row = 1 if ax == "y" else int(ax[1:])
         tr.legend = "legend" if row == 1 else f"legend{row}"
+        if tr.showlegend is False:
+            continue
         key = (row, str(tr.legendgroup or tr.name))
-        if tr.showlegend is not False and key in seen and tr.legendgroup:
+        if key in seen and tr.legendgroup:
             tr.showlegend = False
         seen.add(key)
     for row in range(1, rows + 1):
@@ -537,27 +623,42 @@ def roofline_figure(
 
 
 def window_figure(
-    t0: float,
-    t1: float,
-    pad: float,
-    lines: Sequence[Series],
-    title: str = "",
+    t0: float | None,
+    t1: float | None,
+    span: tuple[float, float],
+    left: Sequence[Series],
+    right: Sequence[Series] = (),
+    right_title: str = "ms",
 ) -> go.Figure:
-    """A small chart of one finding's window (shaded) with some context either side."""
+    """A small chart for one finding: its window shaded (when it has one) inside `span`.
+
+    `left` series share a 0–100-ish axis (utilization, counts); `right` series (latencies in
+    ms) get a second axis so both are readable.
+    """
     fig = go.Figure()
-    lo, hi = max(0.0, t0 - pad), t1 + pad
-    colors = ("#D55E00", "#0072B2", "#009E73", "#CC79A7", "#7f7f7f")
-    for k, s in enumerate(lines):
+    lo, hi = span
+    colors = ("#D55E00", "#0072B2", "#009E73", "#CC79A7", "#7f7f7f", "#000000")
+    for k, (s, axis) in enumerate([*((s, "y") for s in left), *((s, "y2") for s in right)]):
         m = (s.t_s >= lo) & (s.t_s <= hi)
-        t, v, _ = decimate(s.t_s[m], s.v[m], 600)
+        t, v = s.t_s[m], s.v[m]
+        if t.shape[0] > 600:
+            t, v, _, _ = bucket_stats(t, v, nice_bin(hi - lo, 300))
         fig.add_trace(
             go.Scatter(
-                x=t, y=v, name=esc(s.name), line={"width": 1.4, "color": colors[k % len(colors)]}
+                x=t,
+                y=v,
+                name=esc(s.name),
+                yaxis=axis,
+                line={
+                    "width": 1.4,
+                    "color": colors[k % len(colors)],
+                    "dash": "dot" if axis == "y2" else "solid",
+                },
             )
         )
-    if not lines:
+    if not left and not right:
         fig.add_annotation(
-            text="no time series for this window",
+            text="no time series for this finding",
             showarrow=False,
             x=0.5,
             y=0.5,
@@ -565,8 +666,20 @@ def window_figure(
             yref="y domain",
             font={"color": "#888"},
         )
-    fig.add_vrect(x0=t0, x1=max(t1, t0 + 0.05), fillcolor="rgba(220,30,30,0.15)", line_width=0)
-    fig.update_xaxes(range=[lo, hi], title_text="s")
-    fig.update_layout(**LAYOUT, height=230, title={"text": esc(title), "font": {"size": 12}})
-    fig.update_layout(margin={"l": 45, "r": 10, "t": 50, "b": 35})
+    if t0 is not None:
+        end = t1 if t1 is not None else t0
+        fig.add_vrect(x0=t0, x1=max(end, t0 + 0.05), fillcolor="rgba(220,30,30,0.12)", line_width=0)
+    fig.update_xaxes(range=[lo, hi], title_text="seconds since run start")
+    fig.update_layout(**LAYOUT, height=250)
+    if right:
+        fig.update_layout(
+            yaxis2={
+                "overlaying": "y",
+                "side": "right",
+                "title": {"text": esc(right_title)},
+                "rangemode": "tozero",
+                "showgrid": False,
+            }
+        )
+    fig.update_layout(margin={"l": 45, "r": 50 if right else 10, "t": 40, "b": 40})
     return fig

@@ -175,12 +175,34 @@ def _rows(x: Any) -> list[Mapping[str, Any]]:
     return [r for r in x if isinstance(r, Mapping)]
 
 
-def _windows(findings: Sequence[Mapping[str, Any]]) -> list[tuple[float, float, str]]:
+def _windows(
+    findings: Sequence[Mapping[str, Any]],
+) -> list[tuple[float, float, str, str, str]]:
     out = []
     for f in findings:
         t0, t1 = f.get("t_start_s"), f.get("t_end_s")
         if t0 is not None:
-            out.append((float(t0), float(t1 if t1 is not None else t0), str(f.get("code", ""))))
+            out.append(
+                (
+                    float(t0),
+                    float(t1 if t1 is not None else t0),
+                    str(f.get("code", "")),
+                    str(f.get("severity", "info")),
+                    str(f.get("title", "")),
+                )
+            )
+    return out
+
+
+DETAIL_BINS = 600  # above this many 100 ms bins (60 s), the overview is bucketed
+
+
+def bucketed(series: Sequence[Series], width: float) -> list[Series]:
+    """Series as per-bucket means with their min–max band (the swing stays visible)."""
+    out = []
+    for s in series:
+        t, mean, lo, hi = figs.bucket_stats(s.t_s, s.v, width)
+        out.append(Series(s.name, t, mean, lo, hi))
     return out
 
 
@@ -227,22 +249,35 @@ def timeline_data(
         *bin_series(bins, "running", "engine running"),
     ]
     kv = bin_series(bins, "kv_usage_pct", "KV usage %")
+    inflight = inflight_series(bins)
+    spans = phase_spans(bins)
     notes: list[str] = []
-    if bins.height > figs.MAX_LINE_POINTS:
+    if bins.height > DETAIL_BINS:
+        width = figs.nice_bin(dur, 300)
+        util, queue, kv, inflight = (
+            bucketed(util, width),
+            bucketed(queue, width),
+            bucketed(kv, width),
+            bucketed(inflight, width),
+        )
+        spans = figs.coarse_phase_spans(
+            bins["t_s"].to_numpy().astype(np.float64), bins["label"].to_numpy(), width
+        )
         notes.append(
-            f"{bins.height:,} bins of 100 ms: time series are drawn as a min/max envelope of "
-            f"{figs.MAX_LINE_POINTS:,} points (peaks and troughs kept); zoom in the Perfetto "
-            "trace for every sample."
+            f"{bins.height:,} bins of 100 ms are drawn as {width:g} s means with the 100 ms "
+            f"min–max range as a band; shading shows each {width:g} s's majority phase. "
+            "Every 100 ms bin is in `phaselens analyze --json`; every request in the Perfetto "
+            "trace (`phaselens trace`)."
         )
     slo_ttft = slo_threshold(run.manifest.get("slo"), "ttft_ms")
     return TimelineData(
         duration_s=dur,
         models=models,
         arrivals_s=arrivals,
-        inflight=inflight_series(bins),
+        inflight=inflight,
         engine_queue=queue,
         util=util,
-        phase_spans=phase_spans(bins) if util else [],
+        phase_spans=spans if util else [],
         kv=kv,
         ttft=ttft,
         stages=list(run.manifest.get("stages") or []),
@@ -304,17 +339,31 @@ def roofline_inputs(run: Run) -> tuple[F64, F64, Any, float | None, float | None
     )
 
 
-def finding_lines(bins: pl.DataFrame, code: str) -> list[Series]:
-    """What to plot next to a finding: utilization and queue (KV for KV pressure)."""
-    lines = [*bin_series(bins, "sm", "SM %"), *bin_series(bins, "bw", "DRAM BW %")]
-    if not lines:
-        lines = bin_series(bins, "busy", "busy %")
-    if code == "kv-pressure":
-        lines += bin_series(bins, "kv_usage_pct", "KV %")
-    lines += bin_series(bins, "queued", "engine waiting") or bin_series(
+def finding_lines(bins: pl.DataFrame, code: str) -> tuple[list[Series], list[Series]]:
+    """What to plot next to a finding: (left axis: %, counts; right axis: latencies in ms)."""
+    util = [*bin_series(bins, "sm", "SM %"), *bin_series(bins, "bw", "DRAM BW %")] or bin_series(
+        bins, "busy", "busy %"
+    )
+    queue = bin_series(bins, "queued", "engine waiting") or bin_series(
         bins, "waiting", "awaiting first token"
     )
-    return lines
+    ttft = bin_series(bins, "ttft_mean_ms", "mean TTFT (ms)")
+    itl = bin_series(bins, "itl_mean_ms", "mean ITL (ms)")
+    arrivals = [
+        Series("arrivals (req/s)", s.t_s, s.v * (1e9 / BIN_NS))
+        for s in bin_series(bins, "arrivals", "arrivals")
+    ]
+    if code in ("burst-driven", "slo-knee"):
+        return arrivals + queue, ttft
+    if code == "prefill-interference":
+        return util, itl
+    if code == "kv-pressure":
+        return bin_series(bins, "kv_usage_pct", "KV %") + queue, ttft
+    if code in ("load-insufficient", "host-gap"):
+        return util + bin_series(bins, "busy", "busy %") + bin_series(
+            bins, "running", "engine running"
+        ), []
+    return util + queue, []
 
 
 # --- page context -----------------------------------------------------------------------------
@@ -364,17 +413,33 @@ def _window_text(f: Mapping[str, Any]) -> str:
     return f"{float(t0):.1f}–{float(t1):.1f} s"
 
 
-def _evidence_rows(ev: Any) -> list[tuple[str, str]]:
+def _short(v: Any, limit: int = 160) -> str:
+    """A one-line summary of an evidence value (numbers rounded, nesting flattened)."""
+    if isinstance(v, bool) or v is None:
+        text = str(v)
+    elif isinstance(v, float):
+        text = fmt(v)
+    elif isinstance(v, Mapping):
+        text = ", ".join(f"{k}={_short(x, 40)}" for k, x in v.items())
+    elif isinstance(v, (list, tuple)):
+        if v and all(isinstance(x, Mapping) for x in v):
+            text = f"{len(v)} items: " + "; ".join(_short(x, 80) for x in v[:2])
+        else:
+            text = ", ".join(_short(x, 30) for x in v)
+    else:
+        text = str(v)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _evidence_rows(ev: Any) -> list[dict[str, str]]:
+    """Evidence as rows: a short line each, the full JSON behind a toggle when nested."""
     if not isinstance(ev, Mapping):
-        return [("evidence", str(ev))] if ev else []
+        return [{"key": "evidence", "text": _short(ev), "full": ""}] if ev else []
     rows = []
     for k, v in ev.items():
-        if isinstance(v, float):
-            rows.append((str(k), fmt(v)))
-        elif isinstance(v, (Mapping, list, tuple)):
-            rows.append((str(k), json.dumps(v, default=str)[:600]))
-        else:
-            rows.append((str(k), str(v)))
+        nested = isinstance(v, (Mapping, list, tuple))
+        full = json.dumps(v, indent=1, default=str)[:6000] if nested else ""
+        rows.append({"key": str(k), "text": _short(v), "full": full})
     return rows
 
 
@@ -586,17 +651,18 @@ def build_context(
         figures.append(("roofline", fig_json(figs.roofline_figure(*roof))))
     fviews = []
     for i, f in enumerate(findings):
-        fid = None
+        fid = f"finding{i + 1}"
         t0, t1 = f.get("t_start_s"), f.get("t_end_s")
+        left, right = finding_lines(timeline.bins, str(f.get("code")))
         if t0 is not None:
             t0f = float(t0)
             t1f = float(t1) if t1 is not None else t0f
             pad = max(2.0, 0.5 * (t1f - t0f))
-            lines = finding_lines(timeline.bins, str(f.get("code")))
-            fid = f"finding{i + 1}"
-            figures.append(
-                (fid, fig_json(figs.window_figure(t0f, t1f, pad, lines, "the window that fired")))
-            )
+            span = (max(0.0, t0f - pad), min(tl.duration_s, t1f + pad))
+            fig = figs.window_figure(t0f, t1f, span, left, right)
+        else:  # a whole-run finding: show the whole run
+            fig = figs.window_figure(None, None, (0.0, tl.duration_s), left, right)
+        figures.append((fid, fig_json(fig)))
         fviews.append(
             {
                 "code": str(f.get("code", "")),
