@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from phaselens.sim.cost import EngineCost
+from phaselens.sim.cost import EngineCost, StepCost
 from phaselens.sim.deploy import Deployment
 from phaselens.sim.device import DeviceState, turn_order
 from phaselens.sim.engine import EngineState, Seq, Sink
@@ -21,6 +21,8 @@ from phaselens.types import Schedule
 
 ST_OK, ST_REJECTED = 0, 1
 NO_TIME = -1
+_INF = 2**62
+_MIN_STRETCH = 8  # below this, numpy's per-call overhead costs more than it saves
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +83,19 @@ class Cluster:
         self.link_free_ns = [0] * len(self.engines)
         self.stepping = [False] * len(self.engines)
         self.step_t0 = [0] * len(self.engines)
-        self.step_cost: list[object] = [None] * len(self.engines)
+        self.step_cost: list[StepCost] = [StepCost(0.0, 0.0, 0.0)] * len(self.engines)
         self.wake_at = [NO_TIME] * len(self.engines)
         self.last_start = [-1] * len(self.engines)
         self.ready: list[int] = []  # time_slice: engines waiting for a GPU
+        users: dict[str, int] = {}
+        for eng in deploy.engines:
+            for gname in eng.gpus:
+                users[gname] = users.get(gname, 0) + 1
+        # engines alone on their GPUs may fast-forward decode-only stretches
+        self.exclusive = [all(users[x] == 1 for x in eng.gpus) for eng in deploy.engines]
+        self.fast_forward = True
+        self.next_arrival_ns = 0  # the earliest arrival still to process
+        self.stretch_steps = 0
         self.events = 0
         self.cur_engine = 0
 
@@ -126,9 +137,10 @@ class Cluster:
         if self.stepping[i]:
             return
         st = self.engines[i]
-        if not st.has_work():
+        if not (st.running or st.waiting or st.decode_admits):
             return
-        if not self._gpus_free(i):
+        exclusive = self.exclusive[i]
+        if not exclusive and not self._gpus_free(i):
             if i not in self.ready:
                 self.ready.append(i)
             return
@@ -138,8 +150,31 @@ class Cluster:
                 self.wake_at[i] = wake
                 self.loop.push(wake, WAKE, i)
             return
-        e = self.deploy.engines[i]
         cost = st.step_cost()
+        extra = 0.0
+        t0 = self.now
+        if not exclusive:
+            cost, extra = self._share(i, st, cost)
+        elif self.fast_forward:
+            k = st.stretch_limit()
+            if k >= _MIN_STRETCH:
+                # steps only get longer within a stretch: this step's length bounds how many
+                # can end before the next event
+                t_ev = self.loop.peek_time()
+                t_next = self.next_arrival_ns if t_ev is None else min(t_ev, self.next_arrival_ns)
+                fit = (t_next - self.now) // max(1, round(cost.seconds * 1e9)) + 2
+                k = min(k, fit, 4096)
+                if k >= _MIN_STRETCH:
+                    t0, cost = self._stretch(st, k, t_next, cost)
+        self.stepping[i] = True
+        self.step_t0[i] = t0
+        self.step_cost[i] = cost
+        self.last_start[i] = t0
+        self.loop.push(t0 + max(1, round((cost.seconds + extra) * 1e9)), STEP_END, i)
+
+    def _share(self, i: int, st: EngineState, cost: StepCost) -> tuple[StepCost, float]:
+        """A shared GPU: hold the time slice (paying a switch) or get a bandwidth share."""
+        e = self.deploy.engines[i]
         extra = 0.0
         for g in e.gpus:
             d = self.devices[g]
@@ -155,17 +190,49 @@ class Cluster:
                 cost = st.step_cost(bw)
             for g in e.gpus:
                 self.devices[g].demand[i] = cost.bytes / e.tp / cost.seconds
-        self.stepping[i] = True
-        self.step_t0[i] = self.now
-        self.step_cost[i] = cost
-        self.last_start[i] = self.now
-        self.loop.push(self.now + max(1, round((cost.seconds + extra) * 1e9)), STEP_END, i)
+        return cost, extra
+
+    def _stretch(
+        self, st: EngineState, k: int, t_next: int, cost: StepCost
+    ) -> tuple[int, StepCost]:
+        """Fast-forward: commit the decode-only steps that end before the next event.
+
+        Steps j = 0..k-1 are decode-only with the same batch (`stretch_limit`). Step j may be
+        committed at once when the step after it would start before anything else happens
+        (its end < the next event) and the KV blocks it needs are free. Returns the start and
+        cost of the step left in flight.
+        """
+        sec, flops, nbytes = st.cost.decode_stretch(st.n_dec, st.sum_p, k)
+        dur = np.maximum(1, np.rint(sec * 1e9)).astype(np.int64)
+        ends = self.now + np.cumsum(dur)
+        b = int(np.searchsorted(ends[: k - 1], t_next, side="left"))
+        if b == 0:
+            return self.now, cost
+        needs = st.block_needs(b)
+        cum = np.cumsum(needs)
+        fit = int(np.searchsorted(cum, st.free_blocks(), side="right"))
+        b = min(b, fit)
+        if b == 0:
+            return self.now, cost
+        st.commit_stretch(
+            ends[:b].tolist(),
+            self.now,
+            flops[:b].tolist(),
+            nbytes[:b].tolist(),
+            needs[:b].tolist(),
+        )
+        self.stretch_steps += b
+        # the step in flight is now step b of the stretch; its own blocks were counted above
+        return int(ends[b - 1]), StepCost(float(sec[b]), float(flops[b]), float(nbytes[b]))
 
     def _step_end(self, i: int) -> None:
         st = self.engines[i]
         self.stepping[i] = False
         cost = self.step_cost[i]
-        st.end_step(self.step_t0[i], self.now, cost)  # type: ignore[arg-type]
+        st.end_step(self.step_t0[i], self.now, cost)
+        if self.exclusive[i]:
+            self._try_start(i)
+            return
         e = self.deploy.engines[i]
         sliced = False
         for g in e.gpus:
@@ -263,6 +330,7 @@ class Cluster:
             if k < n and (t_ev is None or t_arr[k] <= t_ev):
                 # arrivals first at equal times, so the step starting now sees them
                 self.now = t_arr[k]
+                self.next_arrival_ns = t_arr[k + 1] if k + 1 < n else _INF
                 i = eng_l[k]
                 p, o = max(1, inp[k]), max(1, out[k])
                 if p + o > kv_limit[i]:
@@ -284,6 +352,7 @@ class Cluster:
                 break
             t, kind, arg = loop.pop()
             self.now = t
+            self.next_arrival_ns = t_arr[k] if k < n else _INF
             events += 1
             if kind == STEP_END:
                 self._step_end(arg)

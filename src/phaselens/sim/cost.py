@@ -18,7 +18,10 @@ Formulas (notes/simulator.md), for a step processing T tokens across B sequences
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
 
 from phaselens.sim.models import ModelSpec
 
@@ -52,6 +55,9 @@ class StepCost:
     bytes: float
 
 
+F64 = npt.NDArray[np.float64]
+
+
 @dataclass(frozen=True, slots=True)
 class EngineCost:
     """Precomputed coefficients for one engine on its hardware share (hot path: plain floats).
@@ -66,6 +72,37 @@ class EngineCost:
     peak_flops: float
     bandwidth: float
     link_bandwidth: float
+    _f_tok: float = field(init=False, repr=False)
+    _f_samp: float = field(init=False, repr=False)
+    _b_lin: float = field(init=False, repr=False)
+    _f_att: float = field(init=False, repr=False)
+    _kv_tok: float = field(init=False, repr=False)
+    _peak_l: float = field(init=False, repr=False)
+    _peak_a: float = field(init=False, repr=False)
+    _bw_scale: float = field(init=False, repr=False)
+    _fixed: float = field(init=False, repr=False)
+    _ar_tok: float = field(init=False, repr=False)
+    _ar_fixed: float = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        m, p, tp = self.model, self.params, self.tp
+        put = object.__setattr__
+        put(self, "_f_tok", 2.0 * m.params_nonembed)
+        put(self, "_f_samp", 2.0 * m.vocab * m.hidden)
+        put(self, "_b_lin", m.weight_read_bytes)
+        put(self, "_f_att", 4.0 * m.layers * m.heads * m.head_dim)
+        put(self, "_kv_tok", m.kv_bytes_per_token)
+        put(self, "_peak_l", p.eta_linear * self.peak_flops * tp)
+        put(self, "_peak_a", p.eta_attention * self.peak_flops * tp)
+        put(self, "_bw_scale", p.eta_memory * tp)
+        put(self, "_fixed", p.per_layer_overhead_s * m.layers)
+        ar = tp > 1
+        put(
+            self,
+            "_ar_tok",
+            4.0 * m.layers * (tp - 1) / tp * m.hidden * 2.0 / self.link_bandwidth if ar else 0.0,
+        )
+        put(self, "_ar_fixed", 2 * m.layers * p.allreduce_latency_s if ar else 0.0)
 
     def step(
         self, tokens: int, sampled: int, attn_units: float, kv_read_tokens: float, seqs: int
@@ -87,24 +124,45 @@ class EngineCost:
         bandwidth: float,
     ) -> StepCost:
         """As `step`, with an explicit per-GPU bandwidth (spatial sharing under contention)."""
-        m, p = self.model, self.params
-        tp = self.tp
-        f_lin = 2.0 * m.params_nonembed * tokens + 2.0 * m.vocab * m.hidden * sampled
-        b_lin = m.weight_read_bytes
-        f_att = 4.0 * m.layers * m.heads * m.head_dim * attn_units
-        b_att = m.kv_bytes_per_token * (kv_read_tokens + tokens)
-        peak_l = p.eta_linear * self.peak_flops * tp
-        peak_a = p.eta_attention * self.peak_flops * tp
-        bw = p.eta_memory * bandwidth * tp
-        t_lin = max(f_lin / peak_l, b_lin / bw)
-        t_att = max(f_att / peak_a, b_att / bw)
+        p = self.params
+        f_lin = self._f_tok * tokens + self._f_samp * sampled
+        b_lin = self._b_lin
+        f_att = self._f_att * attn_units
+        b_att = self._kv_tok * (kv_read_tokens + tokens)
+        bw = self._bw_scale * bandwidth
+        t_lin = max(f_lin / self._peak_l, b_lin / bw)
+        t_att = max(f_att / self._peak_a, b_att / bw)
         t = t_lin + t_att + p.step_overhead_s + p.per_seq_overhead_s * seqs
-        t += p.per_layer_overhead_s * m.layers
-        if tp > 1:
-            size = tokens * m.hidden * 2.0
-            t += 2 * m.layers * (2.0 * (tp - 1) / tp * size / self.link_bandwidth)
-            t += 2 * m.layers * p.allreduce_latency_s
+        t += self._fixed
+        if self.tp > 1:
+            t += self._ar_tok * tokens
+            t += self._ar_fixed
         return StepCost(t, f_lin + f_att, b_lin + b_att)
+
+    def decode_stretch(self, n: int, sum_p0: int, k: int) -> tuple[F64, F64, F64]:
+        """Seconds, FLOPs and bytes of k decode-only steps of n sequences, Σp starting at sum_p0.
+
+        Context grows by n tokens per step, so attention work is an arithmetic series. The
+        arithmetic mirrors `step_bw` operation by operation: a fast-forwarded run is bit-for-bit
+        the run simulated step by step.
+        """
+        p = self.params
+        sp = sum_p0 + n * np.arange(k, dtype=np.int64)
+        attn = (sp + n).astype(np.float64)
+        kv = sp.astype(np.float64)
+        f_lin = self._f_tok * n + self._f_samp * n
+        b_lin = self._b_lin
+        f_att = self._f_att * attn
+        b_att = self._kv_tok * (kv + n)
+        bw = self._bw_scale * self.bandwidth
+        t_lin = max(f_lin / self._peak_l, b_lin / bw)
+        t_att = np.maximum(f_att / self._peak_a, b_att / bw)
+        t = t_lin + t_att + p.step_overhead_s + p.per_seq_overhead_s * n
+        t += self._fixed
+        if self.tp > 1:
+            t += self._ar_tok * n
+            t += self._ar_fixed
+        return t, f_lin + f_att, b_lin + b_att
 
 
 def prefill_attn_units(new: int, cached: int) -> float:

@@ -21,6 +21,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from phaselens.sim.cost import EngineCost, StepCost, prefill_attn_units
 from phaselens.sim.deploy import Policy
 
@@ -282,7 +284,7 @@ class EngineState:
             self._admit_handoffs(s)
         # 3. partial prefills continue, then the policy admits waiting requests
         budget = self.policy.max_num_batched_tokens - self.n_dec
-        for seq in list(self.prefilling):
+        for seq in list(self.prefilling) if self.prefilling else ():
             if budget <= 0:
                 break
             chunk = seq.target - seq.computed
@@ -360,7 +362,8 @@ class EngineState:
             seq.computed += chunk
             if seq.computed >= seq.target:
                 self.prefilling.remove(seq)
-                self._publish_prefix(seq)
+                if seq.group >= 0:
+                    self._publish_prefix(seq)
                 seq.gen += 1
                 if self.role == "prefill":
                     del self.running[seq.rid]
@@ -405,6 +408,61 @@ class EngineState:
         self.log_waiting.append(len(self.waiting))
         self.log_preempt.append(self.cur_preempt)
         self.step_idx = s + 1
+
+    def stretch_limit(self) -> int:
+        """How many steps from now are surely decode-only with the same batch (0: none).
+
+        True when this step is decode-only, nothing waiting can join before a sequence finishes
+        (empty queue, or the batch is at `max_num_seqs`), and no hand-off is pending; the
+        stretch ends before the first finishing step.
+        """
+        if (
+            self.policy.type != "continuous"
+            or self.cur_chunks
+            or self.cur_preempt
+            or self.decode_admits
+            or not self.n_dec
+            or (self.waiting and len(self.running) < self.policy.max_num_seqs)
+        ):
+            return 0
+        return max(0, self.fin_heap[0][0] - self.step_idx) if self.fin_heap else 0
+
+    def block_needs(self, k: int) -> np.ndarray:
+        """New KV blocks needed at the start of each of the next k steps after this one."""
+        s, bs = self.step_idx, self.bs
+        ph = np.asarray(self.phase, dtype=np.int64)
+        return ph[(s + 1 + np.arange(k, dtype=np.int64)) % bs]
+
+    def commit_stretch(
+        self, ends: list[int], t0: int, flops: list[float], nbytes: list[float], needs: list[int]
+    ) -> None:
+        """Apply b decode-only steps at once (the fast-forward); `ends[j]` is step j's end.
+
+        Equivalent to b rounds of plan_step/end_step with nothing admitted and nothing finishing:
+        Σp grows by n per step, each step allocates its boundary-crossing blocks, and every
+        decoding sequence gets one token per step (its segment already covers these steps).
+        """
+        b = len(ends)
+        n = self.n_dec
+        self.log_t0.append(t0)
+        self.log_t0.extend(ends[:-1])
+        self.log_t1.extend(ends)
+        self.log_prefill.extend([0] * b)
+        self.log_dec.extend([n] * b)
+        kv = self.used_blocks
+        kvs = [kv]
+        for need in needs[:-1]:
+            kv += need
+            kvs.append(kv)
+        self.log_kv.extend([x * self.bs for x in kvs])
+        self.log_flops.extend(flops)
+        self.log_bytes.extend(nbytes)
+        self.log_running.extend([len(self.running)] * b)
+        self.log_waiting.extend([len(self.waiting)] * b)
+        self.log_preempt.extend([0] * b)
+        self.sum_p += b * n
+        self.used_blocks += sum(needs)
+        self.step_idx += b
 
     def next_wake_ns(self) -> int | None:
         """Request-level batching: when the oldest waiting request times out (None: no timer)."""

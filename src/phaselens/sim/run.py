@@ -38,8 +38,12 @@ class SimResult:
     manifest_extra: dict[str, Any]
 
 
-def simulate(schedule: Schedule, deploy: Deployment) -> SimResult:
-    """Simulate every planned request on the deployment (deterministic)."""
+def simulate(schedule: Schedule, deploy: Deployment, fast_forward: bool = True) -> SimResult:
+    """Simulate every planned request on the deployment (deterministic).
+
+    `fast_forward=False` steps through decode-only stretches one by one (same result, slower;
+    kept for tests and for checking the fast path).
+    """
     served = {m for e in deploy.engines for m in e.serves}
     for m in schedule.models:
         if m not in served:
@@ -56,6 +60,7 @@ def simulate(schedule: Schedule, deploy: Deployment) -> SimResult:
             lim = min(lim, e.policy.max_model_len)
         limits[i] = lim
     cluster = Cluster(deploy)
+    cluster.fast_forward = fast_forward
     res = cluster.run(schedule, limits)
     requests = _requests_frame(schedule, res)
     steps = _steps_frame(deploy, res)
@@ -71,6 +76,7 @@ def simulate(schedule: Schedule, deploy: Deployment) -> SimResult:
         "deployment": deploy.source,
         "cost_params": asdict(deploy.cost),
         "events": res.events,
+        "fast_forward_steps": cluster.stretch_steps,
         "engines": {
             deploy.engines[st.index].name: {
                 "steps": st.step_idx,
