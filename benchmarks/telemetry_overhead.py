@@ -4,7 +4,8 @@ without the sampler scraping a local /metrics target (the real vLLM scrape, ~650
 The "driver" is an asyncio loop that schedules an event every 2 ms and records how late each
 one fires (what the driver calls send lag). The /metrics target runs in its own process, so the
 only difference between the cases is the sampler: none, `mode="thread"` (sampling and parsing
-in the driver's process, sharing its GIL) and `mode="process"` (the default).
+in the driver's process, sharing its GIL) and `mode="process"` (the default). CPU % is the
+driver process plus the sampler process, in % of one core.
 
     .venv/bin/python benchmarks/telemetry_overhead.py [--seconds 5] [--rounds 2]
 """
@@ -15,6 +16,7 @@ import argparse
 import asyncio
 import http.server
 import multiprocessing as mp
+import os
 import statistics
 import time
 from pathlib import Path
@@ -83,7 +85,9 @@ def run_case(mode: str, url: str, seconds: float) -> dict[str, float]:
         handle = start_telemetry("engine", [url], 0.1, time.perf_counter_ns(), sink, mode=mode)
         handle.wait_ready(30)
         time.sleep(0.5)
+    cpu0, child0 = time.process_time(), _child_cpu_s(handle)
     lags = asyncio.run(_timer_loop(seconds))
+    cpu = time.process_time() - cpu0 + _child_cpu_s(handle) - child0
     if handle is not None:
         handle.stop()
     return {
@@ -91,7 +95,19 @@ def run_case(mode: str, url: str, seconds: float) -> dict[str, float]:
         "p99": _pct(lags, 0.99),
         "max": max(lags),
         "samples_per_s": sum(got) / seconds,
+        "cpu_pct": cpu / seconds * 100,
     }
+
+
+def _child_cpu_s(handle: object) -> float:
+    """CPU seconds used so far by the sampler process (Linux /proc), 0 without one."""
+    proc_ = getattr(handle, "_process", None)
+    if proc_ is None:
+        return 0.0
+    from phaselens.telemetry.proc import parse_stat
+
+    _, _, ticks = parse_stat(Path(f"/proc/{proc_.pid}/stat").read_text())
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -105,14 +121,14 @@ def main() -> None:
     server.start()
     url = f"http://127.0.0.1:{q.get(timeout=30)}/v1"
     print(f"send-lag of a 2 ms asyncio timer loop, {args.seconds:g} s per case, 100 ms telemetry")
-    print(f"{'case':<10} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'samples/s':>10}")
+    print(f"{'case':<10} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'samples/s':>10} {'CPU %':>6}")
     try:
         for _ in range(args.rounds):
             for mode in ("none", "thread", "process"):
                 r = run_case(mode, url, args.seconds)
                 print(
                     f"{mode:<10} {r['p50']:8.3f} {r['p99']:8.3f} {r['max']:8.2f} "
-                    f"{r['samples_per_s']:10.0f}",
+                    f"{r['samples_per_s']:10.0f} {r['cpu_pct']:6.1f}",
                     flush=True,
                 )
     finally:
