@@ -306,3 +306,19 @@ def test_fast_forward_is_bit_identical_to_step_by_step(seed: int) -> None:
     slow, fast = simulate(s2, _pd(), fast_forward=False), simulate(s2, _pd())
     assert fast.manifest_extra["sim"]["fast_forward_steps"] > 100
     assert slow.requests.equals(fast.requests) and slow.steps.equals(fast.steps)
+
+
+def test_prefix_chain_is_extended_by_a_longer_prompt() -> None:
+    """Group prefix 256 tokens: a 100-token prompt caches 6 blocks (99 // 16); a 1000-token one
+    reuses those 6 (96 tokens) and extends the chain to 16; the next reuses all 256."""
+    s = make_schedule(
+        [0.0, 1.0, 2.0],
+        [100, 1000, 1000],
+        [2, 2, 2],
+        prefix_group=[0, 0, 0],
+        prefix_tokens=[256, 256, 256],
+    )
+    r = simulate(s, one_engine())
+    assert [p for p in r.steps["prefill_tokens"].to_list() if p] == [100, 904, 744]
+    # the cached chain stays but is evictable: free, as vLLM counts KV usage
+    assert r.steps["kv_tokens"].to_list()[-1] == 0

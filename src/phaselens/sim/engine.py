@@ -200,17 +200,21 @@ class EngineState:
         seq.computed = hit * self.bs
 
     def _publish_prefix(self, seq: Seq) -> None:
-        """After a prefill, its full prefix blocks become the group's cached chain."""
-        if seq.group < 0 or not self.policy.prefix_cache or seq.shared:
-            return
-        if self.group_cached.get(seq.group, 0):
+        """After a prefill, its full prefix blocks become (or extend) the group's cached chain.
+
+        The blocks move from the sequence's private count to the group's, so KV in use does not
+        change; a later request with a longer prompt extends a chain a shorter one started.
+        """
+        if not self.policy.prefix_cache:
             return
         full = min(seq.prefix, seq.prompt - 1) // self.bs
-        if full <= 0:
-            return
+        cached = self.group_cached.get(seq.group, 0)
+        if full <= cached or seq.shared < cached:
+            return  # nothing new, or it did not build on the whole cached chain
+        if cached == 0:
+            self.group_ref[seq.group] = self.group_ref.get(seq.group, 0) + 1
         self.group_cached[seq.group] = full
-        self.group_ref[seq.group] = 1
-        seq.shared = full  # these blocks move from the sequence's private count to the group
+        seq.shared = full
 
     # ---- decode aggregates -------------------------------------------------------------------
     def _start_decode(self, seq: Seq, seg_start: int, first_step: int) -> None:
