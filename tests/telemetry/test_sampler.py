@@ -382,3 +382,20 @@ def test_none_starts_nothing() -> None:
     assert handle.wait_ready(0.0)
     assert handle._process is None
     assert handle.stop() == {}
+
+
+def test_auto_in_process_mode_reads_engine_and_its_cpu(target: Target) -> None:
+    import os
+
+    run_start = time.perf_counter_ns()
+    got: list[TelemetrySample] = []
+    handle = start_telemetry(None, [target.base], 0.1, run_start, got.extend)
+    assert handle.wait_ready(30.0)
+    time.sleep(0.8)
+    statuses = handle.stop()
+    assert statuses[f"engine@{target.url}"] == "ok"
+    assert statuses[f"cpu@{os.getpid()}"] == "ok"  # this process serves the target
+    assert statuses["nvml"] == "ok" or statuses["nvml"].startswith("unavailable: ")
+    cpu = [s for s in got if s.metric == "host.cpu_pct"]
+    assert cpu and all(s.labels == {"pid": str(os.getpid())} for s in cpu)
+    assert {s.source for s in cpu} == {"proc"}

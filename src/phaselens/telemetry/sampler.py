@@ -27,6 +27,7 @@ import traceback
 import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
 from phaselens.errors import InputError
@@ -440,10 +441,15 @@ def start_telemetry(
         ready=False,
     )
     args = [json.dumps([[s.kind, s.arg] for s in specs]), repr(interval_s), str(run_start_perf_ns)]
+    # the child must import this very phaselens, even when the caller put it on sys.path itself
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     proc = subprocess.Popen(
         [sys.executable, "-m", "phaselens.telemetry.worker", *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        env=env,
     )
     assert proc.stdout is not None
     handle._process = proc
