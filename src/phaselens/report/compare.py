@@ -5,16 +5,21 @@ noise. Each metric gets a bootstrap interval on the difference (candidate − ba
 verdict says *better*, *worse* or *no significant change*, and `--fail-on ttft_p99:+10%` turns
 a regression into a non-zero exit for CI.
 
-Method (docs/report.md): requests are the resampling unit (a request's tokens stay together,
-so ITL intervals are not falsely narrow). Per run, `n_boot` resamples from a seeded numpy
-Generator; the interval is the percentile interval of the difference of the two runs'
-bootstrap statistics. The level is Bonferroni-corrected over the metrics (95% family-wise), so
-comparing two seeds of the same workload rarely flags anything by chance. Point estimates are
-the analysis' own numbers (phaselens.analysis.latency), so they match `phaselens analyze`.
+Method (docs/report.md): a block bootstrap — requests are grouped into time blocks of several
+seconds within each load stage, and blocks are resampled, because requests that share a batch
+and a queue are not independent (resampling single requests makes two seeds of one workload look
+"significantly" different). Percentiles are read from per-block histograms; rates (goodput,
+tokens/s) from per-block sums, which also carries the variation in how many requests arrive.
+Per run, `n_boot` resamples from a seeded numpy Generator; the interval is the percentile
+interval of the difference of the two runs' bootstrap statistics. The level is
+Bonferroni-corrected over the metrics (95% family-wise), so comparing two seeds of the same
+workload rarely flags anything by chance. Point estimates are the analysis' own numbers
+(phaselens.analysis.latency), so they match `phaselens analyze`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -66,7 +71,9 @@ METRICS: dict[str, tuple[str, str, bool, str]] = {
     "output_tokens_per_s": ("output_tokens_per_s", "", False, "tok/s"),
 }
 FAMILY_ALPHA = 0.05
-ITL_BINS = 200  # log-spaced histogram bins for the clustered ITL bootstrap
+HIST_BINS = 200  # log-spaced histogram bins for the block bootstrap of percentiles
+MIN_BLOCK_S = 5.0  # time blocks: at least this long (batch and queue state persist seconds)
+TARGET_BLOCKS = 40  # ... or the run split in about this many blocks, whichever is longer
 _CHUNK_CELLS = 4_000_000  # resample matrix cells per chunk (memory bound)
 
 
@@ -151,72 +158,115 @@ def _chunks(n_boot: int, n: int) -> list[int]:
     return out
 
 
-def boot_quantiles(values: F64, qs: Sequence[float], n_boot: int, rng: np.random.Generator) -> F64:
-    """(n_boot, len(qs)) percentiles of resampled `values` (numpy 'linear', as analysis)."""
-    n = values.shape[0]
-    out = np.full((n_boot, len(qs)), np.nan)
-    if n == 0:
-        return out
-    row = 0
-    for c in _chunks(n_boot, n):
-        idx = rng.integers(0, n, size=(c, n))
-        out[row : row + c] = np.percentile(values[idx], list(qs), axis=1).T
-        row += c
-    return out
+@dataclass(frozen=True)
+class Blocks:
+    """Requests grouped into time blocks within each load stage: the resampling unit.
 
-
-def boot_itl_quantiles(
-    rt: RequestTable, qs: Sequence[float], n_boot: int, rng: np.random.Generator
-) -> F64:
-    """Clustered bootstrap of pooled per-token ITL percentiles: requests are resampled whole.
-
-    Each request's token gaps are summarized as a histogram over ITL_BINS log-spaced bins; a
-    resample's pooled histogram is (request multiplicities) @ (per-request histograms), and its
-    percentiles are read with linear interpolation inside a bin.
+    Why blocks, not requests: requests that overlap in time share a batch, a queue and a KV
+    state, so their latencies move together; resampling single requests treats them as
+    independent and makes intervals too narrow (two seeds of one workload would then differ
+    "significantly"). Blocks of several seconds keep that correlation inside the unit; resampling
+    within each stage keeps the 30/70/100% structure of staged runs.
     """
-    out = np.full((n_boot, len(qs)), np.nan)
-    v, w, rows = rt.itl_ms, rt.itl_w, rt.itl_row
-    keep = (w > 0) & np.isfinite(v)
-    v, w, rows = v[keep], w[keep], rows[keep]
-    if v.shape[0] == 0:
-        return out
-    reqs, req_idx = np.unique(rows, return_inverse=True)
+
+    of_request: npt.NDArray[np.int64]  # block index of every request row
+    stage_of_block: npt.NDArray[np.int64]
+    n: int
+    block_s: float
+
+
+def make_blocks(rt: RequestTable, block_s: float | None = None) -> Blocks:
+    f = rt.frame
+    t = f["scheduled_ns"].to_numpy().astype(np.float64) / 1e9
+    stage = f["stage"].fill_null(0).to_numpy().astype(np.int64)
+    dur = float(t.max() - t.min()) if t.shape[0] else 0.0
+    if block_s is None:
+        block_s = max(MIN_BLOCK_S, dur / TARGET_BLOCKS)
+    b = np.floor((t - (t.min() if t.shape[0] else 0.0)) / block_s).astype(np.int64)
+    keys = stage * (int(b.max()) + 1 if b.shape[0] else 1) + b
+    uniq, inv = np.unique(keys, return_inverse=True)
+    first = np.zeros(uniq.shape[0], dtype=np.int64)
+    first[inv] = np.arange(inv.shape[0])
+    return Blocks(inv.astype(np.int64), stage[first], int(uniq.shape[0]), float(block_s))
+
+
+def block_multiplicities(
+    blocks: Blocks, c: int, rng: np.random.Generator
+) -> npt.NDArray[np.float64]:
+    """(c, blocks) how many times each block is drawn; blocks resampled within their stage."""
+    mult = np.zeros((c, blocks.n))
+    for s in np.unique(blocks.stage_of_block):
+        ids = np.flatnonzero(blocks.stage_of_block == s)
+        draw = ids[rng.integers(0, ids.shape[0], size=(c, ids.shape[0]))]
+        flat = (draw + (np.arange(c) * blocks.n)[:, None]).ravel()
+        mult += np.bincount(flat, minlength=c * blocks.n).reshape(c, blocks.n)
+    return mult
+
+
+def _hist_edges(v: F64) -> F64:
     lo = max(float(v.min()), 1e-6)
     hi = max(float(v.max()), lo * 1.0001)
-    edges = np.geomspace(lo, hi, ITL_BINS + 1)
-    b = np.clip(np.searchsorted(edges, v, side="right") - 1, 0, ITL_BINS - 1)
-    n = reqs.shape[0]
-    hist = np.bincount(
-        req_idx * ITL_BINS + b, weights=w.astype(np.float64), minlength=n * ITL_BINS
-    ).reshape(n, ITL_BINS)
+    return np.geomspace(lo, hi, HIST_BINS + 1)
+
+
+def boot_quantiles(
+    values: F64,
+    weights: F64,
+    rows: npt.NDArray[np.int64],
+    blocks: Blocks,
+    qs: Sequence[float],
+    n_boot: int,
+    rng: np.random.Generator,
+) -> F64:
+    """(n_boot, len(qs)) percentiles of `values` (weighted, e.g. ITL tokens) under resampling.
+
+    Values are summarized per block as a histogram over HIST_BINS log-spaced bins; a
+    resample's pooled histogram is (block multiplicities) @ (block histograms) and its
+    percentiles are read with log-linear interpolation inside a bin.
+    """
+    out = np.full((n_boot, len(qs)), np.nan)
+    keep = (weights > 0) & np.isfinite(values) & (values > 0)
+    v, w, r = values[keep], weights[keep], rows[keep]
+    if v.shape[0] == 0:
+        return out
+    edges = _hist_edges(v)
+    b = np.clip(np.searchsorted(edges, v, side="right") - 1, 0, HIST_BINS - 1)
+    blk = blocks.of_request[r]
+    hist = np.bincount(blk * HIST_BINS + b, weights=w, minlength=blocks.n * HIST_BINS).reshape(
+        blocks.n, HIST_BINS
+    )
     row = 0
-    for c in _chunks(n_boot, n):
-        idx = rng.integers(0, n, size=(c, n)) + (np.arange(c) * n)[:, None]
-        mult = np.bincount(idx.ravel(), minlength=c * n).reshape(c, n).astype(np.float64)
-        pooled = mult @ hist  # (c, bins)
+    for c in _chunks(n_boot, blocks.n):
+        pooled = block_multiplicities(blocks, c, rng) @ hist  # (c, bins)
         cum = np.cumsum(pooled, axis=1)
-        total = cum[:, -1:]
+        total = cum[:, -1]
+        ar = np.arange(c)
         for j, q in enumerate(qs):
-            target = q / 100.0 * total[:, 0]
-            k = np.minimum((cum < target[:, None]).sum(axis=1), ITL_BINS - 1)
-            before = np.where(k > 0, cum[np.arange(c), k - 1], 0.0)
-            inbin = np.maximum(pooled[np.arange(c), k], 1e-12)
+            target = q / 100.0 * total
+            k = np.minimum((cum < target[:, None]).sum(axis=1), HIST_BINS - 1)
+            before = np.where(k > 0, cum[ar, np.maximum(k - 1, 0)], 0.0)
+            inbin = np.maximum(pooled[ar, k], 1e-12)
             frac = np.clip((target - before) / inbin, 0.0, 1.0)
-            out[row : row + c, j] = edges[k] * (edges[k + 1] / edges[k]) ** frac
+            val = edges[k] * (edges[k + 1] / edges[k]) ** frac
+            out[row : row + c, j] = np.where(total > 0, val, np.nan)
         row += c
     return out
 
 
-def boot_rate(weights: F64, window_s: float | None, n_boot: int, rng: np.random.Generator) -> F64:
-    """Resampled Σweights / window (goodput: weights = good requests; tokens/s: tokens)."""
-    n = weights.shape[0]
+def boot_rate(
+    weights: F64, blocks: Blocks, window_s: float | None, n_boot: int, rng: np.random.Generator
+) -> F64:
+    """Resampled Σweights / window (goodput: weights = good requests; tokens/s: tokens).
+
+    Block sums carry the run-to-run variation in how many requests arrive in a window.
+    """
     out = np.full(n_boot, np.nan)
-    if n == 0 or not window_s:
+    if weights.shape[0] == 0 or not window_s:
         return out
+    per_block = np.bincount(blocks.of_request, weights=weights, minlength=blocks.n)
     row = 0
-    for c in _chunks(n_boot, n):
-        idx = rng.integers(0, n, size=(c, n))
-        out[row : row + c] = weights[idx].sum(axis=1) / window_s
+    for c in _chunks(n_boot, blocks.n):
+        out[row : row + c] = block_multiplicities(blocks, c, rng) @ per_block / window_s
         row += c
     return out
 
@@ -224,7 +274,9 @@ def boot_rate(weights: F64, window_s: float | None, n_boot: int, rng: np.random.
 def bootstrap(rs: RunStats, n_boot: int, rng: np.random.Generator) -> dict[str, F64]:
     """Bootstrap distribution of every metric of one run."""
     f = rs.rt.frame
-    ok = f.filter(pl.col("ok"))
+    blocks = make_blocks(rs.rt)
+    okm = f["ok"].to_numpy().astype(bool)
+    all_rows = np.arange(f.height, dtype=np.int64)
     out: dict[str, F64] = {}
     by_src: dict[str, list[tuple[str, float]]] = {}
     for key, (src, stat, _, _) in METRICS.items():
@@ -233,21 +285,20 @@ def bootstrap(rs: RunStats, n_boot: int, rng: np.random.Generator) -> dict[str, 
     for src, items in by_src.items():
         qs = [q for _, q in items]
         if src == "itl_ms":
-            res = boot_itl_quantiles(rs.rt, qs, n_boot, rng)
+            vals, w, rows = rs.rt.itl_ms, rs.rt.itl_w.astype(np.float64), rs.rt.itl_row
         else:
-            vals = ok[src].drop_nulls().to_numpy().astype(np.float64)
-            res = boot_quantiles(vals, qs, n_boot, rng)
+            col = f[src].cast(pl.Float64).fill_null(np.nan).to_numpy().astype(np.float64)
+            vals, w, rows = col[okm], np.ones(int(okm.sum())), all_rows[okm]
+        res = boot_quantiles(vals, w, rows, blocks, qs, n_boot, rng)
         for j, (key, _) in enumerate(items):
             out[key] = res[:, j]
     out["goodput"] = (
-        boot_rate(rs.good.astype(np.float64), rs.window_s, n_boot, rng)
+        boot_rate(rs.good.astype(np.float64), blocks, rs.window_s, n_boot, rng)
         if slo_targets(rs.slo)
         else np.full(n_boot, np.nan)
     )
-    toks = np.where(
-        f["ok"].to_numpy(), f["output_tokens"].fill_null(0).to_numpy().astype(np.float64), 0.0
-    )
-    out["output_tokens_per_s"] = boot_rate(toks, rs.window_s, n_boot, rng)
+    toks = np.where(okm, f["output_tokens"].fill_null(0).to_numpy().astype(np.float64), 0.0)
+    out["output_tokens_per_s"] = boot_rate(toks, blocks, rs.window_s, n_boot, rng)
     return out
 
 
@@ -523,13 +574,7 @@ def render_compare(result: Mapping[str, Any], stats: Sequence[RunStats]) -> str:
     for i, rs in enumerate(stats):
         rt = rs.rt
         pooled = latency_values(
-            RequestTable(
-                rt.frame.with_columns(pl.lit(rs.name).alias("model")),
-                rt.itl_ms,
-                rt.itl_w,
-                rt.itl_row,
-                rt.itl_t_ns,
-            )
+            dataclasses.replace(rt, frame=rt.frame.with_columns(pl.lit(rs.name).alias("model")))
         )
         for k, _ in CDF_METRICS:
             if rs.name in pooled[k]:
