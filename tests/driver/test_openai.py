@@ -202,6 +202,46 @@ def test_byte_scanner_agrees_with_json(objs: list[dict[str, Any]], spaced: bool)
     assert p.token_ns == want
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(chunks(), min_size=1, max_size=6),
+    st.lists(st.integers(1, 400), min_size=1, max_size=40),
+)
+def test_scanner_with_reads_cut_anywhere(objs: list[dict[str, Any]], cuts: list[int]) -> None:
+    """The same events, delivered in reads cut at random places: each token event is stamped
+    with the read that delivered its last byte."""
+    raws = [b"data: " + json.dumps(o).encode() + b"\n\n" for o in objs]
+    stream = b"".join(raws)
+    bounds, pos = [], 0
+    for c in cuts:
+        pos += c
+        if pos >= len(stream):
+            break
+        bounds.append(pos)
+    pieces = [stream[a:b] for a, b in zip([0, *bounds], [*bounds, len(stream)], strict=True)]
+    ends = [b - 1 for b in [*bounds, len(stream)]]  # last byte index of each read
+    p = StreamParser()
+    for k, piece in enumerate(pieces):
+        assert p.feed(piece, k) == CONTINUE
+    want, end = [], 0
+    for o, raw in zip(objs, raws, strict=True):
+        end += len(raw)
+        if _truth_has_text(o) and not o.get("usage"):
+            want.append(next(k for k, e in enumerate(ends) if e >= end - 1))
+    assert p.token_ns == want
+
+
+def test_one_long_event_over_many_reads_and_the_size_cap() -> None:
+    big = content("x" * 300_000)
+    p = StreamParser()
+    for k in range(0, len(big), 1000):
+        assert p.feed(big[k : k + 1000], k) == CONTINUE
+    assert p.token_counts == [1] and p.token_ns == [len(big) // 1000 * 1000]
+    p = StreamParser(max_event_bytes=100_000)
+    rcs = [p.feed(big[k : k + 1000], k) for k in range(0, 200_000, 1000)]
+    assert FAILED in rcs and "exceeds 100000 bytes" in p.error
+
+
 def test_build_body_fields_and_without_optional() -> None:
     b = json.loads(build_body("chat", "llama", "hi there", 16))
     assert b["messages"] == [{"role": "user", "content": "hi there"}]

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from phaselens import __version__
+from phaselens.driver.prompts import PromptMaker
 from phaselens.driver.runner import (
     DriverOptions,
     LiveStats,
@@ -350,11 +351,19 @@ async def _single(
     loop = asyncio.get_running_loop()
     ev = asyncio.Event()
     relay_done = relay_stop(stop.wait, loop, ev)
+    prompts = PromptMaker(options.prompt_seed, options.tokenizer)  # before t = 0 is chosen
     t0 = time.perf_counter_ns() + int(lead_s * 1e9)
     on_start(t0)
     try:
         return await run_schedule(
-            schedule, targets, options, wt.record, run_start_perf_ns=t0, stop=ev, stats=stats
+            schedule,
+            targets,
+            options,
+            wt.record,
+            run_start_perf_ns=t0,
+            stop=ev,
+            stats=stats,
+            prompts=prompts,
         )
     finally:
         relay_done.set()

@@ -79,6 +79,9 @@ class StreamParser:
     __slots__ = (
         "_buf",
         "_cr",
+        "_held",
+        "_key",
+        "_parts",
         "continuous",
         "done",
         "end_ns",
@@ -95,7 +98,11 @@ class StreamParser:
 
     def __init__(self, max_event_bytes: int = 64 << 20) -> None:
         self._buf = b""
+        self._parts: list[bytes] = []  # later pieces of one long unfinished event
+        self._held = 0
         self._cr = False  # the previous read ended with "\r" (maybe half of "\r\n")
+        self._key: bytes | None = None  # the literal text key seen last, e.g. b'"text": "'
+
         self.token_ns: list[int] = []
         self.token_counts: list[int] = []
         self.last_ct = 0
@@ -116,26 +123,67 @@ class StreamParser:
                 data = data[1:]
             self._cr = data[-1:] == b"\r"
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        buf = self._buf + data if self._buf else data
-        start = 0
-        while True:
-            end = buf.find(b"\n\n", start)
-            if end < 0:
-                break
-            rc = self._event(buf[start:end], t_ns)
-            start = end + 2
-            if rc:
-                self._buf = b""
-                return rc
-        self._buf = buf[start:] if start else buf
-        if len(self._buf) > self.max_event_bytes:
+            if not data:
+                return CONTINUE
+        if self._buf:
+            last = self._parts[-1] if self._parts else self._buf
+            if b"\n\n" not in data and not (data[:1] == b"\n" and last.endswith(b"\n")):
+                # Still inside one long event: keep the pieces, join once it ends (linear).
+                self._parts.append(data)
+                self._held += len(data)
+                if self._held > self.max_event_bytes:
+                    self.error = f"bad stream: one event exceeds {self.max_event_bytes} bytes"
+                    return FAILED
+                return CONTINUE
+            data = b"".join((self._buf, *self._parts, data)) if self._parts else self._buf + data
+            self._parts.clear()
+        events = data.split(b"\n\n")
+        self._buf = events.pop()  # the unfinished tail ("" when the read ended an event)
+        self._held = len(self._buf)
+        if self._held > self.max_event_bytes:
             self.error = f"bad stream: one event exceeds {self.max_event_bytes} bytes"
             return FAILED
+        # Fast path, per event: one `data: {...}` line without usage or error (the content
+        # chunks of most servers). Everything else takes the general path below.
+        tok_ns, tok_c = self.token_ns, self.token_counts
+        key = self._key
+        n_fast = 0
+        for ev in events:
+            if (
+                ev.startswith(b"data: {")
+                and ev.endswith(b"}")
+                and b"\n" not in ev
+                and b'"usage"' not in ev
+                and b'"error"' not in ev
+            ):
+                n_fast += 1
+                if key is not None:
+                    j = ev.find(key)
+                    if j >= 0 and ev[j + len(key)] != 34:  # 34: '"', i.e. an empty string
+                        tok_ns.append(t_ns)
+                        tok_c.append(1)
+                        continue
+                m = _TEXT.search(ev)
+                if m is not None:
+                    tok_ns.append(t_ns)
+                    tok_c.append(1)
+                    if m.group(0).endswith(b'"'):
+                        key = self._key = m.group(0)  # this server's spelling of the text key
+                continue
+            if not ev:
+                continue
+            rc = self._event(ev, t_ns)
+            if rc:
+                self.events += n_fast
+                self._buf = b""
+                return rc
+        self.events += n_fast
         return CONTINUE
 
     def close(self, t_ns: int) -> int:
         """The body ended: an unterminated last event still counts (streams cut without [DONE])."""
-        rest, self._buf = self._buf.strip(b"\n"), b""
+        rest = b"".join((self._buf, *self._parts)).strip(b"\n")
+        self._buf, self._parts = b"", []
         return self._event(rest, t_ns) if rest else CONTINUE
 
     def _event(self, block: bytes, t_ns: int) -> int:

@@ -37,32 +37,49 @@ make very good three much even still make own place right old each
 """
 VOCAB: tuple[str, ...] = tuple(dict.fromkeys(_WORDS.split()))
 _SALT_PREFIX, _SALT_UNIQUE = 1, 2
+POOL = 1 << 14  # words per seeded pool; a request reads a window of it (longer ones wrap)
+_STRIDE = 10007  # odd, so id -> window start is one-to-one modulo POOL
 
 
 class PromptMaker:
-    """Builds the prompt text of a planned request (deterministic in seed and request id)."""
+    """Builds the prompt text of a planned request (deterministic in seed and request id).
+
+    Two seeded pools of random words (one for shared prefixes, one for the rest); request i
+    reads a window starting at i * 10007 mod 16384, so building a prompt costs a slice and a
+    join, not a new random generator per request. Its own id is its first word after the
+    shared prefix, so no two prompts share more than their planned prefix.
+    """
 
     def __init__(self, seed: int, tokenizer_path: str | None = None) -> None:
         self.seed = seed
-        self._vocab = np.array(VOCAB, dtype=object)
         self._tok: Any = _load_tokenizer(tokenizer_path) if tokenizer_path else None
+        self._pools = {salt: self._pool(salt) for salt in (_SALT_PREFIX, _SALT_UNIQUE)}
         self._prefix_cache: dict[tuple[int, int], str] = {}
 
+    def _pool(self, salt: int) -> list[str]:
+        rng = np.random.default_rng([self.seed, salt])
+        words = [" " + VOCAB[i] for i in rng.integers(0, len(VOCAB), size=POOL).tolist()]
+        return words + words  # doubled: every window of up to POOL words is one slice
+
     def _words(self, salt: int, key: int, n: int) -> str:
+        """n words (each " word") from the window of `key` in pool `salt`."""
         if n <= 0:
             return ""
-        rng = np.random.default_rng([self.seed, salt, key])
-        idx = rng.integers(0, len(VOCAB), size=n)
-        return " " + " ".join(self._vocab[idx].tolist())
+        pool = self._pools[salt]
+        start = (key * _STRIDE) % POOL
+        parts = []
+        while n > 0:
+            take = min(n, POOL)
+            parts.append("".join(pool[start : start + take]))
+            n -= take
+        return "".join(parts)
 
     def prefix(self, group: int, tokens: int) -> str:
         """The shared text of a prefix group: identical for every request of the group."""
         key = (group, tokens)
         text = self._prefix_cache.get(key)
         if text is None:
-            text = self._words(_SALT_PREFIX, group, tokens)
-            if self._tok is not None:
-                text = self._fit(text, tokens, _SALT_PREFIX, group)
+            text = self._fit(lambda n: self._words(_SALT_PREFIX, group, n), "", tokens)
             self._prefix_cache[key] = text
         return text
 
@@ -71,51 +88,62 @@ class PromptMaker:
         n_prefix = min(req.prefix_tokens, req.input_tokens) if req.prefix_group >= 0 else 0
         head = self.prefix(req.prefix_group, n_prefix) if n_prefix else ""
         n_rest = req.input_tokens - n_prefix
-        # The request id as the first word keeps prompts of one group distinct right after the
-        # shared part, so a prefix cache cannot reuse more than the planned prefix.
-        tail = self._words(_SALT_UNIQUE, req.id, n_rest - 1)
-        rest = f" {req.id}{tail}" if n_rest > 0 else ""
-        text = (head + rest).lstrip(" ")
-        if self._tok is None:
-            return text
-        return head.lstrip(" ") + self._fit_tail(head, rest, req.input_tokens, req.id)
+        if n_rest <= 0:
+            return head.lstrip(" ")
+        tag = f" {req.id}"
+        # With a tokenizer the id may be several tokens; when it does not fit, the window
+        # (distinct per id) alone keeps prompts apart.
+        if self._tok is not None and self.count(tag) >= n_rest:
+            tag = ""
+
+        def rest(n: int) -> str:
+            return tag + self._words(_SALT_UNIQUE, req.id, n - 1 if tag else n)
+
+        return (head + self._fit(rest, head, n_rest)).lstrip(" ")
 
     def count(self, text: str) -> int:
         """Tokens in `text` by the loaded tokenizer (no special tokens); -1 without one."""
         if self._tok is None:
             return -1
-        return len(self._tok.encode(text, add_special_tokens=False).ids)
+        return len(self._tok.encode(text.lstrip(" "), add_special_tokens=False).ids)
 
-    def _fit(self, text: str, n: int, salt: int, key: int) -> str:
-        """Trim or extend word text until it encodes to exactly `n` tokens (or gets close)."""
-        rng = np.random.default_rng([self.seed, salt, key, 7])
-        for _ in range(64):
-            have = self.count(text.lstrip(" "))
-            if have == n:
-                break
-            if have > n:
-                ids = self._tok.encode(text.lstrip(" "), add_special_tokens=False).ids[:n]
-                text = " " + str(self._tok.decode(ids))
-            else:
-                text += " " + " ".join(self._vocab[rng.integers(0, len(VOCAB), n - have)].tolist())
-        return text
+    def _fit(self, make: Any, head: str, n: int) -> str:
+        """make(k) with k chosen so that head + make(k) has head's tokens + n (tokenizer only).
 
-    def _fit_tail(self, head: str, rest: str, n: int, key: int) -> str:
-        rng = np.random.default_rng([self.seed, _SALT_UNIQUE, key, 7])
-        full = head.lstrip(" ")
-        for _ in range(64):
-            have = self.count(full + rest)
-            if have == n or not rest:
+        Words are about one token each, so a few corrections usually converge; otherwise the
+        text is cut at the token level when that round-trips, else the closest is kept (the
+        server's prompt_tokens is recorded as the truth anyway).
+        """
+        text: str = make(n)
+        if self._tok is None:
+            return text
+        base = self.count(head) if head else 0
+        k, best, best_err = n, text, None
+        for _ in range(12):
+            got = self.count(head + text) - base
+            err = got - n
+            if best_err is None or abs(err) < abs(best_err):
+                best, best_err = text, err
+            if err == 0 or k - err < 1:
                 break
-            if have > n:
-                words = rest.split(" ")
-                cut = max(2, len(words) - (have - n))
-                if cut == len(words):
-                    break
-                rest = " ".join(words[:cut])
-            else:
-                rest += " " + " ".join(self._vocab[rng.integers(0, len(VOCAB), n - have)].tolist())
-        return rest if full else rest.lstrip(" ")
+            k -= err
+            text = make(k)
+        if best_err:
+            cut = self._truncate(head, make(max(k, n) + 2), base + n)
+            if cut is not None:
+                return cut
+        return best
+
+    def _truncate(self, head: str, text: str, n_total: int) -> str | None:
+        """The tail of `head + text` cut to `n_total` tokens, if that round-trips exactly."""
+        h = head.lstrip(" ")
+        ids = self._tok.encode((head + text).lstrip(" "), add_special_tokens=False).ids
+        if len(ids) < n_total:
+            return None
+        cand = str(self._tok.decode(ids[:n_total]))
+        if not cand.startswith(h) or self.count(cand) != n_total:
+            return None
+        return cand[len(h) :] if h else cand
 
 
 def _load_tokenizer(path: str) -> Any:

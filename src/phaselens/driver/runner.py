@@ -150,6 +150,7 @@ class _Driver:
         sink: RecordSink,
         t0: int,
         stats: LiveStats,
+        prompts: PromptMaker | None = None,
     ) -> None:
         self.s = schedule
         self.o = options
@@ -158,7 +159,7 @@ class _Driver:
         self.stats = stats
         self.urls = _route(schedule.models, targets, options.endpoint)
         self.served = [options.model_map.get(m, m) for m in schedule.models]
-        self.prompts = PromptMaker(options.prompt_seed, options.tokenizer)
+        self.prompts = prompts or PromptMaker(options.prompt_seed, options.tokenizer)
         base = dict(options.headers)
         base["Content-Type"] = "application/json"
         base["Accept"] = "text/event-stream"
@@ -393,7 +394,7 @@ class _Driver:
         error: str,
     ) -> None:
         t0 = self.t0
-        tok = tuple(t - t0 for t in p.token_ns)
+        tok = tuple(map(t0.__rsub__, p.token_ns))  # t - t0 for each, at C speed
         if status == "timeout" and p.done:
             status, error = "ok", ""  # the stream was complete; only the drain timed out
             end = p.end_ns - t0
@@ -527,16 +528,21 @@ async def run_schedule(
     indices: npt.NDArray[np.int64] | None = None,
     stop: asyncio.Event | None = None,
     stats: LiveStats | None = None,
+    prompts: PromptMaker | None = None,
 ) -> RunSummary:
     """Drive `schedule` (or the rows `indices` of it) and pass one record per request to `sink`.
 
-    `run_start_perf_ns` is the perf_counter_ns instant of t = 0 (default: now + 20 ms). Setting
-    `stop` ends sending: in-flight requests become `cancelled`, unsent ones `not_sent`.
+    `run_start_perf_ns` is the perf_counter_ns instant of t = 0 (default: 20 ms after setup).
+    Setting `stop` ends sending: in-flight requests become `cancelled`, unsent ones
+    `not_sent`. Pass `prompts` built beforehand when t = 0 is fixed, so setup cannot make the
+    first sends late.
     """
     options.validate()
-    t0 = run_start_perf_ns if run_start_perf_ns is not None else time.perf_counter_ns() + 20_000_000
     order = np.arange(len(schedule), dtype=np.int64) if indices is None else indices
-    d = _Driver(schedule, targets, options, sink, t0, stats or LiveStats())
+    d = _Driver(schedule, targets, options, sink, 0, stats or LiveStats(), prompts)
+    t0 = run_start_perf_ns if run_start_perf_ns is not None else time.perf_counter_ns() + 20_000_000
+    d.t0 = t0
+    d.run_tag = f"{t0 & 0xFFFFFFFF:08x}"
     if indices is not None:
         d.recorded[:] = True
         d.recorded[order] = False  # other workers own the rest

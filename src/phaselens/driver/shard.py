@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from phaselens.driver.prompts import PromptMaker
 from phaselens.driver.runner import (
     DriverOptions,
     LiveStats,
@@ -68,6 +69,7 @@ def _worker(
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it sets `stop`
     anchor = clock_anchor()
+    prompts = PromptMaker(options.prompt_seed, options.tokenizer)  # setup before t = 0
     out.put(("ready", index, os.getpid()))
     go.wait()
     stats = LiveStats()
@@ -109,6 +111,7 @@ def _worker(
                 indices=rows,
                 stop=ev,
                 stats=stats,
+                prompts=prompts,
             )
         finally:
             rep.cancel()
