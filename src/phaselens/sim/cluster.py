@@ -22,7 +22,8 @@ from phaselens.types import Schedule
 ST_OK, ST_REJECTED = 0, 1
 NO_TIME = -1
 _INF = 2**62
-_MIN_STRETCH = 8  # below this, numpy's per-call overhead costs more than it saves
+_MIN_STRETCH = 2
+_NUMPY_STRETCH = 48  # longer stretches are computed with numpy, shorter ones in a loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +166,10 @@ class Cluster:
                 fit = (t_next - self.now) // max(1, round(cost.seconds * 1e9)) + 2
                 k = min(k, fit, 4096)
                 if k >= _MIN_STRETCH:
-                    t0, cost = self._stretch(st, k, t_next, cost)
+                    if k <= _NUMPY_STRETCH:
+                        t0, cost = self._stretch_scalar(st, k, t_next, cost)
+                    else:
+                        t0, cost = self._stretch(st, k, t_next, cost)
         self.stepping[i] = True
         self.step_t0[i] = t0
         self.step_cost[i] = cost
@@ -191,6 +195,38 @@ class Cluster:
             for g in e.gpus:
                 self.devices[g].demand[i] = cost.bytes / e.tp / cost.seconds
         return cost, extra
+
+    def _stretch_scalar(
+        self, st: EngineState, k: int, t_next: int, cost: StepCost
+    ) -> tuple[int, StepCost]:
+        """`_stretch` for short stretches: the same arithmetic, one step at a time, no events."""
+        n, sp, s, bs, ph = st.n_dec, st.sum_p, st.step_idx, st.bs, st.phase
+        free = st.free_blocks()
+        step_bw, bw = st.cost.step_bw, st.cost.bandwidth
+        t = self.now
+        ends: list[int] = []
+        flops: list[float] = []
+        nbytes: list[float] = []
+        needs: list[int] = []
+        c = cost
+        for j in range(k - 1):
+            end = t + max(1, round(c.seconds * 1e9))
+            need = ph[(s + 1 + j) % bs]
+            if end >= t_next or need > free:
+                break
+            free -= need
+            ends.append(end)
+            flops.append(c.flops)
+            nbytes.append(c.bytes)
+            needs.append(need)
+            t = end
+            sp += n
+            c = step_bw(n, n, float(sp + n), float(sp), n, bw)
+        if not ends:
+            return self.now, cost
+        st.commit_stretch(ends, self.now, flops, nbytes, needs)
+        self.stretch_steps += len(ends)
+        return t, c
 
     def _stretch(
         self, st: EngineState, k: int, t_next: int, cost: StepCost
