@@ -115,6 +115,30 @@ def _parse_pairs(values: list[str], opt: str, sep: str) -> dict[str, str]:
     return out
 
 
+def _run_latency_line(path: Path) -> None:
+    """One line of headline numbers after a run (the full view is `phaselens analyze`)."""
+    from phaselens.analysis.summary import analyze as _analyze
+    from phaselens.store import load_run
+
+    try:
+        s = _analyze(load_run(path))
+    except Exception as e:  # the run is written; a summary failure must not hide that
+        print(f"phaselens: warning: no summary ({type(e).__name__}: {e})", file=sys.stderr)
+        return
+    lat, thr = s.get("latency") or {}, s.get("throughput") or {}
+
+    def ms(metric: str, q: str) -> str:
+        v = (lat.get(metric) or {}).get(q)
+        return f"{v:.1f}" if isinstance(v, (int, float)) else "-"
+
+    typer.echo(
+        f"TTFT p50/p99 {ms('ttft_ms', 'p50')}/{ms('ttft_ms', 'p99')} ms  "
+        f"ITL p50/p99 {ms('itl_ms', 'p50')}/{ms('itl_ms', 'p99')} ms  "
+        f"TPOT p50 {ms('tpot_ms', 'p50')} ms  E2E p99 {ms('e2e_ms', 'p99')} ms  "
+        f"{thr.get('requests_per_s', 0):.1f} req/s  {thr.get('output_tokens_per_s', 0):.0f} tok/s"
+    )
+
+
 @app.command()
 def run(
     spec: Annotated[Path, typer.Argument(help="Workload spec (YAML).")],
@@ -241,6 +265,7 @@ def run(
     counts = ", ".join(f"{k} {v}" for k, v in sorted(res.by_status.items()))
     typer.echo(f"{res.path}")
     typer.echo(f"{res.status}: {res.planned} planned; {counts}")
+    _run_latency_line(res.path)
     if not res.verdict.valid:
         for reason in res.verdict.invalid_reasons:
             typer.echo(f"INVALID: {reason}")
@@ -390,6 +415,65 @@ def compare(
         typer.echo(f"Compare: {path}", err=as_json)
     if result["failed"]:
         raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------- calibrate / whatif (issue 8)
+@app.command()
+def calibrate(
+    run_dir: Annotated[Path, typer.Argument(help="A measured run directory.")],
+    deploy: Annotated[Path, typer.Option("--deploy", help="Deployment YAML the run ran on.")],
+    output: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("-o", "--output", help="Calibration file (default: calib.yaml)."),
+    ] = None,
+    check_runs: Annotated[
+        Optional[list[Path]],  # noqa: UP045
+        typer.Option("--check", help="Another run of the same deployment: held-out error."),
+    ] = None,
+    source: Annotated[
+        str, typer.Option("--from", help="auto (steps when recorded), steps or client.")
+    ] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Fit the simulator's cost constants to a measured run; report error per load regime."""
+    from phaselens.whatif.commands import calibrate_cmd
+
+    calibrate_cmd(run_dir, deploy, output, check_runs or [], source, as_json)
+
+
+@app.command()
+def whatif(
+    run_dir: Annotated[Path, typer.Argument(help="The measured run whose workload is replayed.")],
+    calib: Annotated[Path, typer.Option("--calib", help="calib.yaml from `phaselens calibrate`.")],
+    set_: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--set", help="KNOB=V1,V2,... e.g. policy.max_num_seqs=32,64 (repeatable)."),
+    ] = None,
+    max_runs: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--max-runs", help="Allow a grid this large (default limit 64)."),
+    ] = None,
+    sample: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--sample", help="Run a seeded random sample of K combinations."),
+    ] = None,
+    jobs: Annotated[int, typer.Option("--jobs", help="Parallel processes.")] = 1,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of --sample and burstiness.")] = 0,
+    gpu_cost_per_hour: Annotated[
+        float, typer.Option("--gpu-cost-per-hour", help="Price of one GPU-hour (Pareto cost).")
+    ] = 1.0,
+    output: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("-o", "--output", help="HTML file (default: whatif.html; none with --json)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Replay a run through the calibrated simulator for every knob combination; rank them."""
+    from phaselens.whatif.commands import whatif_cmd
+
+    whatif_cmd(
+        run_dir, calib, set_ or [], max_runs, sample, jobs, output, as_json, seed, gpu_cost_per_hour
+    )
 
 
 def main() -> None:

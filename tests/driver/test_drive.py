@@ -69,6 +69,7 @@ def test_cli_run_writes_a_complete_run(tmp_path: Path) -> None:
     run = load_run(_one_run(tmp_path / "runs"))
     assert out.splitlines()[0] == str(run.path)
     assert "complete: 20 planned; ok 20" in out
+    assert "TTFT p50/p99 " in out and " tok/s" in out
     m = run.manifest
     assert m["status"] == "complete" and m["kind"] == "driver" and m["target"] == url
     assert m["token_count_method"] == "usage"
