@@ -96,3 +96,20 @@ def test_run_sim_writes_a_run(tmp_path: Path) -> None:
     ph = pl.read_parquet(p / PHASES)
     assert ph["prefill_start_ns"].to_list() == [0, 500_000_000]
     json.dumps(run.manifest)  # plain JSON
+
+
+def test_every_simulated_step_respects_the_roofline(result) -> None:  # type: ignore[no-untyped-def]
+    """No step (prefill, decode or mixed) is shorter than its bytes/bandwidth or FLOPs/peak."""
+    _, r = result
+    g = GPUS["H100-SXM"]
+    st = r.steps
+    dur = (st["t_end_ns"] - st["t_start_ns"]).to_numpy() / 1e9
+    assert (dur >= st["bytes"].to_numpy() / g.bandwidth).all()
+    assert (dur >= st["flops"].to_numpy() / g.peak_flops).all()
+    assert (st["kv_tokens"] <= r.manifest_extra["engines"][0]["kv_capacity_tokens"]).all()
+
+
+def test_empty_schedule_gives_empty_frames() -> None:
+    r = simulate(make_schedule(np.zeros(0), [], []), one_engine())
+    assert r.requests.height == 0 and r.steps.height == 0
+    assert (r.telemetry["value"] == 0).all()
