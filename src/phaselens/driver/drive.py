@@ -33,6 +33,7 @@ from phaselens.driver.runner import (
     run_schedule,
 )
 from phaselens.driver.selfcheck import Verdict, verdict
+from phaselens.errors import InputError
 from phaselens.store import RunWriter, clock_anchor
 from phaselens.telemetry.sampler import parse_spec as parse_telemetry
 from phaselens.telemetry.sampler import start_telemetry
@@ -135,9 +136,12 @@ def drive(
     """
     options.validate()
     if workers < 1:
-        from phaselens.errors import InputError
-
         raise InputError(f"--workers: expected an integer >= 1, got {workers}")
+    if options.concurrency and workers > options.concurrency:
+        raise InputError(
+            f"--workers: {workers} workers for --concurrency {options.concurrency} users; "
+            "give at most one worker per user"
+        )
     safe_targets = {m: redact_url(u) for m, u in targets.items()}
     label = (
         safe_targets["*"]

@@ -39,9 +39,10 @@ class ProgressLine:
         self._thread = threading.Thread(target=self._run, name="phaselens-progress", daemon=True)
         self._hist: list[tuple[float, int, int]] = []
 
-    def line(self) -> Text:
+    def line(self, now_ns: int | None = None) -> Text:
+        """The current line; rates are over the last ~5 s of readings."""
         s = self._read()
-        now = time.perf_counter_ns()
+        now = time.perf_counter_ns() if now_ns is None else now_ns
         el = max(0.0, (now - self._t0) / 1e9)
         self._hist.append((el, s.done, s.output_tokens))
         while len(self._hist) > 2 and self._hist[-1][0] - self._hist[0][0] > 5.0:
