@@ -1,0 +1,289 @@
+"""The simulator's step cost written as a linear model, so its constants can be fitted by NNLS.
+
+Why: `sim/cost.py` prices a step as
+`max(F_lin/(η_lin·P), B_lin/(η_mem·BW)) + max(F_att/(η_att·P), B_att/(η_mem·BW)) + c0 + c_seq·B`
+(+ per-layer launches and all-reduces). With inverse efficiencies `u = 1/η` and the side of each
+max() fixed, the step time is linear in θ = (u_lin, u_att, u_mem, c0, c_seq) — plus a per-request
+overhead `r` (HTTP, tokenization) that only TTFT pays. Non-negative least squares on that basis,
+re-solved until no step changes side, is the whole fit: every coefficient has a physical meaning
+and a unit, and a column no row exercises is reported as not identified instead of guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
+
+from phaselens.sim.cost import CostParams, prefill_attn_units
+from phaselens.sim.deploy import Deployment, Engine
+
+F64 = npt.NDArray[np.float64]
+NAMES = ("u_lin", "u_att", "u_mem", "c0", "c_seq", "r")
+K = len(NAMES)
+
+
+@dataclass(frozen=True, slots=True)
+class Theta:
+    """Fitted constants in linear form: inverse efficiencies, overheads (s), request overhead."""
+
+    u_lin: float
+    u_att: float
+    u_mem: float
+    c0: float
+    c_seq: float
+    r: float = 0.0
+
+    def vec(self) -> F64:
+        return np.array([self.u_lin, self.u_att, self.u_mem, self.c0, self.c_seq, self.r])
+
+    @staticmethod
+    def of(v: F64) -> Theta:
+        return Theta(*(float(x) for x in v))
+
+    @staticmethod
+    def from_cost(c: CostParams, r: float = 0.0) -> Theta:
+        """Per-layer launches fold into c0 (they are a constant per step for one model)."""
+        return Theta(
+            1.0 / c.eta_linear,
+            1.0 / c.eta_attention,
+            1.0 / c.eta_memory,
+            c.step_overhead_s,
+            c.per_seq_overhead_s,
+            r,
+        )
+
+    def cost(self, base: CostParams) -> CostParams:
+        """The CostParams this θ stands for (per-layer overhead folded into the step overhead)."""
+        return replace(
+            base,
+            eta_linear=1.0 / self.u_lin,
+            eta_attention=1.0 / self.u_att,
+            eta_memory=1.0 / self.u_mem,
+            step_overhead_s=self.c0,
+            per_seq_overhead_s=self.c_seq,
+            per_layer_overhead_s=0.0,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Hw:
+    """One engine's hardware share: per-GPU peak FLOP/s and bandwidth, TP degree, link."""
+
+    peak: float
+    bw: float
+    tp: int
+    link: float
+
+
+def engine_hw(deploy: Deployment, e: Engine) -> Hw:
+    specs = [deploy.gpu(n).spec for n in e.gpus]
+    return Hw(
+        peak=min(s.peak_flops for s in specs) * e.sm_fraction,
+        bw=min(s.bandwidth for s in specs),
+        tp=e.tp,
+        link=min(s.link_gbs for s in specs) * 1e9,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Steps:
+    """Features of many steps: a1..a4 in seconds at η = 1, sequences, and fixed seconds."""
+
+    a1: F64  # linear FLOPs / peak
+    a2: F64  # weight bytes / bandwidth
+    a3: F64  # attention FLOPs / peak
+    a4: F64  # KV bytes / bandwidth
+    seqs: F64
+    fixed: F64  # all-reduces and anything not fitted
+
+
+def step_features(
+    e: Engine,
+    hw: Hw,
+    tokens: F64,
+    sampled: F64,
+    attn_units: F64,
+    kv_read: F64,
+    seqs: F64,
+    allreduce_latency_s: float,
+) -> Steps:
+    """Roofline features of steps on engine `e` (mirrors `EngineCost.step_bw`)."""
+    m = e.model
+    tp = hw.tp
+    f_lin = 2.0 * m.params_nonembed * tokens + 2.0 * m.vocab * m.hidden * sampled
+    f_att = 4.0 * m.layers * m.heads * m.head_dim * attn_units
+    b_att = m.kv_bytes_per_token * (kv_read + tokens)
+    fixed = np.zeros_like(tokens, dtype=np.float64)
+    if tp > 1:
+        size = tokens * m.hidden * 2.0
+        fixed = fixed + 2 * m.layers * (2.0 * (tp - 1) / tp * size / hw.link)
+        fixed = fixed + 2 * m.layers * allreduce_latency_s
+    return Steps(
+        a1=f_lin / (hw.peak * tp),
+        a2=np.full_like(f_lin, m.weight_read_bytes / (hw.bw * tp)),
+        a3=f_att / (hw.peak * tp),
+        a4=b_att / (hw.bw * tp),
+        seqs=np.asarray(seqs, dtype=np.float64),
+        fixed=fixed,
+    )
+
+
+def concat(parts: list[Steps]) -> Steps:
+    return Steps(*(np.concatenate([getattr(p, f) for p in parts]) for f in Steps.__slots__))
+
+
+def step_time(s: Steps, th: Theta) -> F64:
+    t_lin = np.maximum(th.u_lin * s.a1, th.u_mem * s.a2)
+    t_att = np.maximum(th.u_att * s.a3, th.u_mem * s.a4)
+    out: F64 = t_lin + t_att + th.c0 + th.c_seq * s.seqs + s.fixed
+    return out
+
+
+def linear_rows(s: Steps, th: Theta) -> F64:
+    """Per step, the row of the linear model at θ's active sides (columns = NAMES, r = 0)."""
+    lin = th.u_lin * s.a1 >= th.u_mem * s.a2
+    att = th.u_att * s.a3 >= th.u_mem * s.a4
+    rows = np.zeros((s.a1.shape[0], K))
+    rows[:, 0] = np.where(lin, s.a1, 0.0)
+    rows[:, 1] = np.where(att, s.a3, 0.0)
+    rows[:, 2] = np.where(lin, 0.0, s.a2) + np.where(att, 0.0, s.a4)
+    rows[:, 3] = 1.0
+    rows[:, 4] = s.seqs
+    return rows
+
+
+# ---- isolated requests: what one request alone on its engine costs -----------------------------
+@dataclass(frozen=True, slots=True)
+class Isolated:
+    """Steps of requests served alone: `group[i]` is the observation step i belongs to.
+
+    Observation k is either a TTFT (sum of its prefill steps, plus r) or a TPOT (mean of its
+    decode steps). `fixed_obs` adds what is outside the steps (a dynamic batcher's wait).
+    """
+
+    steps: Steps
+    group: npt.NDArray[np.int64]
+    weight: F64  # 1 for a TTFT sum, 1/(steps) for a TPOT mean
+    is_ttft: npt.NDArray[np.bool_]
+    fixed_obs: F64
+
+
+def isolated_basis(
+    deploy: Deployment,
+    engine_idx: npt.NDArray[np.int64],
+    prompt: npt.NDArray[np.int64],
+    out: npt.NDArray[np.int64],
+    want_tpot: bool = True,
+    max_decode_steps: int = 64,
+) -> Isolated:
+    """Steps of each request served alone: its prefill chunks (TTFT) and its decode (TPOT).
+
+    Request k yields observation 2k (TTFT) and, when `want_tpot` and out ≥ 2, 2k+1 (TPOT).
+    Decode contexts are subsampled evenly to at most `max_decode_steps` per request (TPOT is
+    their mean, and the features are linear in the context, so this is exact up to rounding).
+    """
+    feats: list[Steps] = []
+    group: list[npt.NDArray[np.int64]] = []
+    weight: list[F64] = []
+    n = prompt.shape[0]
+    fixed_obs = np.zeros(2 * n)
+    is_ttft = np.zeros(2 * n, dtype=bool)
+    is_ttft[0::2] = True
+    ar = deploy.cost.allreduce_latency_s
+    for k in range(n):
+        e = deploy.engines[int(engine_idx[k])]
+        hw = engine_hw(deploy, e)
+        p, o = int(prompt[k]), int(out[k])
+        pol = e.policy
+        budget = pol.max_num_batched_tokens if pol.chunked_prefill else p
+        budget = max(1, budget)
+        chunks = []
+        done = 0
+        while done < p:
+            c = min(budget, p - done)
+            chunks.append((c, done))
+            done += c
+        cs = np.array([c for c, _ in chunks], dtype=np.float64)
+        cached = np.array([d for _, d in chunks], dtype=np.float64)
+        sampled = np.zeros_like(cs)
+        sampled[-1] = 1.0
+        units = np.array([prefill_attn_units(int(c), int(d)) for c, d in chunks])
+        feats.append(step_features(e, hw, cs, sampled, units, cached, np.ones_like(cs), ar))
+        group.append(np.full(cs.shape[0], 2 * k, dtype=np.int64))
+        weight.append(np.ones_like(cs))
+        if pol.type != "continuous":
+            fixed_obs[2 * k] += pol.max_wait_ms / 1e3  # a lone request waits for the timeout
+        if e.role == "prefill" and e.handoff_to is not None:
+            nbytes = p * e.model.kv_bytes_per_token
+            fixed_obs[2 * k] += nbytes / (e.link_gbs * 1e9) + e.link_latency_ms / 1e3
+            e = deploy.engine(e.handoff_to)
+            hw = engine_hw(deploy, e)
+        if want_tpot and o >= 2:
+            # decode step j (1..o-1) runs with p + j tokens in KV: attention units ctx+1
+            js = np.unique(np.linspace(1, o - 1, min(o - 1, max_decode_steps)).round())
+            ctx = p + js - 1  # KV holds p + j - 1 tokens before decode step j
+            one = np.ones_like(ctx)
+            feats.append(step_features(e, hw, one, one, ctx + 1, ctx, one, ar))
+            group.append(np.full(ctx.shape[0], 2 * k + 1, dtype=np.int64))
+            weight.append(one / ctx.shape[0])
+    return Isolated(
+        steps=concat(feats),
+        group=np.concatenate(group),
+        weight=np.concatenate(weight),
+        is_ttft=is_ttft,
+        fixed_obs=fixed_obs,
+    )
+
+
+def isolated_predict(b: Isolated, th: Theta) -> F64:
+    """Predicted seconds of every observation (TTFT rows include r); NaN where absent."""
+    t = step_time(b.steps, th) * b.weight
+    n_obs = b.is_ttft.shape[0]
+    summed: F64 = np.bincount(b.group, weights=t, minlength=n_obs).astype(np.float64)
+    present = np.bincount(b.group, minlength=n_obs) > 0
+    out: F64 = np.where(present, summed + b.fixed_obs + np.where(b.is_ttft, th.r, 0.0), np.nan)
+    return out
+
+
+def isolated_rows(b: Isolated, th: Theta) -> tuple[F64, F64]:
+    """Linear rows (one per observation) at θ's sides, and the fixed seconds per observation."""
+    rows = linear_rows(b.steps, th) * b.weight[:, None]
+    fixed = b.steps.fixed * b.weight
+    n_obs = b.is_ttft.shape[0]
+    out = np.zeros((n_obs, K))
+    for j in range(K):
+        out[:, j] = np.bincount(b.group, weights=rows[:, j], minlength=n_obs)
+    out[:, 5] = np.where(b.is_ttft, 1.0, 0.0)
+    fx = np.bincount(b.group, weights=fixed, minlength=n_obs) + b.fixed_obs
+    return out, fx
+
+
+# ---- NNLS --------------------------------------------------------------------------------------
+def nnls(a: F64, b: F64, max_iter: int = 200) -> F64:
+    """Lawson–Hanson non-negative least squares: argmin ||a·x − b|| subject to x ≥ 0."""
+    m, n = a.shape
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    w = a.T @ (b - a @ x)
+    tol = 1e-12 * max(1.0, float(np.abs(a).max(initial=0.0))) * max(m, n)
+    it = 0
+    while (~passive).any() and w[~passive].max(initial=-np.inf) > tol and it < max_iter:
+        it += 1
+        j = int(np.argmax(np.where(passive, -np.inf, w)))
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            sol, *_ = np.linalg.lstsq(a[:, passive], b, rcond=None)
+            z[passive] = sol
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-15
+            x[~passive] = 0.0
+        w = a.T @ (b - a @ x)
+    return x

@@ -1,0 +1,501 @@
+"""`phaselens calibrate`: fit the simulator's cost constants to one measured run.
+
+Two sources, best first:
+1. engine steps (`steps.parquet`: every iteration's duration, tokens, FLOPs and bytes): NNLS of
+   step durations on the roofline basis (`basis.py`);
+2. client timings only: the requests that ran *alone* (no other request in flight from send to
+   end) give exact equations — TTFT = Σ prefill chunk steps + request overhead, TPOT = mean
+   decode step — solved by NNLS; then the whole run is replayed with its exact arrivals and
+   lengths to split the step overhead into a per-step and a per-sequence part (golden-section
+   search; only batching can tell them apart). A run with no lone requests starts from the
+   deployment's constants and fits one common time scale instead.
+
+The error is then measured by replaying the run and comparing TTFT/TPOT p50/p90 per load regime
+(`predict.regimes`). Regimes with too few requests are reported as not measured: the fit claims
+nothing there. These are in-sample errors; `--check OTHER_RUN` measures held-out ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import yaml
+
+from phaselens.errors import InputError
+from phaselens.sim.cost import CostParams
+from phaselens.sim.deploy import Deployment, parse_deployment
+from phaselens.store import Run
+from phaselens.types import Schedule
+from phaselens.whatif.basis import (
+    F64,
+    Steps,
+    Theta,
+    engine_hw,
+    isolated_basis,
+    isolated_rows,
+    linear_rows,
+    step_features,
+    step_time,
+)
+from phaselens.whatif.fit import LinFit, fit_linear, scan_golden
+from phaselens.whatif.predict import (
+    compare,
+    iso_times,
+    measured_rows,
+    per_request,
+    regimes,
+    request_loss,
+    simulate_with,
+    with_kv,
+)
+from phaselens.whatif.replay import schedule_from_run
+
+MIN_OK = 20  # fewer successful requests: nothing trustworthy to fit
+MIN_ISOLATED = 8  # lone requests needed for the exact light-load equations
+FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """What `calibrate` found, and everything `whatif` needs to replay the run's workload."""
+
+    run: str
+    deployment: Mapping[str, Any]  # the deployment mapping (YAML) the fit applies to
+    deployment_source: str
+    cost: CostParams
+    request_overhead_s: float
+    method: str  # "steps" or "client"
+    identified: Mapping[str, bool]
+    fit: Mapping[str, Any]
+    errors: Mapping[str, Any]
+    slo: Mapping[str, Any]
+    kv_capacity_tokens: Mapping[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def deploy(self) -> Deployment:
+        """The deployment with the fitted constants (and KV capacities) applied."""
+        d = parse_deployment(with_cost(self.deployment, self.cost), self.deployment_source)
+        return with_kv(d, self.kv_capacity_tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "run": self.run,
+            "method": self.method,
+            "cost": asdict(self.cost),
+            "request_overhead_s": self.request_overhead_s,
+            "kv_capacity_tokens": dict(self.kv_capacity_tokens),
+            "identified": dict(self.identified),
+            "fit": _plain(self.fit),
+            "errors": _plain(self.errors),
+            "slo": _plain(self.slo),
+            "notes": list(self.notes),
+            "deployment_source": self.deployment_source,
+            "deployment": _plain(self.deployment),
+        }
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, (np.floating, float)):
+        return float(x)
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, np.bool_):
+        return bool(x)
+    return x
+
+
+def with_cost(deploy: Mapping[str, Any], cost: CostParams) -> dict[str, Any]:
+    d = copy.deepcopy(dict(deploy))
+    d["cost"] = asdict(cost)
+    return d
+
+
+def write_calibration(c: Calibration, path: Path | str) -> Path:
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(yaml.safe_dump(c.to_dict(), sort_keys=False), encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"{p}: cannot write ({e.strerror or e})") from None
+    return p
+
+
+def load_calibration(path: Path | str) -> Calibration:
+    """Read a calib.yaml written by `calibrate` (one clear line when it is not one)."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{p}: calibration file not found (write one with `phaselens calibrate`)")
+    try:
+        d = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError:
+        raise InputError(f"{p}: invalid YAML") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT or "deployment" not in d:
+        raise InputError(f"{p}: not a phaselens calibration (format {FORMAT} with a deployment)")
+    cost_d = d.get("cost") or {}
+    names = {f.name for f in fields(CostParams)}
+    bad = sorted(set(cost_d) - names)
+    if bad:
+        raise InputError(f"{p}: cost.{bad[0]}: not a CostParams field")
+    try:
+        cost = CostParams(**{k: float(v) for k, v in cost_d.items()})
+        return Calibration(
+            run=str(d.get("run", "")),
+            deployment=d["deployment"],
+            deployment_source=str(d.get("deployment_source", str(p))),
+            cost=cost,
+            request_overhead_s=float(d.get("request_overhead_s", 0.0)),
+            method=str(d.get("method", "")),
+            identified=dict(d.get("identified") or {}),
+            fit=dict(d.get("fit") or {}),
+            errors=dict(d.get("errors") or {}),
+            slo=dict(d.get("slo") or {}),
+            kv_capacity_tokens={
+                str(k): int(v) for k, v in (d.get("kv_capacity_tokens") or {}).items()
+            },
+            notes=tuple(str(n) for n in d.get("notes") or ()),
+        )
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{p}: malformed calibration ({e})") from None
+
+
+def load_deploy_mapping(path: Path | str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{p}: deployment file not found")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError:
+        raise InputError(f"{p}: invalid YAML") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{p}: expected a mapping with `gpus` and `engines`")
+    parse_deployment(data, str(p))  # validate now: one line naming the field
+    return data
+
+
+# ---- checks on the run -------------------------------------------------------------------------
+def check_run(run: Run, deploy: Deployment) -> None:
+    """Refuse what cannot be calibrated on, each with one line saying why."""
+    m = run.manifest
+    if m.get("valid") is False:
+        why = "; ".join(str(x) for x in m.get("invalid_reasons") or []) or "client self-check"
+        raise InputError(f"{run.path}: the run is INVALID ({why}); its timings measure the client")
+    ok = int((run.requests["status"] == "ok").sum()) if run.requests.height else 0
+    if ok < MIN_OK:
+        raise InputError(f"{run.path}: only {ok} ok requests; calibration needs at least {MIN_OK}")
+    served = {s for e in deploy.engines for s in e.serves}
+    models = sorted(set(run.requests["model"].to_list()))
+    missing = [x for x in models if x not in served]
+    if missing:
+        raise InputError(
+            f"{deploy.source}: the run's model {missing[0]!r} is served by no engine "
+            f"(served: {', '.join(sorted(served)) or 'none'}; the run has: {', '.join(models)})"
+        )
+
+
+# ---- the fit from engine steps -----------------------------------------------------------------
+def steps_basis(run: Run, deploy: Deployment) -> tuple[Steps, F64]:
+    """Features and durations (s) of the run's recorded engine steps.
+
+    Sampled tokens and prefill sequences per step are not recorded: one sampled token per
+    decoding sequence plus one per step with prefill, which errs by 2·V·d FLOPs per extra
+    prefill — far below a prefill's own FLOPs.
+    """
+    parts: list[Steps] = []
+    durs: list[F64] = []
+    by_name = {e.name: e for e in deploy.engines}
+    for (name,), g in run.steps.partition_by("engine", as_dict=True).items():
+        e = by_name.get(str(name))
+        if e is None:
+            continue
+        m = e.model
+        hw = engine_hw(deploy, e)
+        pf = g["prefill_tokens"].to_numpy().astype(np.float64)
+        dec = g["decode_seqs"].to_numpy().astype(np.float64)
+        tokens = pf + dec
+        has_pf = (pf > 0).astype(np.float64)
+        sampled = dec + has_pf
+        f_lin = 2.0 * m.params_nonembed * tokens + 2.0 * m.vocab * m.hidden * sampled
+        f_att = np.maximum(g["flops"].to_numpy() - f_lin, 0.0)
+        units = f_att / (4.0 * m.layers * m.heads * m.head_dim)
+        b_att = np.maximum(g["bytes"].to_numpy() - m.weight_read_bytes, 0.0)
+        kv_read = np.maximum(b_att / m.kv_bytes_per_token - tokens, 0.0)
+        parts.append(
+            step_features(
+                e,
+                hw,
+                tokens,
+                sampled,
+                units,
+                kv_read,
+                dec + has_pf,
+                deploy.cost.allreduce_latency_s,
+            )
+        )
+        durs.append(
+            (g["t_end_ns"].to_numpy() - g["t_start_ns"].to_numpy()).astype(np.float64) / 1e9
+        )
+    if not parts:
+        raise InputError(f"{run.path}: steps.parquet names no engine of the deployment")
+    from phaselens.whatif.basis import concat
+
+    return concat(parts), np.concatenate(durs)
+
+
+def fit_steps(run: Run, deploy: Deployment) -> tuple[LinFit, dict[str, Any]]:
+    s, dur = steps_basis(run, deploy)
+    keep = dur > 0
+    s = Steps(*(getattr(s, f)[keep] for f in Steps.__slots__))
+    dur = dur[keep]
+    # hold out every other step to report a step-time error the fit did not see
+    idx = np.arange(dur.shape[0])
+    train, test = idx % 2 == 0, idx % 2 == 1
+
+    def sub(mask: np.ndarray) -> Steps:
+        return Steps(*(getattr(s, f)[mask] for f in Steps.__slots__))
+
+    s_tr, s_te = sub(train), sub(test)
+
+    def rows_at(th: Theta) -> tuple[F64, F64]:
+        return linear_rows(s_tr, th), s_tr.fixed
+
+    prior = Theta.from_cost(deploy.cost)
+    lf = fit_linear(rows_at, dur[train], prior, ("u_lin", "u_att", "u_mem", "c0", "c_seq"))
+    pred = step_time(s_te, lf.theta)
+    rel = np.abs(pred - dur[test]) / dur[test]
+    info = {
+        "steps": int(dur.shape[0]),
+        "held_out_steps": int(test.sum()),
+        "step_error_median_pct": float(100 * np.median(rel)) if rel.size else None,
+        "step_error_p90_pct": float(100 * np.percentile(rel, 90)) if rel.size else None,
+    }
+    return lf, info
+
+
+# ---- the fit from client timings ---------------------------------------------------------------
+def lone_requests(requests: pl.DataFrame) -> np.ndarray:
+    """Ids of requests that had the server to themselves from send to end (ok ones only)."""
+    f = requests.filter(pl.col("sent_ns").is_not_null() & pl.col("end_ns").is_not_null())
+    f = f.sort("sent_ns")
+    a = f["scheduled_ns"].to_numpy().astype(np.int64)
+    a = np.minimum(a, f["sent_ns"].to_numpy().astype(np.int64))
+    b = f["end_ns"].to_numpy().astype(np.int64)
+    n = a.shape[0]
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    prev_reach = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(b)[:-1]])
+    next_start = np.concatenate([a[1:], [np.iinfo(np.int64).max]])
+    alone = (prev_reach < a) & (next_start > b)
+    ok = (f["status"] == "ok").to_numpy()
+    ids: np.ndarray = f["id"].to_numpy()[alone & ok].astype(np.int64)
+    return ids
+
+
+def max_inflight(requests: pl.DataFrame) -> int:
+    f = requests.filter(pl.col("sent_ns").is_not_null() & pl.col("end_ns").is_not_null())
+    if f.height == 0:
+        return 0
+    ev = np.concatenate([f["sent_ns"].to_numpy(), f["end_ns"].to_numpy()])
+    d = np.concatenate([np.ones(f.height), -np.ones(f.height)])
+    order = np.lexsort((d, ev))  # ends before starts at equal times
+    return int(np.max(np.cumsum(d[order])))
+
+
+def _engine_of(deploy: Deployment, sched: Schedule) -> np.ndarray:
+    route = {m: i for i, e in enumerate(deploy.engines) for m in e.serves}
+    return np.asarray([route[m] for m in sched.models], dtype=np.int64)[sched.model_idx]
+
+
+def fit_lone(
+    sched: Schedule, meas: pl.DataFrame, deploy: Deployment, lone: np.ndarray
+) -> tuple[LinFit, int]:
+    """NNLS on the exact equations of requests served alone (TTFT and TPOT rows)."""
+    rows = np.flatnonzero(np.isin(sched.ids if sched.ids is not None else [], lone))
+    eng = _engine_of(deploy, sched)[rows]
+    b = isolated_basis(
+        deploy, eng, sched.input_tokens[rows], sched.output_tokens[rows], max_decode_steps=32
+    )
+    ttft = meas["ttft_ms"].to_numpy().astype(np.float64)[rows] / 1e3
+    tpot = meas["tpot_ms"].to_numpy().astype(np.float64)[rows] / 1e3
+    target = np.empty(2 * rows.shape[0])
+    target[0::2] = ttft
+    target[1::2] = tpot
+    present = np.bincount(b.group, minlength=target.shape[0]) > 0
+    use = present & np.isfinite(target) & (target > 0)
+
+    def rows_at(th: Theta) -> tuple[F64, F64]:
+        a, fx = isolated_rows(b, th)
+        return a[use], fx[use]
+
+    prior = replace(Theta.from_cost(deploy.cost), c_seq=0.0, r=0.0)
+    # one sequence per step: c_seq is c0's twin here; it is split off later by the replay
+    lf = fit_linear(rows_at, target[use], prior, ("u_lin", "u_att", "u_mem", "c0", "r"))
+    return lf, int(rows.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class _Replay:
+    sched: Schedule
+    meas: pl.DataFrame
+    deploy_map: Mapping[str, Any]
+    source: str
+    kv: Mapping[str, int]
+
+    def predict(self, th: Theta) -> pl.DataFrame:
+        d = parse_deployment(
+            with_cost(
+                self.deploy_map, th.cost(parse_deployment(self.deploy_map, self.source).cost)
+            ),
+            self.source,
+        )
+        p = simulate_with(self.sched, with_kv(d, self.kv), th.r)
+        return per_request(p.requests)
+
+    def loss(self, th: Theta) -> float:
+        return request_loss(self.meas, self.predict(th))
+
+
+def calibrate(
+    run: Run, deploy_map: Mapping[str, Any], source: str, prefer: str = "auto"
+) -> Calibration:
+    """Fit the cost constants to `run` on the deployment `deploy_map` (see the module doc)."""
+    deploy = parse_deployment(dict(deploy_map), source)
+    check_run(run, deploy)
+    sched = schedule_from_run(run)
+    ids = sched.ids if sched.ids is not None else np.arange(len(sched))
+    meas = measured_rows(run.requests, ids)
+    notes: list[str] = [
+        "per_layer_overhead_s is folded into step_overhead_s (a constant per step for one model)"
+    ]
+    fit_info: dict[str, Any] = {"requests_ok": len(sched)}
+    rp = _Replay(sched, meas, deploy_map, source, {})
+    use_steps = prefer != "client" and run.steps.height > 0
+    if prefer == "steps" and run.steps.height == 0:
+        raise InputError(f"{run.path}: --from steps: the run has no steps.parquet rows")
+    method = "steps" if use_steps else "client"
+    lone = lone_requests(run.requests)
+    fit_info["lone_requests"] = int(lone.shape[0])
+    conc = max_inflight(run.requests)
+    fit_info["max_in_flight"] = conc
+    if use_steps:
+        lf, sinfo = fit_steps(run, deploy)
+        fit_info.update(sinfo)
+        th = lf.theta
+        identified = dict(lf.identified)
+        identified["r"] = False
+        notes.append("request overhead not fitted from steps (0 s): TTFT is engine time only")
+    elif lone.shape[0] >= MIN_ISOLATED:
+        lf, used = fit_lone(sched, meas, deploy, lone)
+        th = lf.theta
+        identified = dict(lf.identified)
+        fit_info["lone_rms_rel_pct"] = 100.0 * lf.rms_rel
+        fit_info["lone_used"] = used
+        if conc > 1:
+            c0 = th.c0
+
+            def split_loss(s: float) -> float:
+                return rp.loss(replace(th, c0=c0 * (1 - s), c_seq=c0 * s))
+
+            s = scan_golden(split_loss, [0.0, *np.geomspace(0.005, 1.0, 12).tolist()])
+            th = replace(th, c0=c0 * (1 - s), c_seq=c0 * s)
+            identified["c_seq"] = True
+            fit_info["c_seq_share_of_step_overhead"] = s
+        else:
+            identified["c_seq"] = False
+            notes.append("never more than one request in flight: per-sequence overhead not fitted")
+    else:
+        th0 = Theta.from_cost(deploy.cost)
+        v0 = th0.vec()
+
+        def scale_loss(lk: float) -> float:
+            return rp.loss(Theta.of(v0 * np.exp(lk)))
+
+        lk = scan_golden(scale_loss, np.linspace(np.log(0.02), np.log(50.0), 15).tolist())
+        th = Theta.of(v0 * np.exp(lk))
+        identified = {n: False for n in ("u_lin", "u_att", "u_mem", "c0", "c_seq", "r")}
+        fit_info["common_scale"] = float(np.exp(lk))
+        notes.append(
+            f"only {lone.shape[0]} requests ran alone (< {MIN_ISOLATED}): fitted one common time "
+            "scale of the deployment's constants; calibrate on a lighter run to fit each one"
+        )
+    cost = th.cost(deploy.cost)
+    pred = rp.predict(th)
+    ttft_s = meas["ttft_ms"].to_numpy().astype(np.float64) / 1e3
+    iso_ttft, iso_e2e = iso_times(parse_deployment(with_cost(deploy_map, cost), source), sched, th)
+    reg = regimes(sched.t_ns, ttft_s, iso_ttft, iso_e2e)
+    errors = compare(meas, pred, reg)
+    errors["in_sample"] = True
+    for name in ("u_lin", "u_att", "u_mem"):
+        if identified.get(name) and getattr(th, name) < 1.0:
+            notes.append(
+                f"{name.replace('u_', 'eta_')} > 1: the device's peak in the deployment is "
+                "understated (the fit is still consistent; only the label 'efficiency' is off)"
+            )
+    return Calibration(
+        run=str(run.path),
+        deployment=copy.deepcopy(dict(deploy_map)),
+        deployment_source=source,
+        cost=cost,
+        request_overhead_s=th.r,
+        method=method,
+        identified=identified,
+        fit=fit_info,
+        errors=errors,
+        slo=dict(run.manifest.get("slo") or {}),
+        notes=tuple(notes),
+    )
+
+
+def check(c: Calibration, run: Run) -> dict[str, Any]:
+    """Held-out error: predict another run of the same deployment with the fitted constants."""
+    deploy = c.deploy()
+    check_run(run, deploy)
+    sched = schedule_from_run(run)
+    ids = sched.ids if sched.ids is not None else np.arange(len(sched))
+    meas = measured_rows(run.requests, ids)
+    pred = per_request(simulate_with(sched, deploy, c.request_overhead_s).requests)
+    th = replace(Theta.from_cost(c.cost, c.request_overhead_s), c0=c.cost.step_overhead_s)
+    iso_ttft, iso_e2e = iso_times(deploy, sched, th)
+    reg = regimes(
+        sched.t_ns, meas["ttft_ms"].to_numpy().astype(np.float64) / 1e3, iso_ttft, iso_e2e
+    )
+    out = compare(meas, pred, reg)
+    out["in_sample"] = False
+    out["run"] = str(run.path)
+    return out
+
+
+def summary_rows(errors: Mapping[str, Any]) -> list[tuple[str, str, Sequence[str]]]:
+    """(regime, n, cells) for a table: TTFT p50/p90 and TPOT p50/p90 as 'meas → pred (err)'."""
+    out: list[tuple[str, str, Sequence[str]]] = []
+    for reg in ("all", "light", "near_saturation", "overloaded"):
+        e = errors.get(reg)
+        if not isinstance(e, Mapping):
+            continue
+        cells: list[str] = []
+        for key in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"):
+            v = e.get(key)
+            if isinstance(v, Mapping) and v.get("measured_ms") is not None:
+                pred = v.get("predicted_ms")
+                err = v.get("error_pct")
+                cells.append(
+                    f"{v['measured_ms']:.1f} → {pred:.1f} ({err:+.0f}%)"
+                    if pred is not None and err is not None
+                    else f"{v['measured_ms']:.1f} → –"
+                )
+            else:
+                cells.append("not measured" if not e.get("measured") else "–")
+        out.append((reg, str(e.get("n", 0)), cells))
+    return out

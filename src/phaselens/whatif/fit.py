@@ -1,0 +1,144 @@
+"""Fitting θ on a linearized roofline: NNLS re-solved until no step changes side of its max().
+
+Why several starts: which side of `max(compute, memory)` binds decides which columns exist; a
+start that puts every step on the memory side can never discover a compute-bound prefill. Three
+starts (the prior, compute-heavy, memory-heavy) and the lowest relative residual wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from phaselens.whatif.basis import F64, NAMES, Theta
+
+MAX_SIDE_ITER = 30
+
+
+@dataclass(frozen=True, slots=True)
+class LinFit:
+    """The fitted θ, which coefficients the data determined, and the relative residual."""
+
+    theta: Theta
+    identified: dict[str, bool]
+    rms_rel: float
+    rows: int
+    iterations: int
+
+
+def _solve(a: F64, b: F64, cols: list[int]) -> F64:
+    from phaselens.whatif.basis import nnls
+
+    x = np.zeros(a.shape[1])
+    if not cols:
+        return x
+    sub = a[:, cols]
+    scale = np.linalg.norm(sub, axis=0)
+    scale[scale == 0] = 1.0
+    sol = nnls(sub / scale, b)
+    x[cols] = sol / scale
+    return x
+
+
+def fit_linear(
+    rows_at: Callable[[Theta], tuple[F64, F64]],
+    target: F64,
+    prior: Theta,
+    use: tuple[str, ...],
+) -> LinFit:
+    """Fit the coefficients named in `use` (others stay at `prior`) to `target` seconds.
+
+    `rows_at(θ)` gives the linear rows at θ's active sides and each row's fixed seconds.
+    Residuals are relative (each row divided by its target) so a 5 ms decode step and a 2 s
+    prefill weigh the same.
+    """
+    w = 1.0 / np.maximum(target, 1e-9)
+    starts = [prior]
+    pv = prior.vec()
+    for f_compute, f_mem in ((0.1, 1.0), (1.0, 0.1)):
+        v = pv.copy()
+        v[0] *= f_compute
+        v[1] *= f_compute
+        v[2] *= f_mem
+        starts.append(Theta.of(v))
+    best: LinFit | None = None
+    for start in starts:
+        th = start
+        last_sides: bytes | None = None
+        it = 0
+        for it in range(1, MAX_SIDE_ITER + 1):  # noqa: B007 - reported
+            a, fixed = rows_at(th)
+            sides = (a[:, :3] > 0).tobytes()
+            free = [NAMES.index(n) for n in use]
+            # columns nothing exercises stay at the prior
+            cols = [j for j in free if np.any(a[:, j] != 0)]
+            held = [j for j in range(len(NAMES)) if j not in cols]
+            rhs = target - fixed - a[:, held] @ pv[held] if held else target - fixed
+            x = _solve(a * w[:, None], rhs * w, cols)
+            v = pv.copy()
+            v[cols] = x[cols]
+            th = _bound_unused(Theta.of(v), a, cols, prior)
+            if sides == last_sides:
+                break
+            last_sides = sides
+        a, fixed = rows_at(th)
+        pred = a @ th.vec() + fixed
+        rel = (pred - target) * w
+        rms = float(np.sqrt(np.mean(rel * rel))) if rel.size else float("nan")
+        ident = {n: bool(n in use and np.any(a[:, i] != 0)) for i, n in enumerate(NAMES)}
+        for i, n in enumerate(NAMES[:3]):
+            if ident[n] and th.vec()[i] <= 0:
+                ident[n] = False
+        cand = LinFit(th, ident, rms, int(target.shape[0]), it)
+        if best is None or cand.rms_rel < best.rms_rel - 1e-12:
+            best = cand
+    assert best is not None
+    return best
+
+
+def _bound_unused(th: Theta, a: F64, cols: list[int], prior: Theta) -> Theta:
+    """An inverse efficiency fitted as 0 means its side never mattered; keep it finite.
+
+    u = 0 would claim infinite speed. The prior is kept (clamped to at least 1e-3, a thousand
+    times the peak) — the data says only that the true value is small enough never to bind.
+    """
+    v = th.vec()
+    pv = prior.vec()
+    for i in range(3):
+        if v[i] <= 0:
+            v[i] = max(pv[i], 1e-3)
+    return Theta.of(v)
+
+
+def golden(f: Callable[[float], float], lo: float, hi: float, iters: int = 14) -> float:
+    """Golden-section minimum of a unimodal f on [lo, hi] (bounded, derivative-free)."""
+    g = (5.0**0.5 - 1.0) / 2.0
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(iters):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(d)
+    cands = [(fc, c), (fd, d), (f(lo), lo), (f(hi), hi)]
+    return float(min(cands)[1])
+
+
+def scan_golden(f: Callable[[float], float], points: Sequence[float], iters: int = 8) -> float:
+    """Minimum of f: scan `points` (sorted), then golden-section between the best one's
+    neighbours. Replay losses are not unimodal (a batch forms or not), so a scan comes first."""
+    pts = sorted(points)
+    vals = [f(x) for x in pts]
+    k = int(np.argmin(vals))
+    lo, hi = pts[max(k - 1, 0)], pts[min(k + 1, len(pts) - 1)]
+    if hi <= lo:
+        return float(pts[k])
+    x = golden(f, lo, hi, iters)
+    return float(x) if f(x) <= vals[k] else float(pts[k])

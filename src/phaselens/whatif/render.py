@@ -1,0 +1,231 @@
+"""Terminal tables and the HTML section for `calibrate` and `whatif`.
+
+Why reuse the report's pieces: the page must look like the run report (same CSS, the same
+inlined plotly bundle, no network) and escape every value the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from rich.console import Console
+from rich.table import Table
+
+from phaselens.errors import InputError
+from phaselens.whatif.calibrate import Calibration, summary_rows
+
+
+def _f(x: Any, nd: int = 1) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:,.{nd}f}"
+    return str(x)
+
+
+def calibration_table(c: Calibration, title: str = "fit error by load regime") -> Table:
+    t = Table(title=title)
+    for col in ("regime", "n", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90"):
+        t.add_column(col, justify="left" if col == "regime" else "right")
+    for reg, n, cells in summary_rows(c.errors):
+        t.add_row(reg, n, *cells)
+    return t
+
+
+def errors_table(errors: Mapping[str, Any], title: str) -> Table:
+    t = Table(title=title)
+    for col in ("regime", "n", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90"):
+        t.add_column(col, justify="left" if col == "regime" else "right")
+    for reg, n, cells in summary_rows(errors):
+        t.add_row(reg, n, *cells)
+    return t
+
+
+def print_calibration(c: Calibration, console: Console) -> None:
+    p = c.cost
+    console.print(
+        f"method: {c.method}; eta_linear {p.eta_linear:.3g}, eta_attention {p.eta_attention:.3g}, "
+        f"eta_memory {p.eta_memory:.3g}, step overhead {p.step_overhead_s * 1e3:.3g} ms, "
+        f"per-sequence {p.per_seq_overhead_s * 1e3:.3g} ms, request overhead "
+        f"{c.request_overhead_s * 1e3:.3g} ms"
+    )
+    not_id = [k for k, v in c.identified.items() if not v]
+    if not_id:
+        console.print(f"not identified by this run (kept from the deployment): {', '.join(not_id)}")
+    console.print(calibration_table(c, "in-sample fit error by load regime (measured → predicted)"))
+    for n in c.notes:
+        console.print(f"note: {n}")
+
+
+def sweep_table(result: Mapping[str, Any], top: int = 20) -> Table:
+    slo = result.get("slo") or {}
+    t = Table(title=f"what-if ranking ({result['ranking']}); SLO {dict(slo) or 'none'}")
+    cols = (
+        "#",
+        "setting",
+        "goodput r/s",
+        "SLO %",
+        "TTFT p90 ms",
+        "TPOT p90 ms",
+        "util std 5s",
+        "GPUs",
+        "regime",
+        "expected error",
+    )
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("setting", "regime", "expected error") else "right")
+    for r in list(result["rows"])[:top]:
+        if not r.get("feasible"):
+            t.add_row(str(r["rank"]), r["label"], "infeasible", "", "", "", "", "", "", r["reason"])
+            continue
+        name = r["label"] + (" *" if r.get("pareto") else "")
+        t.add_row(
+            str(r["rank"]),
+            name,
+            _f(r.get("goodput_rps"), 2),
+            _f(r.get("slo_attainment_pct"), 1),
+            _f(r.get("ttft_p90_ms")),
+            _f(r.get("tpot_p90_ms")),
+            _f(r.get("util_std_5s_pct")),
+            str(r.get("gpus")),
+            str(r.get("regime")),
+            str(r.get("expected_error")),
+        )
+    return t
+
+
+def print_sweep(result: Mapping[str, Any], console: Console) -> None:
+    console.print(sweep_table(result))
+    m, b = result["measured"], result["baseline"]
+    console.print(
+        "baseline, measured vs predicted: "
+        + ", ".join(
+            f"{k} {_f(m.get(k))} vs {_f(b.get(k))}"
+            for k in ("goodput_rps", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms")
+        )
+    )
+    console.print("* = on the Pareto front of goodput vs cost")
+
+
+# ---- HTML --------------------------------------------------------------------------------------
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>phaselens what-if</title>
+<style>{{ css|safe }}</style><script>{{ plotlyjs|safe }}</script></head>
+<body><main>
+<section id="whatif">
+<h1>What-if: {{ run }}</h1>
+<p>Calibrated on <code>{{ calib_run }}</code> ({{ method }}). Ranked by {{ ranking }}.
+SLO: <code>{{ slo }}</code>.</p>
+<h2>Best setting</h2>
+<p><strong>{{ best.label }}</strong>: goodput {{ fmt(best.goodput_rps) }} r/s
+(baseline {{ fmt(baseline.goodput_rps) }} r/s), TTFT p90 {{ fmt(best.ttft_p90_ms) }} ms,
+TPOT p90 {{ fmt(best.tpot_p90_ms) }} ms; expected error {{ best.expected_error }}.</p>
+<h2>Baseline: measured vs predicted</h2>
+<table><tr><th></th><th>goodput r/s</th><th>TTFT p50</th><th>TTFT p90</th><th>TPOT p50</th>
+<th>TPOT p90</th></tr>
+{% for r in [measured, baseline] %}<tr><td>{{ r.label }}</td>
+{% for k in ["goodput_rps", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms"] %}
+<td>{{ fmt(r[k]) }}</td>{% endfor %}</tr>{% endfor %}
+</table>
+<h2>Fit error by load regime (calibration)</h2>
+<table><tr><th>regime</th><th>n</th><th>TTFT p50</th><th>TTFT p90</th><th>TPOT p50</th>
+<th>TPOT p90</th></tr>
+{% for reg, n, cells in errors %}<tr><td>{{ reg }}</td><td>{{ n }}</td>
+{% for c in cells %}<td>{{ c }}</td>{% endfor %}</tr>{% endfor %}</table>
+<h2>Goodput vs cost</h2>
+<div id="pareto" class="fig"></div>
+<h2>All settings</h2>
+<table><tr><th>#</th><th>setting</th><th>goodput r/s</th><th>SLO %</th><th>TTFT p90 ms</th>
+<th>TPOT p90 ms</th><th>util std 5 s</th><th>GPUs</th><th>regime</th><th>expected error</th></tr>
+{% for r in rows %}<tr><td>{{ r.rank }}</td>
+<td>{{ r.label }}{% if r.get('pareto') %} ★{% endif %}</td>
+{% if r.feasible %}<td>{{ fmt(r.goodput_rps) }}</td><td>{{ fmt(r.slo_attainment_pct) }}</td>
+<td>{{ fmt(r.ttft_p90_ms) }}</td><td>{{ fmt(r.tpot_p90_ms) }}</td>
+<td>{{ fmt(r.util_std_5s_pct) }}</td><td>{{ r.gpus }}</td><td>{{ r.regime }}</td>
+<td>{{ r.expected_error }}</td>
+{% else %}<td colspan="8">infeasible: {{ r.reason }}</td>{% endif %}</tr>{% endfor %}
+</table>
+</section></main>
+<script>(function(f){Plotly.newPlot("pareto", f.data, f.layout, {responsive: true});})(
+{{ fig|safe }});</script>
+</body></html>
+"""
+
+
+def _pareto_figure(result: Mapping[str, Any]) -> Any:
+    import plotly.graph_objects as go
+
+    rows = [r for r in result["rows"] if r.get("feasible")]
+    front = [r for r in rows if r.get("pareto")]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=[r.get("cost_per_hour") for r in rows],
+            y=[r.get("goodput_rps") for r in rows],
+            mode="markers",
+            name="settings",
+            text=[r["label"] for r in rows],
+            hovertemplate="%{text}<br>cost %{x}<br>goodput %{y:.2f} r/s<extra></extra>",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=[r.get("cost_per_hour") for r in front],
+            y=[r.get("goodput_rps") for r in front],
+            mode="lines+markers",
+            name="Pareto front",
+            text=[r["label"] for r in front],
+            hovertemplate="%{text}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        xaxis_title=f"cost per hour (GPUs × {result.get('gpu_cost_per_hour', 1)})",
+        yaxis_title="goodput (requests/s inside the SLO)",
+        height=380,
+        margin={"l": 60, "r": 20, "t": 20, "b": 50},
+    )
+    return fig
+
+
+def render_html(result: Mapping[str, Any]) -> str:
+    from phaselens.report import html
+
+    css = html.page_css()
+    fig_json, fmt, plotly_js = html.fig_json, html.fmt, html.plotly_js
+
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    tpl = env.from_string(_PAGE)
+    cal = result["calibration"]
+    return tpl.render(
+        css=css,
+        plotlyjs=plotly_js(),
+        fig=fig_json(_pareto_figure(result)),
+        run=result["run"],
+        calib_run=cal["run"],
+        method=cal["method"],
+        ranking=result["ranking"],
+        slo=dict(result.get("slo") or {}),
+        best=result["best"],
+        baseline=result["baseline"],
+        measured=result["measured"],
+        errors=summary_rows(cal["errors"]),
+        rows=result["rows"],
+        fmt=fmt,
+    )
+
+
+def write_html(result: Mapping[str, Any], path: Path | str) -> Path:
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(render_html(result), encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"{p}: cannot write ({e.strerror or e})") from None
+    return p
+
+
+def rows_for_json(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [dict(r) for r in rows]

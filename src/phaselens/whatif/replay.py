@@ -1,0 +1,170 @@
+"""A measured run turned back into the Schedule it executed, and load transforms of it.
+
+Why: calibration and what-if must replay *exactly* the requests the real server saw — their
+send times (scheduled_ns), models, prompt lengths as the server counted them, and the number of
+tokens actually generated — so that prediction errors come from the cost model, not from a
+different workload. Load transforms (`scale_load`, `set_burstiness`) change only the arrival
+times and keep every request's lengths.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from phaselens.errors import InputError
+from phaselens.store import Run
+from phaselens.types import Schedule, StageInfo
+
+REPLAYABLE = ("ok",)  # requests whose lengths are known: the server answered them fully
+
+
+def _prefix_info(run: Run, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Prefix groups re-planned from the run's own spec (the run does not store them).
+
+    Only used when re-planning gives exactly the run's request count and lengths; anything else
+    (a trace that moved, a driver-side change) returns None and the replay has no shared prefixes.
+    """
+    spec = run.manifest.get("spec")
+    if not isinstance(spec, dict):
+        return None
+    try:
+        from pathlib import Path
+
+        from phaselens.spec import parse_spec
+        from phaselens.workload.plan import build_schedule
+
+        ws = parse_spec(spec, "run spec", Path("."))
+        sch = build_schedule(ws)
+    except Exception:
+        return None
+    if len(sch) != n:
+        return None
+    return sch.prefix_group, sch.prefix_tokens
+
+
+def schedule_from_run(run: Run, statuses: tuple[str, ...] = REPLAYABLE) -> Schedule:
+    """The requests of `run` with the given statuses, as a Schedule in send order.
+
+    Row i of the result is the i-th such request in time order; `ids` keeps the run's request
+    ids so predictions can be matched back to measurements. Output length is the number of
+    tokens the client received; input length is the server's count when it gave one.
+    """
+    r = run.requests
+    if r.height == 0:
+        raise InputError(f"{run.path}: the run has no requests")
+    n_all = r.height
+    pre = _prefix_info(run, n_all)
+    f = r.with_row_index("_row").filter(pl.col("status").is_in(list(statuses)))
+    f = f.sort(["scheduled_ns", "id"])
+    if f.height == 0:
+        raise InputError(f"{run.path}: no requests with status {', '.join(statuses)} to replay")
+    models = tuple(sorted(set(f["model"].to_list())))
+    midx = {m: i for i, m in enumerate(models)}
+    t = f["scheduled_ns"].to_numpy().astype(np.int64)
+    t0 = 0
+    rows = f["_row"].to_numpy().astype(np.int64)
+    if pre is not None:
+        ids_all = r["id"].to_numpy()
+        order = np.argsort(ids_all, kind="stable")
+        # planned request id k sits at row order[k] when ids are 0..n-1 (they are for plans)
+        pg_full = np.full(n_all, -1, np.int32)
+        pt_full = np.zeros(n_all, np.int64)
+        if np.array_equal(ids_all[order], np.arange(n_all)):
+            pg_full[order] = pre[0]
+            pt_full[order] = pre[1]
+        pg, pt = pg_full[rows], pt_full[rows]
+    else:
+        pg, pt = np.full(f.height, -1, np.int32), np.zeros(f.height, np.int64)
+    inp = np.maximum(f["input_tokens"].to_numpy().astype(np.int64), 1)
+    pt = np.minimum(pt, inp)
+    stages = tuple(
+        StageInfo(
+            int(s.get("index", i)),
+            float(s.get("rate_scale", 1.0)),
+            int(s.get("t_start_ns", 0)),
+            int(s.get("t_end_ns", 0)),
+        )
+        for i, s in enumerate(run.manifest.get("stages") or [])
+        if isinstance(s, dict)
+    )
+    duration = int(max(int(t.max()) - t0, 1)) if t.size else 1
+    return Schedule(
+        models=models,
+        t_ns=t - t0,
+        model_idx=np.asarray([midx[m] for m in f["model"].to_list()], dtype=np.int32),
+        stage=f["stage"].to_numpy().astype(np.int32),
+        input_tokens=inp,
+        output_tokens=np.maximum(f["output_tokens"].to_numpy().astype(np.int64), 1),
+        prefix_group=pg.astype(np.int32),
+        prefix_tokens=pt.astype(np.int64),
+        priority=f["priority"].to_numpy().astype(np.int32),
+        stages=stages,
+        seed=int(run.manifest.get("spec", {}).get("seed", 0) or 0)
+        if isinstance(run.manifest.get("spec"), dict)
+        else 0,
+        spec_hash=f"replay:{run.path.name}",
+        duration_ns=duration,
+        ids=f["id"].to_numpy().astype(np.int64),
+    )
+
+
+def _with_times(s: Schedule, t_ns: np.ndarray) -> Schedule:
+    order = np.argsort(t_ns, kind="stable")
+    t = t_ns[order].astype(np.int64)
+
+    def o(a: Any) -> Any:
+        return a[order]
+
+    return Schedule(
+        models=s.models,
+        t_ns=t,
+        model_idx=o(s.model_idx),
+        stage=o(s.stage),
+        input_tokens=o(s.input_tokens),
+        output_tokens=o(s.output_tokens),
+        prefix_group=o(s.prefix_group),
+        prefix_tokens=o(s.prefix_tokens),
+        priority=o(s.priority),
+        stages=s.stages,
+        seed=s.seed,
+        spec_hash=s.spec_hash,
+        duration_ns=int(max(int(t[-1]) if t.size else 0, 1)),
+        ids=o(s.ids) if s.ids is not None else order.astype(np.int64),
+    )
+
+
+def scale_load(s: Schedule, scale: float) -> Schedule:
+    """The same requests at `scale` times the arrival rate (times divided by `scale`)."""
+    if not scale > 0:
+        raise InputError(f"load.scale: must be > 0, got {scale!r}")
+    if scale == 1.0:
+        return s
+    return _with_times(s, np.round(s.t_ns.astype(np.float64) / scale).astype(np.int64))
+
+
+def set_burstiness(s: Schedule, cv: float, seed: int) -> Schedule:
+    """The same requests, in the same order, with gamma inter-arrival gaps of coefficient of
+    variation `cv` (0 = constant rate, 1 = Poisson, > 1 bursty) and the same mean rate.
+
+    Per model, so a two-model run keeps each model's rate. Drawn from a seeded Generator.
+    """
+    if cv < 0:
+        raise InputError(f"load.burstiness: must be >= 0, got {cv!r}")
+    rng = np.random.default_rng(seed)
+    t = s.t_ns.astype(np.float64).copy()
+    for m in range(len(s.models)):
+        rows = np.flatnonzero(s.model_idx == m)
+        if rows.size < 2:
+            continue
+        tm = t[rows]
+        mean_gap = (tm[-1] - tm[0]) / (rows.size - 1)
+        if cv == 0:
+            gaps = np.full(rows.size - 1, mean_gap)
+        else:
+            k = 1.0 / (cv * cv)
+            gaps = rng.gamma(k, mean_gap / k, size=rows.size - 1)
+        t[rows] = tm[0] + np.concatenate([[0.0], np.cumsum(gaps)])
+    return _with_times(s, np.round(t).astype(np.int64))

@@ -1,0 +1,253 @@
+"""`phaselens whatif`: replay a run's workload through the calibrated simulator for every knob
+combination, in parallel processes, and rank the settings.
+
+Ranking: goodput inside the run's SLO (requests/s meeting every target; DistServe), then
+utilization stability (the seed's measure: std of GPU busy % inside 5 s windows, averaged).
+Each row carries the load regime the prediction falls in and the calibration's measured error
+for that regime — or "unmeasured" when the calibration never saw that regime, or when the
+combination leaves the hardware the constants were fitted on (another GPU type, a P/D split).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from phaselens.analysis.fluctuation import window_stds
+from phaselens.analysis.latency import request_table, slo_block
+from phaselens.errors import InputError
+from phaselens.sim.deploy import parse_deployment
+from phaselens.store import Run
+from phaselens.types import Schedule
+from phaselens.whatif.basis import Theta
+from phaselens.whatif.calibrate import Calibration, with_cost
+from phaselens.whatif.knobs import apply_deploy, apply_load, label
+from phaselens.whatif.predict import (
+    REGIMES,
+    iso_times,
+    regimes,
+    simulate_with,
+    with_kv,
+    worst_error,
+)
+from phaselens.whatif.replay import schedule_from_run
+
+UTIL_WINDOW_BINS = 50  # 5 s of 100 ms bins
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """Everything a worker needs (picklable): the replayed schedule and the calibration."""
+
+    schedule: Schedule
+    deployment: Mapping[str, Any]  # with the fitted cost
+    source: str
+    kv: Mapping[str, int]
+    overhead_s: float
+    slo: Mapping[str, Any]
+    errors: Mapping[str, Any]
+    seed: int
+    gpu_cost_per_hour: float
+
+
+def _pcts(x: np.ndarray) -> tuple[float | None, float | None]:
+    x = x[np.isfinite(x)]
+    if not x.size:
+        return None, None
+    return float(np.percentile(x, 50)), float(np.percentile(x, 90))
+
+
+def other_hardware(deployment: Mapping[str, Any], combo: Mapping[str, Any]) -> list[str]:
+    """Knobs of the combination that leave the hardware the constants were fitted on."""
+    out = []
+    types = {g.get("type") for g in deployment.get("gpus") or [] if isinstance(g, dict)}
+    if "gpu.type" in combo and types != {combo["gpu.type"]}:
+        out.append("gpu.type")
+    if combo.get("pd.split", "off") != "off":
+        out.append("pd.split")
+    return out
+
+
+def evaluate(job: Job, combo: Mapping[str, Any]) -> dict[str, Any]:
+    """Simulate one combination and summarize it (an infeasible one says why)."""
+    row: dict[str, Any] = {"label": label(combo), "combo": dict(combo), "feasible": True}
+    try:
+        dmap = apply_deploy(job.deployment, combo)
+        if other_hardware(job.deployment, combo):
+            kv: Mapping[str, int] = {}
+        else:
+            kv = job.kv
+        deploy = with_kv(parse_deployment(dmap, job.source), kv)
+        sched = apply_load(job.schedule, combo, job.seed)
+        pred = simulate_with(sched, deploy, job.overhead_s)
+    except InputError as e:
+        return {**row, "feasible": False, "reason": str(e)}
+    rt = request_table(pred.requests)
+    f = rt.frame
+    slo = slo_block(rt, job.slo)
+    ttft = f["ttft_ms"].to_numpy().astype(np.float64)
+    tpot = f["tpot_ms"].to_numpy().astype(np.float64)
+    ok = int(f["ok"].sum())
+    row["ok"] = ok
+    row["rejected"] = int(f.height - ok)
+    row["ttft_p50_ms"], row["ttft_p90_ms"] = _pcts(ttft)
+    row["tpot_p50_ms"], row["tpot_p90_ms"] = _pcts(tpot)
+    row["goodput_rps"] = slo.get("goodput_rps")
+    row["slo_attainment_pct"] = (slo.get("attainment") or {}).get("all")
+    a = f["scheduled_ns"].cast(pl.Float64).min()
+    b = f["end_ns"].cast(pl.Float64).max()
+    fa = float(a) if isinstance(a, (int, float)) else None
+    fb = float(b) if isinstance(b, (int, float)) else None
+    window = (fb - fa) / 1e9 if fa is not None and fb is not None and fb > fa else None
+    row["throughput_rps"] = ok / window if window else None
+    tel = pred.sim.telemetry.filter(pl.col("metric") == "gpu.busy_pct")
+    util = tel.group_by("t_ns").agg(pl.col("value").mean()).sort("t_ns")["value"].to_numpy()
+    stds = window_stds(util.astype(np.float64), UTIL_WINDOW_BINS)
+    row["util_mean_pct"] = float(util.mean()) if util.size else None
+    row["util_std_5s_pct"] = float(stds.mean()) if stds.size else None
+    row["gpus"] = len(deploy.gpus)
+    row["cost_per_hour"] = len(deploy.gpus) * job.gpu_cost_per_hour
+    th = Theta.from_cost(deploy.cost, job.overhead_s)
+    iso_t, iso_e = iso_times(deploy, sched, th)
+    reg = regimes(sched.t_ns, ttft / 1e3, iso_t, iso_e)
+    shares = {r: float(np.mean(reg == r)) for r in REGIMES}
+    row["regime_shares"] = shares
+    main = max(REGIMES, key=lambda r: shares[r])
+    row["regime"] = main
+    other_hw = other_hardware(job.deployment, combo)
+    err = worst_error(job.errors.get(main) or {})
+    if other_hw:
+        row["expected_error"] = f"unmeasured ({', '.join(other_hw)}: other hardware)"
+        row["expected_error_pct"] = None
+    elif err is None:
+        row["expected_error"] = f"unmeasured (calibration saw no {main} load)"
+        row["expected_error_pct"] = None
+    else:
+        row["expected_error"] = f"±{err:.0f}%"
+        row["expected_error_pct"] = err
+    return row
+
+
+_JOB: list[Job] = []
+
+
+def _init(job: Job) -> None:
+    _JOB.clear()
+    _JOB.append(job)
+
+
+def _run_one(combo: Mapping[str, Any]) -> dict[str, Any]:
+    return evaluate(_JOB[0], combo)
+
+
+def rank_key(row: Mapping[str, Any]) -> tuple[float, float, float]:
+    """Feasible first, then higher goodput (throughput when there is no SLO), then steadier."""
+    if not row.get("feasible"):
+        return (1.0, 0.0, 0.0)
+    g = row.get("goodput_rps")
+    if g is None:
+        g = row.get("throughput_rps") or 0.0
+    s = row.get("util_std_5s_pct")
+    return (0.0, -float(g), float(s) if s is not None else float("inf"))
+
+
+def pareto(rows: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Indices of rows no other row beats on both goodput (higher) and cost (lower)."""
+    pts = [
+        (i, float(r.get("goodput_rps") or 0.0), float(r.get("cost_per_hour") or 0.0))
+        for i, r in enumerate(rows)
+        if r.get("feasible")
+    ]
+    front = []
+    for i, g, c in pts:
+        dominated = any((g2 >= g and c2 <= c) and (g2 > g or c2 < c) for j, g2, c2 in pts if j != i)
+        if not dominated:
+            front.append(i)
+    return sorted(front, key=lambda i: float(rows[i].get("cost_per_hour") or 0.0))
+
+
+def measured_baseline(run: Run, slo: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's own numbers, in the same shape as a sweep row."""
+    rt = request_table(run.requests)
+    f = rt.frame.filter(pl.col("ok"))
+    s = slo_block(rt, slo)
+    out: dict[str, Any] = {"label": "measured", "ok": f.height}
+    out["ttft_p50_ms"], out["ttft_p90_ms"] = _pcts(f["ttft_ms"].to_numpy().astype(np.float64))
+    out["tpot_p50_ms"], out["tpot_p90_ms"] = _pcts(f["tpot_ms"].to_numpy().astype(np.float64))
+    out["goodput_rps"] = s.get("goodput_rps")
+    out["slo_attainment_pct"] = (s.get("attainment") or {}).get("all")
+    return out
+
+
+def sweep(
+    run: Run,
+    calib: Calibration,
+    combos: Sequence[Mapping[str, Any]],
+    jobs: int = 1,
+    seed: int = 0,
+    gpu_cost_per_hour: float = 1.0,
+) -> dict[str, Any]:
+    """Evaluate the baseline and every combination; rank; mark the Pareto front."""
+    models = sorted(set(run.requests["model"].to_list()))
+    served = {s for e in calib.deploy().engines for s in e.serves}
+    missing = [m for m in models if m not in served]
+    if missing:
+        raise InputError(
+            f"{run.path}: model {missing[0]!r} is not in the calibration's deployment "
+            f"(served: {', '.join(sorted(served))}); calibrate on this run's deployment"
+        )
+    job = Job(
+        schedule=schedule_from_run(run),
+        deployment=with_cost(calib.deployment, calib.cost),
+        source=calib.deployment_source,
+        kv=dict(calib.kv_capacity_tokens),
+        overhead_s=calib.request_overhead_s,
+        slo=dict(calib.slo or run.manifest.get("slo") or {}),
+        errors=dict(calib.errors),
+        seed=seed,
+        gpu_cost_per_hour=gpu_cost_per_hour,
+    )
+    todo: list[Mapping[str, Any]] = [{}]
+    todo += [c for c in combos if c]
+    jobs = max(1, min(jobs, len(todo), os.cpu_count() or 1))
+    if jobs == 1:
+        rows = [evaluate(job, c) for c in todo]
+    else:
+        # spawn, not fork: forking a process that holds polars' thread pool can deadlock
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(
+            max_workers=jobs, mp_context=ctx, initializer=_init, initargs=(job,)
+        ) as ex:
+            rows = list(ex.map(_run_one, todo, chunksize=1))
+    rows[0]["baseline"] = True
+    order = sorted(range(len(rows)), key=lambda i: (rank_key(rows[i]), i))
+    ranked = [rows[i] for i in order]
+    for k, r in enumerate(ranked):
+        r["rank"] = k + 1
+    front = pareto(ranked)
+    for i in front:
+        ranked[i]["pareto"] = True
+    base = next(r for r in ranked if r.get("baseline"))
+    return {
+        "run": str(run.path),
+        "calibration": {
+            "run": calib.run,
+            "method": calib.method,
+            "errors": dict(calib.errors),
+        },
+        "slo": job.slo,
+        "ranking": "goodput_rps desc (throughput when no SLO), then util_std_5s_pct asc",
+        "gpu_cost_per_hour": gpu_cost_per_hour,
+        "measured": measured_baseline(run, job.slo),
+        "baseline": base,
+        "best": ranked[0],
+        "rows": ranked,
+        "pareto": [ranked[i]["label"] for i in front],
+    }
