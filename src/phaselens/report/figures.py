@@ -174,15 +174,16 @@ def bucket_stats(t: F64, v: F64, width: float) -> tuple[F64, F64, F64, F64]:
     if t.shape[0] == 0:
         e = np.empty(0)
         return e, e, e, e
+    if np.any(np.diff(t) < 0):
+        order = np.argsort(t, kind="stable")
+        t, v = t[order], v[order]
     b = np.floor(t / width).astype(np.int64)
-    uniq, inv = np.unique(b, return_inverse=True)
-    cnt = np.bincount(inv)
-    mean = np.bincount(inv, weights=v) / cnt
-    lo = np.full(uniq.shape[0], np.inf)
-    hi = np.full(uniq.shape[0], -np.inf)
-    np.minimum.at(lo, inv, v)
-    np.maximum.at(hi, inv, v)
-    return (uniq.astype(np.float64) + 0.5) * width, mean, lo, hi
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(b)) + 1])
+    cnt = np.diff(np.concatenate([starts, [b.shape[0]]]))
+    mean = np.add.reduceat(v, starts) / cnt
+    lo = np.minimum.reduceat(v, starts)
+    hi = np.maximum.reduceat(v, starts)
+    return (b[starts].astype(np.float64) + 0.5) * width, mean, lo, hi
 
 
 def coarse_phase_spans(t_s: F64, labels: Any, width: float) -> list[tuple[float, float, str]]:
@@ -420,7 +421,17 @@ def timeline_figure(d: TimelineData) -> go.Figure:
     # stage boundaries across all rows
     for st in d.stages:
         t0 = float(st.get("t_start_ns", 0)) / 1e9
-        fig.add_vline(x=t0, line={"color": "#444", "dash": "dot", "width": 1})
+        # one paper-spanning shape (add_vline on a 6-row grid adds six, slowly)
+        fig.add_shape(
+            type="line",
+            x0=t0,
+            x1=t0,
+            xref="x",
+            y0=0,
+            y1=1,
+            yref="paper",
+            line={"color": "#444", "dash": "dot", "width": 1},
+        )
         scale = st.get("rate_scale")
         label = f"stage {st.get('index')}" + (f" · {float(scale):.0%}" if scale is not None else "")
         fig.add_annotation(

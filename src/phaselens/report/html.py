@@ -255,7 +255,11 @@ def timeline_data(
     if bins.height > DETAIL_BINS:
         width = figs.nice_bin(dur, 300)
         util, queue, kv, inflight = (
-            bucketed(util, width),
+            # busy % sits near 100% whenever work runs: its band would only grey the panel
+            [
+                Series(u.name, u.t_s, u.v) if u.name.startswith("busy") else u
+                for u in bucketed(util, width)
+            ],
             bucketed(queue, width),
             bucketed(kv, width),
             bucketed(inflight, width),
@@ -308,10 +312,13 @@ def latency_values(rt: RequestTable, cap: int = 200_000) -> dict[str, dict[str, 
         for k in ("ttft_ms", "tpot_ms", "e2e_ms"):
             out[k][str(m)] = part[k].drop_nulls().to_numpy().astype(np.float64)
     if rt.itl_ms.shape[0]:
-        itl_model = model_of_row[rt.itl_row]
-        for m in np.unique(itl_model):
-            sel = itl_model == m
+        names, code_of_row = np.unique(model_of_row.astype(str), return_inverse=True)
+        itl_code = code_of_row[rt.itl_row]
+        for c, m in enumerate(names.tolist()):
+            sel = itl_code == c
             v, w = rt.itl_ms[sel], rt.itl_w[sel]
+            if v.shape[0] == 0:
+                continue
             if v.shape[0] > cap:
                 idx = rng.choice(v.shape[0], cap, replace=False)
                 v, w = v[idx], w[idx]
