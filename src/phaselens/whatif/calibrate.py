@@ -458,15 +458,22 @@ def calibrate(
     )
 
 
-def check(c: Calibration, run: Run) -> dict[str, Any]:
-    """Held-out error: predict another run of the same deployment with the fitted constants."""
-    deploy = c.deploy()
+def check(c: Calibration, run: Run, combo: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Held-out error: predict another run with the fitted constants.
+
+    `combo` holds the knobs (`whatif` names) that differ between the calibration run's
+    deployment and this run's, e.g. `{"policy.max_num_seqs": 2}` for another `-np`.
+    """
+    from phaselens.whatif.knobs import apply_deploy
+
+    dmap = apply_deploy(with_cost(c.deployment, c.cost), combo or {})
+    deploy = with_kv(parse_deployment(dmap, c.deployment_source), c.kv_capacity_tokens)
     check_run(run, deploy)
     sched = schedule_from_run(run)
     ids = sched.ids if sched.ids is not None else np.arange(len(sched))
     meas = measured_rows(run.requests, ids)
     pred = per_request(simulate_with(sched, deploy, c.request_overhead_s).requests)
-    th = replace(Theta.from_cost(c.cost, c.request_overhead_s), c0=c.cost.step_overhead_s)
+    th = Theta.from_cost(c.cost, c.request_overhead_s)
     iso_ttft, iso_e2e = iso_times(deploy, sched, th)
     reg = regimes(
         sched.t_ns, meas["ttft_ms"].to_numpy().astype(np.float64) / 1e3, iso_ttft, iso_e2e
@@ -474,6 +481,7 @@ def check(c: Calibration, run: Run) -> dict[str, Any]:
     out = compare(meas, pred, reg)
     out["in_sample"] = False
     out["run"] = str(run.path)
+    out["knobs"] = dict(combo or {})
     return out
 
 

@@ -1,0 +1,220 @@
+"""The documented validation experiment (docs/validation.md): real llama.cpp, calibrate, predict.
+
+    .venv/bin/python tests/whatif/experiment.py measure --np 4 --rates 0.5,2,4 --out runs/val
+    .venv/bin/python tests/whatif/experiment.py predict --out runs/val --calib-on NP4-R0.5
+
+`measure` starts llama-server (the `m` model: the engine, not the client, dominates) with `-np`
+slots, drives one Poisson run per rate with phaselens' own driver, and stops it. `predict`
+calibrates on one run and predicts every other run — other rates, and the other `-np` setting
+through the `policy.max_num_seqs` knob — printing the markdown table of docs/validation.md.
+Not a test module (no test_ prefix); the small e2e version is test_validation_e2e.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SIZE = "m"
+MODEL = "val-llama"  # served name = spec model name (no mapping needed)
+CTX = 2048  # per slot
+
+
+def _engines() -> Any:
+    path = ROOT / "scripts" / "engines" / "engines.py"
+    spec = importlib.util.spec_from_file_location("phaselens_engines_helper", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def spec_for(rate: float, duration_s: float, seed: int) -> dict[str, Any]:
+    return {
+        "name": f"val-r{rate:g}",
+        "seed": seed,
+        "duration_s": duration_s,
+        "slo": {"ttft_ms": {"p90": 1000}, "tpot_ms": {"p90": 100}},
+        "models": [
+            {
+                "name": MODEL,
+                "rate": rate,
+                "arrival": {"type": "poisson"},
+                "input_tokens": {"type": "uniform", "min": 32, "max": 384},
+                "output_tokens": {"type": "uniform", "min": 16, "max": 96},
+            }
+        ],
+    }
+
+
+def deployment(np_slots: int, tflops: float, bandwidth_gbs: float) -> dict[str, Any]:
+    """llama.cpp on this CPU as the simulator sees it: one custom "GPU", `-np` = max_num_seqs,
+    n_batch 2048 = the token budget, prompts chunked by it, no prefix cache (random prompts)."""
+    eng = _engines()
+    return {
+        "gpus": [
+            {
+                "name": "cpu0",
+                "tflops": tflops,
+                "bandwidth_gbs": bandwidth_gbs,
+                "memory_gb": 8.0,
+            }
+        ],
+        "engines": [
+            {
+                "name": "llamacpp",
+                "model": str(eng.model_dir(SIZE) / "hf" / "config.json"),
+                "serves": [MODEL],
+                "gpus": ["cpu0"],
+                "policy": {
+                    "max_num_seqs": np_slots,
+                    "max_num_batched_tokens": 2048,
+                    "chunked_prefill": True,
+                    "prefix_cache": False,
+                },
+            }
+        ],
+        "cost": {"reserve_gb": 0.5},
+    }
+
+
+def measure(
+    np_slots: int, rates: list[float], duration_s: float, out: Path, seed: int, threads: int
+) -> list[Path]:
+    from phaselens.driver.drive import drive
+    from phaselens.driver.runner import DriverOptions
+    from phaselens.spec import parse_spec
+    from phaselens.workload.plan import build_schedule
+
+    eng_mod = _engines()
+    out.mkdir(parents=True, exist_ok=True)
+    eng = eng_mod.start(
+        "llamacpp",
+        model=MODEL,
+        size=SIZE,
+        parallel=np_slots,
+        ctx=CTX,
+        threads=threads,
+        timeout_s=300.0,
+        log_dir=out,
+    )
+    paths = []
+    try:
+        for rate in rates:
+            data = spec_for(rate, duration_s, seed)
+            data["name"] = f"np{np_slots}-r{rate:g}"
+            ws = parse_spec(data, "validation", Path("."))
+            res = drive(
+                build_schedule(ws),
+                {"*": eng.url},
+                DriverOptions(endpoint="chat", timeout_s=300, idle_timeout_s=120),
+                out,
+                name=ws.name,
+                spec=ws.model_dump(mode="json"),
+                slo=ws.slo_dict,
+                quiet=True,
+                telemetry="engine",
+                telemetry_interval_s=0.1,
+                handle_sigint=False,
+                manifest_extra={"validation": {"np": np_slots, "rate": rate}},
+            )
+            print(f"{res.path}: {res.status}, {dict(res.by_status)}", flush=True)
+            paths.append(Path(res.path))
+    finally:
+        eng.stop()
+    return paths
+
+
+def _runs(out: Path) -> dict[str, Path]:
+    found = {}
+    for mf in sorted(out.glob("*/manifest.json")):
+        m = json.loads(mf.read_text())
+        v = m.get("validation") or {}
+        if v:
+            found[f"NP{v['np']}-R{v['rate']:g}"] = mf.parent
+    return found
+
+
+def predict(
+    out: Path, calib_on: str, tflops: float, bandwidth_gbs: float, source: str = "client"
+) -> dict[str, Any]:
+    from phaselens.store import load_run
+    from phaselens.whatif.calibrate import calibrate, check, write_calibration
+
+    runs = _runs(out)
+    if calib_on not in runs:
+        raise SystemExit(f"no run {calib_on} in {out}; have {', '.join(runs)}")
+    np_cal = int(calib_on.split("-")[0][2:])
+    dmap = deployment(np_cal, tflops, bandwidth_gbs)
+    (out / "deploy.yaml").write_text(yaml.safe_dump(dmap, sort_keys=False))
+    c = calibrate(load_run(runs[calib_on]), dmap, str(out / "deploy.yaml"), prefer=source)
+    write_calibration(c, out / "calib.yaml")
+    result: dict[str, Any] = {"calibrated_on": calib_on, "calibration": c.to_dict(), "runs": {}}
+    for key, path in runs.items():
+        np_k = int(key.split("-")[0][2:])
+        combo = {} if np_k == np_cal else {"policy.max_num_seqs": np_k}
+        result["runs"][key] = check(c, load_run(path), combo)
+    (out / "validation.json").write_text(json.dumps(result, indent=1, default=str))
+    print(table(result))
+    return result
+
+
+def _cell(e: dict[str, Any], key: str) -> str:
+    v = e.get(key)
+    if not isinstance(v, dict) or v.get("measured_ms") is None:
+        return "–"
+    return f"{v['measured_ms']:.0f} / {v['predicted_ms']:.0f} ({v['error_pct']:+.0f}%)"
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [
+        "| run (np, rate r/s) | regime | n | TTFT p50 | TTFT p90 | TPOT p50 | TPOT p90 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key, res in result["runs"].items():
+        e = res["all"]
+        shares = {r: res[r]["n"] for r in ("light", "near_saturation", "overloaded")}
+        regime = max(shares, key=lambda r: shares[r])
+        mark = " (calibration run)" if key == result["calibrated_on"] else ""
+        lines.append(
+            f"| {key}{mark} | {regime} | {e['n']} | "
+            + " | ".join(_cell(e, k) for k in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"))
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure")
+    m.add_argument("--np", type=int, required=True)
+    m.add_argument("--rates", required=True)
+    m.add_argument("--duration", type=float, default=60.0)
+    m.add_argument("--seed", type=int, default=7)
+    m.add_argument("--threads", type=int, default=2)
+    m.add_argument("--out", type=Path, required=True)
+    p = sub.add_parser("predict")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--calib-on", required=True)
+    p.add_argument("--tflops", type=float, default=0.1)
+    p.add_argument("--bandwidth-gbs", type=float, default=10.0)
+    a = ap.parse_args(argv)
+    if a.cmd == "measure":
+        rates = [float(x) for x in a.rates.split(",")]
+        measure(a.np, rates, a.duration, a.out, a.seed, a.threads)
+    else:
+        predict(a.out, a.calib_on, a.tflops, a.bandwidth_gbs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Calibration recovers constants the simulator was run with; errors per regime; bad input.
+
+Ground truth: runs simulated with KNOWN CostParams (helpers.TRUE_COST). A fit that does not
+recover them within the stated tolerances fails. The simulator is deterministic, so the only
+error sources are the fit's own approximations.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from phaselens.errors import InputError
+from phaselens.sim.deploy import parse_deployment
+from phaselens.spec import parse_spec
+from phaselens.store import Run, load_run
+from phaselens.whatif.basis import Theta, isolated_basis, isolated_predict, nnls
+from phaselens.whatif.calibrate import (
+    calibrate,
+    check,
+    load_calibration,
+    lone_requests,
+    max_inflight,
+    write_calibration,
+)
+from phaselens.whatif.predict import regimes, simulate_with
+from phaselens.workload.plan import build_schedule
+
+from .helpers import TRUE_COST, deploy_map, spec, truth_run
+
+TRUE = TRUE_COST
+
+
+@pytest.fixture(scope="module")
+def light(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """~65 requests at 0.1 r/s: many served alone, some overlapping (batches of 2-3)."""
+    return truth_run(tmp_path_factory.mktemp("light"), rate=0.1, duration_s=600)
+
+
+def test_nnls_matches_a_hand_solved_system() -> None:
+    # unconstrained least squares would give x2 < 0; NNLS sets it to 0 and refits x1:
+    # a = [[1, 1], [1, 2], [1, 3]], b = [3, 2, 1]: lstsq -> (4, -1); with x2 = 0 -> x1 = mean(b) = 2
+    a = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    b = np.array([3.0, 2.0, 1.0])
+    assert np.allclose(nnls(a, b), [2.0, 0.0])
+    # a consistent positive system is solved exactly
+    x = np.array([0.5, 2.0])
+    assert np.allclose(nnls(a, a @ x), x)
+
+
+def test_isolated_basis_equals_the_simulator_for_a_lone_request() -> None:
+    """The closed-form TTFT/TPOT of a request served alone is the simulator's, to the ns."""
+    d = parse_deployment(deploy_map(TRUE, max_num_batched_tokens=512), "t")
+    data = spec(1.0, 10)
+    data["models"][0]["input_tokens"] = {"type": "fixed", "value": 1300}  # 3 chunks of 512
+    data["models"][0]["output_tokens"] = {"type": "fixed", "value": 40}
+    data["requests"] = 1
+    sched = build_schedule(parse_spec(data, "t", Path(".")))
+    assert len(sched) == 1
+    pred = simulate_with(sched, d, 0.0).requests
+    ttft = (pred["first_token_ns"][0] - pred["scheduled_ns"][0]) / 1e9
+    toks = pred["token_ns"][0].to_list()
+    tpot = (toks[-1] - toks[0]) / (len(toks) - 1) / 1e9
+    b = isolated_basis(
+        d, np.zeros(1, np.int64), sched.input_tokens, sched.output_tokens, max_decode_steps=10_000
+    )
+    got = isolated_predict(b, Theta.from_cost(d.cost))
+    assert got[0] == pytest.approx(ttft, rel=1e-6)
+    assert got[1] == pytest.approx(tpot, rel=1e-6)
+
+
+def test_steps_fit_recovers_the_true_constants(light: Run) -> None:
+    c = calibrate(light, deploy_map(), "deploy.yaml", prefer="steps")
+    assert c.method == "steps"
+    for k in ("eta_linear", "eta_attention", "eta_memory", "step_overhead_s"):
+        assert getattr(c.cost, k) == pytest.approx(TRUE[k], rel=0.01), k
+    assert c.cost.per_seq_overhead_s == pytest.approx(TRUE["per_seq_overhead_s"], rel=0.02)
+    assert c.fit["step_error_median_pct"] < 0.1  # held-out steps
+
+
+def test_client_fit_recovers_the_true_constants_and_request_overhead(tmp_path: Path) -> None:
+    """From client TTFT/TPOT only (no steps), with a 25 ms per-request overhead in TTFT."""
+    run = truth_run(tmp_path, rate=0.1, duration_s=600, overhead_s=0.025, steps=False)
+    assert run.steps.height == 0
+    c = calibrate(run, deploy_map(), "deploy.yaml")
+    assert c.method == "client"
+    assert c.fit["lone_requests"] >= 8
+    for k in ("eta_linear", "eta_attention", "eta_memory"):
+        assert getattr(c.cost, k) == pytest.approx(TRUE[k], rel=0.02), k
+    total = c.cost.step_overhead_s + c.cost.per_seq_overhead_s
+    assert total == pytest.approx(TRUE["step_overhead_s"] + TRUE["per_seq_overhead_s"], rel=0.02)
+    # the split between per-step and per-sequence overhead comes from the batched requests
+    assert c.cost.per_seq_overhead_s == pytest.approx(TRUE["per_seq_overhead_s"], rel=0.25)
+    assert c.request_overhead_s == pytest.approx(0.025, rel=0.05)
+    assert all(c.identified[k] for k in ("u_lin", "u_att", "u_mem", "c0", "c_seq", "r"))
+    e = c.errors["all"]
+    for key in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"):
+        assert abs(e[key]["error_pct"]) < 2.0, key
+
+
+def test_errors_are_reported_only_for_regimes_the_run_contains(light: Run) -> None:
+    c = calibrate(light, deploy_map(), "deploy.yaml", prefer="steps")
+    assert c.errors["light"]["measured"] is True
+    for reg in ("near_saturation", "overloaded"):
+        assert c.errors[reg]["measured"] is False
+        assert "not measured" in c.errors[reg]["note"]
+        assert "ttft_p50" not in c.errors[reg]
+
+
+def test_heavy_run_without_lone_requests_fits_one_common_scale(tmp_path: Path) -> None:
+    """Every constant 1.5x slower than the deployment's defaults, and no request ever alone:
+    the fit must say it could not identify each constant, and find the common scale."""
+    d0 = parse_deployment(deploy_map(), "t").cost
+    v = Theta.from_cost(d0).vec() * 1.5
+    slow = Theta.of(v).cost(d0)
+    cost = {k: getattr(slow, k) for k in TRUE}
+    run = truth_run(tmp_path, rate=2.0, duration_s=40, cost=cost, steps=False)
+    assert lone_requests(run.requests).shape[0] < 8
+    c = calibrate(run, deploy_map(), "deploy.yaml")
+    assert c.fit["common_scale"] == pytest.approx(1.5, rel=0.05)
+    assert not any(c.identified.values())
+    assert any("common time" in n for n in c.notes)
+
+
+def test_held_out_check_with_a_knob_change(light: Run, tmp_path: Path) -> None:
+    """Calibrate at max_num_seqs 16, predict a run measured at max_num_seqs 1 via the knob."""
+    c = calibrate(light, deploy_map(), "deploy.yaml", prefer="steps")
+    other = truth_run(tmp_path, rate=0.1, duration_s=600, max_num_seqs=1)
+    res = check(c, other, {"policy.max_num_seqs": 1})
+    assert res["in_sample"] is False and res["knobs"] == {"policy.max_num_seqs": 1}
+    assert abs(res["all"]["ttft_p90"]["error_pct"]) < 1.0
+    wrong = check(c, other)  # without the knob, queueing behind a busy slot is missed
+    assert wrong["all"]["ttft_p90"]["predicted_ms"] < res["all"]["ttft_p90"]["predicted_ms"]
+
+
+def test_calibration_file_round_trip(light: Run, tmp_path: Path) -> None:
+    c = calibrate(light, deploy_map(), "deploy.yaml", prefer="steps")
+    p = write_calibration(c, tmp_path / "calib.yaml")
+    back = load_calibration(p)
+    assert back.cost == c.cost
+    assert back.errors["light"]["ttft_p90"] == c.errors["light"]["ttft_p90"]
+    assert back.deploy().engines[0].policy.max_num_seqs == 16
+
+
+def test_regimes_by_hand() -> None:
+    """Two 5 s windows: queueing 0.1x service (light) and 5x service (overloaded)."""
+    t = np.array([0, 1, 2, 6, 7, 8], dtype=np.int64) * 1_000_000_000
+    iso_ttft = np.full(6, 0.1)
+    iso_e2e = np.full(6, 1.0)
+    ttft = np.array([0.2, 0.15, 0.2, 5.1, 5.1, 0.6])  # q = 0.1, 0.05, 0.1 | 5, 5, 0.5
+    reg = regimes(t, ttft, iso_ttft, iso_e2e)
+    assert list(reg) == ["light"] * 3 + ["overloaded"] * 3
+    reg2 = regimes(t, np.array([0.2, 0.15, 0.2, 1.1, 1.1, 0.6]), iso_ttft, iso_e2e)
+    assert list(reg2[3:]) == ["near_saturation"] * 3  # median q = 1.0
+
+
+def test_lone_requests_and_max_inflight_by_hand() -> None:
+    f = pl.DataFrame(
+        {
+            "id": [0, 1, 2, 3],
+            "scheduled_ns": [0, 10, 15, 40],
+            "sent_ns": [0, 10, 15, 40],
+            "end_ns": [5, 20, 30, 50],
+            "status": ["ok", "ok", "ok", "ok"],
+        }
+    )
+    assert lone_requests(f).tolist() == [0, 3]
+    assert max_inflight(f) == 2
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+def test_too_few_ok_requests(tmp_path: Path) -> None:
+    run = truth_run(tmp_path, rate=0.1, duration_s=100)
+    with pytest.raises(InputError, match="ok requests; calibration needs at least 20"):
+        calibrate(run, deploy_map(), "deploy.yaml")
+
+
+def test_invalid_client_run_is_refused(light: Run, tmp_path: Path) -> None:
+    bad = replace(light, manifest={**light.manifest, "valid": False, "invalid_reasons": ["lag"]})
+    with pytest.raises(InputError, match="INVALID"):
+        calibrate(bad, deploy_map(), "deploy.yaml")
+
+
+def test_deploy_not_serving_the_runs_model(light: Run) -> None:
+    d = deploy_map()
+    d["engines"][0]["serves"] = ["other"]
+    with pytest.raises(InputError, match="'chat' is served by no engine"):
+        calibrate(light, d, "deploy.yaml")
+
+
+def test_json_of_a_calibration_is_strict(light: Run) -> None:
+    from phaselens.analysis.summary import to_json
+
+    c = calibrate(light, deploy_map(), "deploy.yaml", prefer="steps")
+    json.loads(to_json(c.to_dict()))
+    assert load_run(light.path).requests.height == light.requests.height

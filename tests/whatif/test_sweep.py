@@ -1,0 +1,189 @@
+"""The sweep: baseline equals the measurement in-sample, ranking, Pareto, processes, CLI."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from phaselens.cli import main
+from phaselens.store import Run
+from phaselens.whatif.calibrate import calibrate, write_calibration
+from phaselens.whatif.knobs import grid, parse_sets
+from phaselens.whatif.replay import schedule_from_run
+from phaselens.whatif.sweep import pareto, rank_key, sweep
+
+from .helpers import deploy_map, truth_run, write_deploy
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Path, Path]:
+    root = tmp_path_factory.mktemp("sweep")
+    run = truth_run(root, rate=0.4, duration_s=120)
+    dep = write_deploy(root / "deploy.yaml", deploy_map())
+    c = calibrate(run, deploy_map(), str(dep), prefer="steps")
+    calib = write_calibration(c, root / "calib.yaml")
+    return run, dep, calib
+
+
+def test_replay_is_the_run_schedule(setup: tuple[Run, Path, Path]) -> None:
+    run = setup[0]
+    s = schedule_from_run(run)
+    r = run.requests.sort("id")
+    assert s.ids is not None and s.ids.tolist() == r["id"].to_list()
+    assert np.array_equal(s.t_ns, r["scheduled_ns"].to_numpy())
+    assert np.array_equal(s.input_tokens, r["input_tokens"].to_numpy())
+    assert np.array_equal(s.output_tokens, r["output_tokens"].to_numpy())
+
+
+def test_sweep_baseline_ranking_and_pareto(setup: tuple[Run, Path, Path]) -> None:
+    from phaselens.whatif.calibrate import load_calibration
+
+    run, _, calib = setup
+    c = load_calibration(calib)
+    combos = grid(parse_sets(["policy.max_num_seqs=1,16", "gpu.type=L4,H100-SXM"], ["e0"]))
+    res = sweep(run, c, combos)
+    rows = res["rows"]
+    assert len(rows) == 1 + 4
+    # in-sample: the calibrated baseline reproduces the measured run
+    m, b = res["measured"], res["baseline"]
+    for k in ("ttft_p90_ms", "tpot_p90_ms", "goodput_rps"):
+        assert b[k] == pytest.approx(m[k], rel=0.01), k
+    # ranked by goodput, then stability
+    keys = [rank_key(r) for r in rows]
+    assert keys == sorted(keys)
+    assert [r["rank"] for r in rows] == list(range(1, 6))
+    # one sequence at a time queues: never better than 16
+    one = next(r for r in rows if r["combo"] == {"policy.max_num_seqs": 1, "gpu.type": "L4"})
+    many = next(r for r in rows if r["combo"] == {"policy.max_num_seqs": 16, "gpu.type": "L4"})
+    assert one["ttft_p90_ms"] > many["ttft_p90_ms"]
+    # accuracy claims: measured regime on the measured hardware, unmeasured elsewhere
+    assert many["expected_error"].startswith("±")
+    h100 = next(r for r in rows if r["combo"].get("gpu.type") == "H100-SXM")
+    assert h100["expected_error_pct"] is None and "other hardware" in h100["expected_error"]
+    assert res["pareto"] and res["best"]["rank"] == 1
+
+
+def test_pareto_by_hand() -> None:
+    rows: list[dict[str, Any]] = [
+        {"feasible": True, "goodput_rps": 1.0, "cost_per_hour": 1.0},
+        {"feasible": True, "goodput_rps": 2.0, "cost_per_hour": 2.0},
+        {"feasible": True, "goodput_rps": 1.5, "cost_per_hour": 2.0},  # dominated by row 1
+        {"feasible": True, "goodput_rps": 0.5, "cost_per_hour": 1.0},  # dominated by row 0
+        {"feasible": False},
+    ]
+    assert pareto(rows) == [0, 1]
+
+
+def test_infeasible_combination_is_a_row_not_a_crash(setup: tuple[Run, Path, Path]) -> None:
+    from phaselens.whatif.calibrate import load_calibration
+
+    run, _, calib = setup
+    res = sweep(run, load_calibration(calib), [{"policy.gpu_memory_utilization": 0.2}])
+    bad = [r for r in res["rows"] if not r["feasible"]]
+    assert len(bad) == 1 and "does not fit" in bad[0]["reason"]
+    assert res["rows"][-1] is bad[0]
+
+
+def test_processes_give_the_same_rows(setup: tuple[Run, Path, Path]) -> None:
+    from phaselens.whatif.calibrate import load_calibration
+
+    run, _, calib = setup
+    c = load_calibration(calib)
+    combos = grid(parse_sets(["policy.max_num_seqs=2,4"], ["e0"]))
+    one = sweep(run, c, combos, jobs=1)["rows"]
+    two = sweep(run, c, combos, jobs=2)["rows"]
+    assert [r["label"] for r in one] == [r["label"] for r in two]
+    assert [r["ttft_p90_ms"] for r in one] == [r["ttft_p90_ms"] for r in two]
+
+
+# ---- CLI ---------------------------------------------------------------------------------------
+def _cli(
+    args: list[str], mp: pytest.MonkeyPatch, cap: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
+    mp.setattr(sys, "argv", ["phaselens", *args])
+    with pytest.raises(SystemExit) as e:
+        main()
+    out, err = cap.readouterr()
+    code = e.value.code
+    return (code if isinstance(code, int) else 0), out, err
+
+
+def test_cli_calibrate_and_whatif(
+    setup: tuple[Run, Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run, dep, _ = setup
+    calib = tmp_path / "c.yaml"
+    code, out, _ = _cli(
+        ["calibrate", str(run.path), "--deploy", str(dep), "-o", str(calib), "--json"],
+        monkeypatch,
+        capsys,
+    )
+    assert code == 0 and calib.is_file()
+    assert json.loads(out)["calibration"]["method"] == "steps"
+    html = tmp_path / "w.html"
+    code, out, _ = _cli(
+        [
+            "whatif", str(run.path), "--calib", str(calib),
+            "--set", "policy.max_num_seqs=2,16", "--set", "load.scale=1,2",
+            "-o", str(html), "--json",
+        ],
+        monkeypatch,
+        capsys,
+    )  # fmt: skip
+    assert code == 0
+    res = json.loads(out)
+    assert len(res["rows"]) == 5 and html.is_file()
+    text = html.read_text()
+    assert "Pareto front" in text and "Baseline: measured vs predicted" in text
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--set", "policy.nope=1"], "unknown knob"),
+        (
+            ["--set", "policy.max_num_seqs=" + ",".join(str(i) for i in range(1, 66))],
+            "--max-runs 65",
+        ),
+        (["--jobs", "0"], "--jobs"),
+    ],
+)
+def test_cli_whatif_bad_input_is_one_line_exit_2(
+    setup: tuple[Run, Path, Path],
+    extra: list[str],
+    needle: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run, _, calib = setup
+    code, _, err = _cli(
+        ["whatif", str(run.path), "--calib", str(calib), *extra], monkeypatch, capsys
+    )
+    assert code == 2
+    assert err.count("\n") == 1 and needle in err and "Traceback" not in err
+
+
+def test_cli_calibrate_bad_input(
+    setup: tuple[Run, Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run, _, _ = setup
+    d = deploy_map()
+    d["engines"][0]["serves"] = ["x"]
+    bad = write_deploy(tmp_path / "bad.yaml", d)
+    code, _, err = _cli(["calibrate", str(run.path), "--deploy", str(bad)], monkeypatch, capsys)
+    assert code == 2 and "served by no engine" in err and err.count("\n") == 1
+    code, _, err = _cli(
+        ["whatif", str(run.path), "--calib", str(tmp_path / "missing.yaml")], monkeypatch, capsys
+    )
+    assert code == 2 and "calibration file not found" in err
