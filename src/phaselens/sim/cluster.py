@@ -157,24 +157,56 @@ class Cluster:
         if not exclusive:
             cost, extra = self._share(i, st, cost)
         elif self.fast_forward:
-            k = st.stretch_limit()
-            if k >= _MIN_STRETCH:
-                # steps only get longer within a stretch: this step's length bounds how many
-                # can end before the next event
-                t_ev = self.loop.peek_time()
-                t_next = self.next_arrival_ns if t_ev is None else min(t_ev, self.next_arrival_ns)
-                fit = (t_next - self.now) // max(1, round(cost.seconds * 1e9)) + 2
-                k = min(k, fit, 4096)
-                if k >= _MIN_STRETCH:
-                    if k <= _NUMPY_STRETCH:
-                        t0, cost = self._stretch_scalar(st, k, t_next, cost)
-                    else:
-                        t0, cost = self._stretch(st, k, t_next, cost)
+            ahead = self._run_ahead(i, st, cost)
+            if ahead is None:
+                return
+            t0, cost = ahead
         self.stepping[i] = True
         self.step_t0[i] = t0
         self.step_cost[i] = cost
         self.last_start[i] = t0
         self.loop.push(t0 + max(1, round((cost.seconds + extra) * 1e9)), STEP_END, i)
+
+    def _run_ahead(self, i: int, st: EngineState, cost: StepCost) -> tuple[int, StepCost] | None:
+        """An engine alone on its GPUs runs, without events, every step that ends before the next
+        event anywhere (arrival, hand-off, another engine's step end): nothing can change its
+        inputs meanwhile, so the result is the step-by-step run. Decode-only stretches are
+        committed in bulk. Returns the step left in flight, or None when the engine went idle.
+        """
+        now0 = self.now
+        t0 = now0
+        loop = self.loop
+        while True:
+            t_ev = loop.peek_time()
+            t_next = self.next_arrival_ns if t_ev is None else min(t_ev, self.next_arrival_ns)
+            dur = max(1, round(cost.seconds * 1e9))
+            if t0 + dur >= t_next:
+                break
+            k = st.stretch_limit()
+            if k >= _MIN_STRETCH:
+                # steps only get longer within a stretch: this one bounds how many fit
+                k = min(k, (t_next - t0) // dur + 2, 4096)
+                if k >= _MIN_STRETCH:
+                    stretch = self._stretch if k > _NUMPY_STRETCH else self._stretch_scalar
+                    t1, cost1 = stretch(st, k, t0, t_next, cost)
+                    if t1 != t0:
+                        t0, cost = t1, cost1
+                        continue
+            # one ordinary step, inline: what STEP_END then _try_start would do
+            end = t0 + dur
+            self.now = end
+            st.end_step(t0, end, cost)
+            t0 = end
+            if not (st.running or st.waiting or st.decode_admits) or not st.plan_step(end):
+                wake = st.next_wake_ns()
+                if wake is not None and wake > end and self.wake_at[i] != wake:
+                    self.wake_at[i] = wake
+                    loop.push(wake, WAKE, i)
+                self.now = now0
+                return None
+            cost = st.step_cost()
+        self.now = now0
+        return t0, cost
 
     def _share(self, i: int, st: EngineState, cost: StepCost) -> tuple[StepCost, float]:
         """A shared GPU: hold the time slice (paying a switch) or get a bandwidth share."""
@@ -197,13 +229,13 @@ class Cluster:
         return cost, extra
 
     def _stretch_scalar(
-        self, st: EngineState, k: int, t_next: int, cost: StepCost
+        self, st: EngineState, k: int, t0: int, t_next: int, cost: StepCost
     ) -> tuple[int, StepCost]:
         """`_stretch` for short stretches: the same arithmetic, one step at a time, no events."""
         n, sp, s, bs, ph = st.n_dec, st.sum_p, st.step_idx, st.bs, st.phase
         free = st.free_blocks()
         step_bw, bw = st.cost.step_bw, st.cost.bandwidth
-        t = self.now
+        t = t0
         ends: list[int] = []
         flops: list[float] = []
         nbytes: list[float] = []
@@ -223,13 +255,13 @@ class Cluster:
             sp += n
             c = step_bw(n, n, float(sp + n), float(sp), n, bw)
         if not ends:
-            return self.now, cost
-        st.commit_stretch(ends, self.now, flops, nbytes, needs)
+            return t0, cost
+        st.commit_stretch(ends, t0, flops, nbytes, needs)
         self.stretch_steps += len(ends)
         return t, c
 
     def _stretch(
-        self, st: EngineState, k: int, t_next: int, cost: StepCost
+        self, st: EngineState, k: int, t0: int, t_next: int, cost: StepCost
     ) -> tuple[int, StepCost]:
         """Fast-forward: commit the decode-only steps that end before the next event.
 
@@ -240,19 +272,19 @@ class Cluster:
         """
         sec, flops, nbytes = st.cost.decode_stretch(st.n_dec, st.sum_p, k)
         dur = np.maximum(1, np.rint(sec * 1e9)).astype(np.int64)
-        ends = self.now + np.cumsum(dur)
+        ends = t0 + np.cumsum(dur)
         b = int(np.searchsorted(ends[: k - 1], t_next, side="left"))
         if b == 0:
-            return self.now, cost
+            return t0, cost
         needs = st.block_needs(b)
         cum = np.cumsum(needs)
         fit = int(np.searchsorted(cum, st.free_blocks(), side="right"))
         b = min(b, fit)
         if b == 0:
-            return self.now, cost
+            return t0, cost
         st.commit_stretch(
             ends[:b].tolist(),
-            self.now,
+            t0,
             flops[:b].tolist(),
             nbytes[:b].tolist(),
             needs[:b].tolist(),
@@ -317,8 +349,11 @@ class Cluster:
             seq.group = -1
             self.engine_of[rid] = dst
             self.engines[dst].decode_admits.append(seq)
-            self._try_start(dst)
+        # the source first: its next step end must be on the heap before the decode engine
+        # decides how far it may run ahead
         self._try_start(src)
+        if seq.gen < seq.out:
+            self._try_start(self.handoff_to[src])
 
     def segment_explicit(self, rid: int, t_ns: int) -> None:
         self.seg_rid.append(rid)

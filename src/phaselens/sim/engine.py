@@ -149,9 +149,6 @@ class EngineState:
     def _peek_waiting(self) -> Seq:
         return self.waiting_seqs[self.waiting[0][1]]
 
-    def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self.decode_admits)
-
     # ---- KV blocks ---------------------------------------------------------------------------
     def free_blocks(self) -> int:
         return self.total_blocks - self.used_blocks - self.evictable_blocks
