@@ -199,3 +199,15 @@ def test_json_of_a_calibration_is_strict(light: Run) -> None:
     c = calibrate(light, deploy_map(), "deploy.yaml", prefer="steps")
     json.loads(to_json(c.to_dict()))
     assert load_run(light.path).requests.height == light.requests.height
+
+
+def test_kv_capacity_from_the_usage_gauge(tmp_path: Path) -> None:
+    """The simulator's KV gauge against the client's in-flight tokens gives back its capacity."""
+    from phaselens.whatif.calibrate import fit_kv_capacity
+
+    run = truth_run(tmp_path, rate=1.0, duration_s=60, gpu_memory_utilization=0.82)
+    d = parse_deployment(deploy_map(gpu_memory_utilization=0.82), "t")
+    got = fit_kv_capacity(run, d)
+    assert got["e0"] == pytest.approx(d.engines[0].kv_capacity_tokens, rel=0.03)
+    no_tel = replace(run, telemetry=run.telemetry.clear())
+    assert fit_kv_capacity(no_tel, d) == {}

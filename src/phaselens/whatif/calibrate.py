@@ -205,6 +205,49 @@ def check_run(run: Run, deploy: Deployment) -> None:
         )
 
 
+# ---- KV capacity from the engine's own usage gauge ----------------------------------------------
+MIN_KV_PCT = 5.0  # below this the gauge's rounding dominates
+MIN_KV_SAMPLES = 10
+
+
+def fit_kv_capacity(run: Run, deploy: Deployment) -> dict[str, int]:
+    """KV capacity (tokens) per engine from `engine.kv_usage_pct` and the client's view.
+
+    At each gauge sample t, the KV in use is Σ over requests in flight (sent ≤ t < end) of
+    their prompt plus the tokens received by t; capacity = that / (usage / 100); the median
+    over samples with usage ≥ 5% is taken. Block rounding makes the engine's usage read a few
+    percent high, so the estimate errs a little low (conservative). Only for single-engine
+    deployments: the client cannot tell which engine holds a co-located model's KV.
+    """
+    tel = run.telemetry.filter(pl.col("metric") == "engine.kv_usage_pct")
+    if tel.height == 0 or len(deploy.engines) != 1:
+        return {}
+    tel = tel.group_by("t_ns").agg(pl.col("value").sum()).sort("t_ns")
+    tel = tel.filter(pl.col("value") >= MIN_KV_PCT)
+    if tel.height < MIN_KV_SAMPLES:
+        return {}
+    r = run.requests.filter(pl.col("sent_ns").is_not_null())
+    t = tel["t_ns"].to_numpy().astype(np.int64)
+    sent = r["sent_ns"].to_numpy().astype(np.int64)
+    end = r["end_ns"].fill_null(np.iinfo(np.int64).max).to_numpy().astype(np.int64)
+    inp = r["input_tokens"].to_numpy().astype(np.float64)
+    toks = r["token_ns"].to_list()
+    used = np.zeros(t.shape[0])
+    for i in range(r.height):
+        live = (sent[i] <= t) & (t < end[i])
+        if not live.any():
+            continue
+        got = np.searchsorted(np.asarray(toks[i] or [], dtype=np.int64), t[live], side="right")
+        used[live] += inp[i] + got
+    ratio = used / (tel["value"].to_numpy() / 100.0)
+    ratio = ratio[used > 0]
+    if ratio.size < MIN_KV_SAMPLES:
+        return {}
+    e = deploy.engines[0]
+    bs = e.policy.block_size
+    return {e.name: max(bs, int(np.median(ratio)) // bs * bs)}
+
+
 # ---- the fit from engine steps -----------------------------------------------------------------
 def steps_basis(run: Run, deploy: Deployment) -> tuple[Steps, F64]:
     """Features and durations (s) of the run's recorded engine steps.
@@ -381,6 +424,16 @@ def calibrate(
     ]
     fit_info: dict[str, Any] = {"requests_ok": len(sched)}
     rp = _Replay(sched, meas, deploy_map, source, {})
+    kv = fit_kv_capacity(run, deploy)
+    if kv:
+        rp = replace(rp, kv=kv)
+        derived = {e.name: e.kv_capacity_tokens for e in deploy.engines}
+        notes.append(
+            "KV capacity from the engine's usage gauge: "
+            + ", ".join(f"{k} {v} tokens (deployment gives {derived[k]})" for k, v in kv.items())
+        )
+    else:
+        notes.append("KV capacity: the deployment's (no usable engine KV-usage telemetry)")
     use_steps = prefer != "client" and run.steps.height > 0
     if prefer == "steps" and run.steps.height == 0:
         raise InputError(f"{run.path}: --from steps: the run has no steps.parquet rows")
@@ -454,6 +507,7 @@ def calibrate(
         fit=fit_info,
         errors=errors,
         slo=dict(run.manifest.get("slo") or {}),
+        kv_capacity_tokens=kv,
         notes=tuple(notes),
     )
 
