@@ -190,6 +190,10 @@ def run(
             help="Never send stream_options/ignore_eos/min_tokens (else dropped on 400/422).",
         ),
     ] = False,
+    no_optional_for: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--no-optional-fields-for", help="The same for one model's target (repeat)."),
+    ] = None,
     tokenizer: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option("--tokenizer", help="Local tokenizer.json for exact prompt lengths."),
@@ -246,6 +250,7 @@ def run(
         timeout_s=timeout,
         idle_timeout_s=idle_timeout,
         optional_fields=not no_optional,
+        plain_models=tuple(no_optional_for or ()),
         tokenizer=tokenizer,
         prompt_seed=ws.seed,
     )

@@ -95,8 +95,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
             "give one of them",
         ),
         (["--target", "other=http://127.0.0.1:9"], "no target for model 'm'"),
-        (["--target", "http://127.0.0.1:9", "--concurrency", "1", "--workers", "2"],
-         "at most one worker per user"),
+        (
+            ["--target", "http://127.0.0.1:9", "--concurrency", "1", "--workers", "2"],
+            "at most one worker per user",
+        ),
     ]:
         p = _cli(str(spec), *args, "--out", str(tmp_path / "runs"))
         _, err = p.communicate(timeout=60)

@@ -8,9 +8,11 @@ import time
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from phaselens.driver.drive import drive
 from phaselens.driver.runner import DriverOptions
+from phaselens.errors import InputError
 from phaselens.store import load_run
 
 from .conftest import fake_server, make_schedule
@@ -128,3 +130,36 @@ def test_rejected_optional_fields_retry_once_and_remember(tmp_path: Path) -> Non
     assert run.manifest["optional_fields_rejected_by"] == [url + "/v1/chat/completions"]
     assert run.manifest["token_count_method"] == "chunks"
     assert run.requests.filter(pl.col("output_tokens") != 3).height == 0
+
+
+def test_optional_fields_off_for_one_model(tmp_path: Path) -> None:
+    import json
+    import urllib.request
+
+    sched = make_schedule(
+        [0.0, 1.0, 2.0, 3.0], out_tokens=2, models=("a", "b"), model_idx=[0, 1, 0, 1]
+    )
+    with fake_server() as url:
+        res = drive(
+            sched,
+            {"*": url},
+            DriverOptions(concurrency=1, plain_models=("b",)),
+            tmp_path,
+            telemetry="none",
+            handle_sigint=False,
+        )
+        with urllib.request.urlopen(url + "/log") as r:
+            log = json.load(r)
+    assert res.by_status == {"ok": 4}
+    # one target URL serves both models, but the choice is per model's requests
+    assert ["ignore_eos" in e["keys"] for e in log] == [True, False, True, False]
+    assert load_run(res.path).manifest["optional_fields_rejected_by"] == []
+    with pytest.raises(InputError, match="unknown model 'c'"):
+        drive(
+            sched,
+            {"*": url},
+            DriverOptions(plain_models=("c",)),
+            tmp_path,
+            telemetry="none",
+            handle_sigint=False,
+        )

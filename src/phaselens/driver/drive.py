@@ -28,6 +28,7 @@ from phaselens.driver.runner import (
     DriverOptions,
     LiveStats,
     RunSummary,
+    check_targets,
     redact_url,
     relay_stop,
     run_schedule,
@@ -134,7 +135,8 @@ def drive(
     First Ctrl-C: stop sending, cancel in-flight requests, close the run as `interrupted`.
     Second Ctrl-C: exit at once (the run is rebuilt from events.jsonl by `load_run`).
     """
-    options.validate()
+    check_targets(schedule, targets, options)  # bad input fails before a run dir exists
+    prompts = PromptMaker(options.prompt_seed, options.tokenizer)  # (bad --tokenizer too)
     if workers < 1:
         raise InputError(f"--workers: expected an integer >= 1, got {workers}")
     if options.concurrency and workers > options.concurrency:
@@ -178,6 +180,7 @@ def drive(
             "timeout_s": options.timeout_s,
             "idle_timeout_s": options.idle_timeout_s,
             "optional_fields": options.optional_fields,
+            "plain_models": list(options.plain_models),
             "model_map": dict(options.model_map),
             "header_names": sorted(options.headers),  # values may be secrets: never written
             "authorization": "bearer (from environment)" if options.api_key else "none",
@@ -236,7 +239,9 @@ def drive(
         if workers == 1:
             lead_s = 1.0 if _telemetry_on(telemetry) else 0.05
             summaries.append(
-                asyncio.run(_single(schedule, targets, options, wt, on_start, stop, stats, lead_s))
+                asyncio.run(
+                    _single(schedule, targets, options, wt, on_start, stop, stats, lead_s, prompts)
+                )
             )
             worker_info.append({"index": 0, "pid": os.getpid(), "clock": clock_anchor()})
         else:
@@ -351,11 +356,11 @@ async def _single(
     stop: threading.Event,
     stats: LiveStats,
     lead_s: float,
+    prompts: PromptMaker,
 ) -> RunSummary:
     loop = asyncio.get_running_loop()
     ev = asyncio.Event()
     relay_done = relay_stop(stop.wait, loop, ev)
-    prompts = PromptMaker(options.prompt_seed, options.tokenizer)  # before t = 0 is chosen
     t0 = time.perf_counter_ns() + int(lead_s * 1e9)
     on_start(t0)
     try:

@@ -127,7 +127,11 @@ class StreamParser:
                 return CONTINUE
         if self._buf:
             last = self._parts[-1] if self._parts else self._buf
-            if b"\n\n" not in data and not (data[:1] == b"\n" and last.endswith(b"\n")):
+            if (
+                self._held > 65536  # only long events are held in pieces (joins are linear)
+                and b"\n\n" not in data
+                and not (data[:1] == b"\n" and last.endswith(b"\n"))
+            ):
                 # Still inside one long event: keep the pieces, join once it ends (linear).
                 self._parts.append(data)
                 self._held += len(data)

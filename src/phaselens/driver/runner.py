@@ -59,6 +59,7 @@ class DriverOptions:
     timeout_s: float = 600.0  # per request, from send to end
     idle_timeout_s: float = 60.0  # longest silence between body reads
     optional_fields: bool = True  # stream_options / ignore_eos / min_tokens
+    plain_models: tuple[str, ...] = ()  # models whose target never gets the optional fields
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     tokenizer: str | None = None
     prompt_seed: int = 0
@@ -166,7 +167,10 @@ class _Driver:
         if options.api_key:
             base["Authorization"] = f"Bearer {options.api_key}"
         self.headers = base
+        check_targets(schedule, targets, options)
+        self.plain_idx = {k for k, m in enumerate(schedule.models) if m in options.plain_models}
         self.no_optional: set[str] = set() if options.optional_fields else set(self.urls)
+        self.rejected: set[str] = set()  # targets that answered 400/422 to the optional fields
         self.flights: set[_Flight] = set()
         self.recorded = np.zeros(len(schedule), dtype=bool)
         self.send_lags: list[int] = []
@@ -180,6 +184,10 @@ class _Driver:
         self.run_tag = f"{t0 & 0xFFFFFFFF:08x}"
 
     # ------------------------------------------------------------------ records
+    def optional(self, i: int, url: str) -> bool:
+        """Send the optional fields with request i? (per model, and per target's answers)"""
+        return url not in self.no_optional and int(self.s.model_idx[i]) not in self.plain_idx
+
     def rid(self, row: int) -> int:
         """The request id of a schedule row (a shard keeps its original ids)."""
         ids = self.s.ids
@@ -244,7 +252,7 @@ class _Driver:
                 await self.sem.acquire()
             try:
                 self.send_lags.append(ready - t0 - scheduled)
-                optional = url not in self.no_optional
+                optional = self.optional(i, url)
                 if prompt_body is None or built_optional != optional:
                     body = self.body(i, optional)
                 else:
@@ -284,6 +292,7 @@ class _Driver:
                                 return
                             if attempt == 1:
                                 self.no_optional.add(url)  # remember: this target rejects them
+                                self.rejected.add(url)
                             await self._stream(resp, parser, flight)
                         finally:
                             resp.close()
@@ -453,7 +462,7 @@ class _Driver:
             sched = int(t_ns[i])
             due = self.t0 + sched
             url = self.urls[int(self.s.model_idx[i])]
-            optional = url not in self.no_optional
+            optional = self.optional(i, url)
             body = self.body(i, optional)  # built before the send time
             wait = due - clock() - spin
             if wait > 0:
@@ -503,6 +512,18 @@ def relay_stop(
 
     threading.Thread(target=run, name="phaselens-stop-relay", daemon=True).start()
     return done
+
+
+def check_targets(schedule: Schedule, targets: Mapping[str, str], options: DriverOptions) -> None:
+    """Every model has a valid target URL; per-model options name real models (InputError)."""
+    options.validate()
+    _route(schedule.models, targets, options.endpoint)
+    unknown = sorted(set(options.plain_models) - set(schedule.models))
+    if unknown:
+        raise InputError(
+            f"--no-optional-fields-for: unknown model {unknown[0]!r}"
+            f" (the schedule has {', '.join(schedule.models)})"
+        )
 
 
 def _route(models: Sequence[str], targets: Mapping[str, str], endpoint: Endpoint) -> list[str]:
@@ -603,6 +624,6 @@ async def run_schedule(
         cpu_s=cpu_seconds() - cpu0,
         wall_s=time.perf_counter() - wall0,
         token_methods=dict(d.methods),
-        dropped_optional=tuple(sorted(u for u in d.no_optional if options.optional_fields)),
+        dropped_optional=tuple(sorted(d.rejected)),
         interrupted=d.stop.is_set(),
     )
