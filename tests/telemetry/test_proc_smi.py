@@ -90,10 +90,20 @@ def test_proc_source_sums_the_tree(tmp_path: Path) -> None:
         "worker": 0.0,
     }
     assert {s.t_ns for s in out} == {1_000_000_000}
-    # the engine exits: no samples, the status says so, nothing raises
-    for p in (100, 101, 102):
+    # a child born later is found by the next rescan and counts from its second reading
+    _write_proc(tmp_path, {103: ("tokenizer", 101, 400, 0)})  # 4 s of CPU before we saw it
+    clock.t = 2_000_000_000
+    out = src.tick()
+    assert "tokenizer" not in {s.labels.get("comm") for s in out}
+    _write_proc(tmp_path, {103: ("tokenizer", 101, 450, 0)})
+    clock.t = 2_500_000_000
+    out = src.tick()
+    per = {s.labels["comm"]: s.value for s in out if s.metric == "host.proc_cpu_pct"}
+    assert per["tokenizer"] == pytest.approx(100.0)  # 50 ticks in 0.5 s
+    # the engine exits: no samples, nothing raises
+    for p in (100, 101, 102, 103):
         (tmp_path / str(p) / "stat").unlink()
-    clock.t = 2_100_000_000
+    clock.t = 3_600_000_000
     assert src.tick() == []
     assert src.statuses() == {"cpu@100": "ok"}
 

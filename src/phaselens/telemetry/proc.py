@@ -4,7 +4,9 @@ Why: a host-bound engine (vLLM's scheduler on a small model, tokenization) shows
 while requests run; the engine's own CPU use is the evidence. vLLM runs its engine core in a
 child process, so the whole tree under the PID counts: `host.cpu_pct` {pid} is the tree's total
 in % of one core, and `host.proc_cpu_pct` {pid, comm} each process, so one Python thread stuck
-at ~100% stands out even when the total looks modest.
+at ~100% stands out even when the total looks modest. Each value is stamped at the midpoint of
+its /proc reads; a process that joins the tree (found by the once-a-second rescan) counts from
+its second reading, since its CPU so far did not all happen in the current interval.
 """
 
 from __future__ import annotations
@@ -79,42 +81,43 @@ class ProcSource:
         self._root = proc_root
         self._tck = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self._tree: dict[int, str] = {}
-        self._tree_t = -_TREE_RESCAN_NS
-        self._prev: dict[int, int] = {}
-        self._prev_t = 0
-        first = self._read(force_rescan=True)
+        self._tree_t = 0
+        self._rescan()
+        first, self._prev_t = self._read()
         if pid not in first:
             raise ProcUnavailable(f"no process {pid} readable under {proc_root}")
         self._prev = {p: t for p, (_, t) in first.items()}
-        self._prev_t = clock.now_ns()
 
-    def _read(self, force_rescan: bool = False) -> dict[int, tuple[str, int]]:
-        now = self._clock.now_ns()
-        if force_rescan or now - self._tree_t >= _TREE_RESCAN_NS:
-            tree = read_tree(self.pid, self._root)
-            self._tree = {p: c for p, (c, _) in tree.items()}
-            self._tree_t = now
-            return tree
+    def _rescan(self) -> None:
+        """Find the tree's processes again (a full /proc walk: slow, so once a second)."""
+        self._tree = {p: c for p, (c, _) in read_tree(self.pid, self._root).items()}
+        self._tree_t = self._clock.now_ns()
+
+    def _read(self) -> tuple[dict[int, tuple[str, int]], int]:
+        """{pid: (comm, ticks)} of the tree, and when they were read (midpoint of the reads)."""
+        t0 = self._clock.now_ns()
         out: dict[int, tuple[str, int]] = {}
         for p, comm in self._tree.items():
             try:
                 _, _, ticks = parse_stat((self._root / str(p) / "stat").read_text())
             except (OSError, ValueError, IndexError):
-                continue
+                continue  # exited
             out[p] = (comm, ticks)
-        return out
+        return out, (t0 + self._clock.now_ns()) // 2
 
     def tick(self) -> list[TelemetrySample]:
-        cur = self._read()
-        t = self._clock.now_ns()
+        if self._clock.now_ns() - self._tree_t >= _TREE_RESCAN_NS:
+            self._rescan()
+        cur, t = self._read()
         if self.pid not in cur:
             return []
         dt = t - self._prev_t
         out: list[TelemetrySample] = []
         total = 0.0
         for p, (comm, ticks) in sorted(cur.items()):
-            # a child born in the interval counts from 0 ticks
-            pct = cpu_pct(self._prev.get(p, 0), ticks, dt, self._tck)
+            if p not in self._prev:
+                continue  # found by a rescan: its CPU so far is not all from this interval
+            pct = cpu_pct(self._prev[p], ticks, dt, self._tck)
             total += pct
             labels: Mapping[str, str] = {"pid": str(p), "comm": comm}
             out.append(TelemetrySample(t, SOURCE, "host.proc_cpu_pct", pct, labels))
