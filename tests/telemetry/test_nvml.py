@@ -149,12 +149,26 @@ def test_gpm_unsupported_and_metrics_not_supported_are_dropped() -> None:
     assert not [s for s in out if s.source == "gpm"]
 
 
-def test_two_gpus_labelled_by_index() -> None:
-    gpus = [FakeGpu(power_mw=100_000), FakeGpu(power_mw=200_000)]
+def test_two_gpus_labelled_by_index_and_named_once() -> None:
+    gpus = [FakeGpu(power_mw=100_000), FakeGpu(name="NVIDIA H200", power_mw=200_000)]
     src = nvml.open_nvml(StepClock(), make_fake(gpus))  # type: ignore[arg-type]
     out = src.tick()
     assert _get(out, "gpu.power_w", "0") == [100.0]
     assert _get(out, "gpu.power_w", "1") == [200.0]
+    info = [dict(s.labels) for s in out if s.metric == "gpu.info"]
+    assert info == [
+        {"gpu": "0", "name": "NVIDIA H100 80GB HBM3"},
+        {"gpu": "1", "name": "NVIDIA H200"},
+    ]
+    assert not [s for s in src.tick() if s.metric == "gpu.info"]
+
+
+def test_describe_gpus() -> None:
+    fake = make_fake([FakeGpu(name="NVIDIA H200")])
+    assert nvml.describe_gpus(fake) == [{"index": 0, "name": "NVIDIA H200", "memory_gb": 80.0}]
+    assert fake.state["shutdown"] == 1
+    broken = make_fake([FakeGpu()], init_error=NVML_ERROR_LIBRARY_NOT_FOUND)
+    assert nvml.describe_gpus(broken) == []
 
 
 def test_library_not_found_is_unavailable_with_reason() -> None:

@@ -166,6 +166,12 @@ class NvmlSource:
 
     def tick(self) -> list[TelemetrySample]:
         out: list[TelemetrySample] = []
+        if self._ticks == 0:  # which GPU is which, once (like Prometheus' *_info)
+            t0 = self._clock.now_ns()
+            out += [
+                TelemetrySample(t0, SOURCE, "gpu.info", 1.0, {**d.labels, "name": d.name})
+                for d in self.devices
+            ]
         pcie_now = self._ticks % PCIE_EVERY == 0
         self._ticks += 1
         for dev in self.devices:
@@ -291,3 +297,27 @@ def open_nvml(clock: RunClock, nv: Any = None) -> NvmlSource:
         with contextlib.suppress(nv.NVMLError):
             nv.nvmlShutdown()
         raise Unavailable(f"NVML: {e}" if not isinstance(e, Unavailable) else str(e)) from None
+
+
+def describe_gpus(nv: Any = None) -> list[dict[str, Any]]:
+    """[{index, name, memory_gb}] of the GPUs NVML sees, [] when it cannot start (for the
+    manifest's `gpus`)."""
+    try:
+        nv = load_pynvml() if nv is None else nv
+        nv.nvmlInit()
+    except Exception:  # no library, no driver: no GPUs to describe
+        return []
+    try:
+        out = []
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            name = nv.nvmlDeviceGetName(h)
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            mem = nv.nvmlDeviceGetMemoryInfo(h).total / 2**30
+            out.append({"index": i, "name": name, "memory_gb": round(mem, 1)})
+        return out
+    except nv.NVMLError:
+        return []
+    finally:
+        with contextlib.suppress(nv.NVMLError):
+            nv.nvmlShutdown()
