@@ -88,3 +88,16 @@ def test_fluctuation_summary_on_a_run() -> None:
     assert fl["peak_to_trough"]["value"] == 80.0
     assert fl["arrival_cv"]["max"] == 0.0
     assert len(fl["drop_events"]) == 1
+
+
+def test_window_cvs_equal_the_per_window_definition() -> None:
+    from phaselens.analysis.fluctuation import window_cvs
+
+    rng = np.random.default_rng(5)
+    t = np.sort(np.r_[rng.uniform(0, 12e9, 300), rng.uniform(20e9, 21e9, 50)])
+    want = []
+    for w in range(5):
+        cv = interarrival_cv(t[(t >= w * 5e9) & (t < (w + 1) * 5e9)])
+        if cv is not None:
+            want.append(cv)
+    assert np.allclose(window_cvs(t), want)

@@ -237,3 +237,59 @@ def test_per_model_and_priority_groups() -> None:
     assert s["models"]["a"]["latency"]["tpot_ms"]["p50"] == 10.0
     assert s["priorities"]["1"]["requests"]["planned"] == 2
     assert s["models"]["b"]["latency"]["itl_ms"]["max"] == 60.0
+
+
+@pytest.mark.parametrize("unit", [False, True])
+def test_itl_histogram_path_matches_the_exact_one(
+    monkeypatch: pytest.MonkeyPatch, unit: bool
+) -> None:
+    """Big runs switch to the 0.1%-bin histogram; on the same data it agrees with exact values.
+
+    Batches of 100 requests: the first holds a failed request and a 0-token chunk (generic
+    path), the others take the fast path.
+    """
+    from phaselens.analysis import itl
+
+    rng = np.random.default_rng(3)
+    recs = []
+    for i in range(300):
+        gaps = rng.uniform(5, 60, size=40)
+        counts = np.ones(41, dtype=int) if unit else rng.choice([1, 1, 1, 2, 3], size=41)
+        if i == 7:
+            counts[5] = 0
+        t = 100 + i * 7 + np.r_[0, np.cumsum(gaps)]
+        recs.append(
+            rec(
+                i,
+                i * 7,
+                chunks_ms=t.round(3).tolist(),
+                counts=counts.tolist(),
+                model="ab"[i % 2],
+                stage=i % 3,
+                status="timeout" if i == 3 else "ok",
+            )
+        )
+    run = make_run(recs)
+    monkeypatch.setattr(itl, "BATCH_ROWS", 100)
+    exact = analyze(run)
+    monkeypatch.setattr(itl, "EXACT_MAX", 100)
+    monkeypatch.setattr(itl, "SAMPLE_TARGET", 1000)
+    approx = analyze(run)
+    pairs = [(exact["latency"], approx["latency"])]
+    pairs += [(exact["models"][m]["latency"], approx["models"][m]["latency"]) for m in "ab"]
+    pairs += [
+        (e["latency"], a["latency"]) for e, a in zip(exact["stages"], approx["stages"], strict=True)
+    ]
+    for e, a in pairs:
+        ei, ai = e["itl_ms"], a["itl_ms"]
+        assert ai["max"] == ei["max"]
+        assert ai["mean"] == pytest.approx(ei["mean"], rel=1e-9)
+        for p in ("p50", "p90", "p99"):
+            assert ai[p] == pytest.approx(ei[p], rel=2e-3), p
+        if "count" in ei:  # the stage table keeps only p50/p90/p99/mean/max
+            assert (ai["count"], ai["min"]) == (ei["count"], ei["min"])
+            assert ai["std"] == pytest.approx(ei["std"], rel=1e-6)
+            for p in ("p95", "p99.9"):
+                assert ai[p] == pytest.approx(ei[p], rel=2e-3), p
+    # the per-request mean ITL and the per-bin sums do not depend on the path
+    assert approx["phases"]["bins"]["itl_mean_ms"] == exact["phases"]["bins"]["itl_mean_ms"]

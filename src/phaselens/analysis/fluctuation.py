@@ -49,6 +49,24 @@ def interarrival_cv(t_ns: F64) -> float | None:
     return float(g.std() / m) if m > 0 else None
 
 
+def window_cvs(t: F64) -> list[float]:
+    """Inter-arrival CV inside each 5 s window with ≥ 20 arrivals (gaps within the window)."""
+    if t.size < 2:
+        return []
+    wid = (t // (WINDOW_S * 1e9)).astype(np.int64)
+    same = wid[1:] == wid[:-1]
+    g, w = np.diff(t)[same], wid[1:][same]
+    nw = int(wid.max()) + 1
+    arrivals = np.bincount(wid, minlength=nw)
+    cnt = np.bincount(w, minlength=nw)
+    s1 = np.bincount(w, weights=g, minlength=nw)
+    s2 = np.bincount(w, weights=g * g, minlength=nw)
+    ok = (arrivals >= MIN_ARRIVALS_FOR_CV) & (s1 > 0)
+    mean = s1[ok] / cnt[ok]
+    var = np.maximum(s2[ok] / cnt[ok] - mean * mean, 0.0)
+    return [float(x) for x in np.sqrt(var) / mean]
+
+
 def arrival_cvs(frame: pl.DataFrame, stages: list[Mapping[str, Any]]) -> dict[str, Any]:
     """Inter-arrival CV per (model, stage) — a stage has one nominal rate, so rate steps between
     stages do not inflate it — and per 5 s window over all arrivals."""
@@ -59,13 +77,7 @@ def arrival_cvs(frame: pl.DataFrame, stages: list[Mapping[str, Any]]) -> dict[st
             per.append({"model": model, "stage": stage, "cv": fnum(cv), "arrivals": g.height})
     per.sort(key=lambda d: (str(d["model"]), int(d["stage"])))
     t = np.sort(frame["scheduled_ns"].cast(pl.Float64).to_numpy()) if frame.height else np.zeros(0)
-    wins: list[float] = []
-    if t.size:
-        wid = (t // (WINDOW_S * 1e9)).astype(np.int64)
-        for w in np.unique(wid):
-            cv = interarrival_cv(t[wid == w])
-            if cv is not None:
-                wins.append(cv)
+    wins = window_cvs(t)
     cvs = [d["cv"] for d in per if d["cv"] is not None]
     return {
         "max": fnum(max(cvs)) if cvs else None,

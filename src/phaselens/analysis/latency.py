@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from phaselens.analysis.itl import ItlResult, compute_itl, describe_itl
 from phaselens.analysis.stats import F64, I64, as_int, describe, fnum, pkey_to_q
 
 NS_PER_MS = 1e6
@@ -41,19 +42,32 @@ GROUP_DIMS: tuple[tuple[str, str], ...] = (
 
 @dataclass(frozen=True, slots=True)
 class RequestTable:
-    """Per-request metrics plus the pooled per-token ITL values.
+    """Per-request metrics plus the per-token ITL results.
 
     `frame` has one row per planned request (same order as `run.requests`) with the metric
-    columns in ms (null where the metric does not exist for that request). `itl_ms[i]` is one
-    chunk's per-token gap, `itl_w[i]` how many tokens it stands for, `itl_row[i]` the request row
-    and `itl_t_ns[i]` when that chunk arrived (successful requests only).
+    columns in ms (null where the metric does not exist for that request). `itl` holds the
+    per-token gaps' statistics (`analysis.itl`); `itl_ms[i]` etc. are the kept gaps (all of them
+    up to `itl.EXACT_MAX`, else a deterministic sample of requests).
     """
 
     frame: pl.DataFrame
-    itl_ms: F64
-    itl_w: I64
-    itl_row: I64
-    itl_t_ns: I64
+    itl: ItlResult
+
+    @property
+    def itl_ms(self) -> F64:
+        return self.itl.gap_ms
+
+    @property
+    def itl_w(self) -> I64:
+        return self.itl.gap_w
+
+    @property
+    def itl_row(self) -> I64:
+        return self.itl.gap_row
+
+    @property
+    def itl_t_ns(self) -> I64:
+        return self.itl.gap_t_ns
 
 
 def request_table(requests: pl.DataFrame) -> RequestTable:
@@ -86,45 +100,11 @@ def request_table(requests: pl.DataFrame) -> RequestTable:
         ((last_tok - pl.col("first_token_ns")) / NS_PER_MS).alias("decode_ms"),
         ((pl.col("end_ns") - last_tok) / NS_PER_MS).alias("stream_tail_ms"),
     )
-    itl_ms, itl_w, itl_row, itl_t = _itl(r)
-    # Mean per-token ITL of each request (used for a per-request ITL SLO check).
-    sums = np.bincount(itl_row, weights=itl_ms * itl_w, minlength=r.height)
-    cnts = np.bincount(itl_row, weights=itl_w.astype(np.float64), minlength=r.height)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean_itl = np.where(cnts > 0, sums / np.maximum(cnts, 1), np.nan)
-    frame = frame.with_columns(pl.Series("itl_mean_ms", mean_itl, dtype=pl.Float64).fill_nan(None))
-    return RequestTable(frame, itl_ms, itl_w, itl_row, itl_t)
-
-
-def _itl(requests: pl.DataFrame) -> tuple[F64, I64, I64, I64]:
-    """Per-token gaps from per-chunk arrival times of successful requests.
-
-    Chunks that carried no token are dropped first (their bytes are not a token). For chunk i>0
-    the gap is t_i − t_(i−1) over the previous chunk that carried tokens, split evenly over its
-    k_i tokens. The first chunk's gap is TTFT, not ITL.
-    """
-    e_f: F64 = np.empty(0, dtype=np.float64)
-    e_i: I64 = np.empty(0, dtype=np.int64)
-    if requests.height == 0:
-        return e_f, e_i, e_i, e_i
-    rows = np.flatnonzero((requests["status"] == "ok").to_numpy())
-    sub = requests[rows.tolist()] if rows.size < requests.height else requests
-    if sub.height == 0:
-        return e_f, e_i, e_i, e_i
-    lens = sub["token_ns"].list.len().fill_null(0).to_numpy().astype(np.int64)
-    t = sub["token_ns"].explode().drop_nulls().to_numpy().astype(np.int64)
-    k = sub["token_counts"].explode().drop_nulls().to_numpy().astype(np.int64)
-    if k.size != t.size:  # defensive: counts missing -> one token per chunk
-        k = np.ones_like(t)
-    row = np.repeat(rows.astype(np.int64), lens)
-    keep = k > 0
-    t, k, row = t[keep], k[keep], row[keep]
-    if t.size < 2:
-        return e_f, e_i, e_i, e_i
-    same = row[1:] == row[:-1]
-    gap = (t[1:] - t[:-1])[same].astype(np.float64)
-    kk = k[1:][same]
-    return gap / kk / NS_PER_MS, kk, row[1:][same], t[1:][same]
+    itl = compute_itl(r)
+    frame = frame.with_columns(
+        pl.Series("itl_mean_ms", itl.mean_per_request, dtype=pl.Float64).fill_nan(None)
+    )
+    return RequestTable(frame, itl)
 
 
 def _window(frame: pl.DataFrame) -> tuple[int | None, int | None]:
@@ -152,25 +132,26 @@ def throughput(frame: pl.DataFrame) -> dict[str, Any]:
     }
 
 
-def _metric_values(rt: RequestTable, metric: str, rows: I64 | None) -> tuple[F64, I64 | None]:
-    """Values (and weights for ITL) of one metric, restricted to request rows when given."""
+def _take(frame: pl.DataFrame, rows: I64 | None) -> pl.DataFrame:
+    return frame if rows is None else frame[rows]
+
+
+def describe_metric(
+    rt: RequestTable, metric: str, rows: I64 | None = None, group: tuple[str, str] | None = None
+) -> dict[str, float | int | None]:
+    """One metric described over the requests `rows` (which form `group`, for ITL)."""
     if metric == "itl_ms":
-        if rows is None:
-            return rt.itl_ms, rt.itl_w
-        m = np.isin(rt.itl_row, rows)
-        return rt.itl_ms[m], rt.itl_w[m]
-    f = rt.frame if rows is None else rt.frame[rows.tolist()]
+        return describe_itl(rt.itl, rt.frame, group)
+    f = _take(rt.frame, rows)
     col = f["send_lag_ms"] if metric == "send_lag_ms" else f.filter(pl.col("ok"))[metric]
-    return col.drop_nulls().to_numpy().astype(np.float64), None
+    return describe(col.drop_nulls().to_numpy().astype(np.float64))
 
 
-def latency_block(rt: RequestTable, rows: I64 | None = None) -> dict[str, Any]:
+def latency_block(
+    rt: RequestTable, rows: I64 | None = None, group: tuple[str, str] | None = None
+) -> dict[str, Any]:
     """All six latency metrics described (percentiles, mean, std, min, max, count)."""
-    out: dict[str, Any] = {}
-    for m in LATENCY_METRICS:
-        v, w = _metric_values(rt, m, rows)
-        out[m] = describe(v, w)
-    return out
+    return {m: describe_metric(rt, m, rows, group) for m in LATENCY_METRICS}
 
 
 def request_counts(frame: pl.DataFrame) -> dict[str, Any]:
@@ -190,12 +171,12 @@ def group_rows(frame: pl.DataFrame, col: str) -> dict[str, I64]:
     }
 
 
-def group_block(rt: RequestTable, rows: I64) -> dict[str, Any]:
-    sub = rt.frame[rows.tolist()]
+def group_block(rt: RequestTable, rows: I64, group: tuple[str, str]) -> dict[str, Any]:
+    sub = _take(rt.frame, rows)
     return {
         "requests": request_counts(sub),
         "throughput": throughput(sub),
-        "latency": latency_block(rt, rows),
+        "latency": latency_block(rt, rows, group),
     }
 
 
@@ -230,7 +211,10 @@ def slo_targets(slo: Mapping[str, Any] | None) -> list[tuple[str, str, float]]:
 
 
 def slo_block(
-    rt: RequestTable, slo: Mapping[str, Any] | None, rows: I64 | None = None
+    rt: RequestTable,
+    slo: Mapping[str, Any] | None,
+    rows: I64 | None = None,
+    group: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """Per-target verdicts, per-metric and overall attainment, goodput (DistServe).
 
@@ -241,13 +225,12 @@ def slo_block(
     second of the throughput window.
     """
     targets = slo_targets(slo)
-    f = rt.frame if rows is None else rt.frame[rows.tolist()]
+    f = _take(rt.frame, rows)
     if not targets:
         return {"targets": [], "attainment": {}, "goodput_rps": None, "met": None}
     results = []
     for metric, pk, thr in targets:
-        v, w = _metric_values(rt, metric, rows)
-        obs = describe(v, w).get(pk)
+        obs = describe_metric(rt, metric, rows, group).get(pk)
         results.append(
             {
                 "metric": metric,
@@ -291,8 +274,8 @@ def stage_table(
     for k in keys:
         rows = rows_by.get(str(k), np.empty(0, dtype=np.int64))
         st = info.get(k, {})
-        lat = latency_block(rt, rows)
-        sub = rt.frame[rows.tolist()]
+        lat = latency_block(rt, rows, ("stage", str(k)))
+        sub = _take(rt.frame, rows)
         out.append(
             {
                 "index": k,
@@ -305,7 +288,7 @@ def stage_table(
                     m: {p: lat[m][p] for p in ("p50", "p90", "p99", "mean", "max")}
                     for m in LATENCY_METRICS
                 },
-                "slo": slo_block(rt, slo, rows),
+                "slo": slo_block(rt, slo, rows, ("stage", str(k))),
             }
         )
     return out

@@ -19,7 +19,7 @@ containing t − 1 ns.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,6 +174,14 @@ def _hist(t: Any, n: int, weights: Any = None) -> F64:
     return np.bincount(b, weights=w, minlength=n)[:n].astype(np.float64)
 
 
+def _fit(a: F64, n: int) -> F64:
+    """A per-bin array cut or zero-padded to n bins."""
+    out: F64 = np.zeros(n)
+    m = min(n, a.size)
+    out[:m] = a[:m]
+    return out
+
+
 def _label(share: F64, active: Any) -> Any:
     lab = np.where(
         share >= PREFILL_SHARE, "prefill", np.where(share <= DECODE_SHARE, "decode", "mixed")
@@ -217,8 +225,8 @@ def build_timeline(
     )
     fm = ~np.isnan(first)
     rec_prefill = _hist(first[fm], n, _np(f, "input_tokens")[fm]) if n else np.zeros(0)
-    rec_decode = _hist(rt.itl_t_ns, n, rt.itl_w) if n else np.zeros(0)
-    gap_sum = _hist(rt.itl_t_ns, n, rt.itl_ms * rt.itl_w) if n else np.zeros(0)
+    rec_decode = _fit(rt.itl.bin_tokens, n)
+    gap_sum = _fit(rt.itl.bin_gap_ms, n)
     with np.errstate(invalid="ignore", divide="ignore"):
         cols["itl_mean_ms"] = np.where(rec_decode > 0, gap_sum / rec_decode, np.nan)
     ok = f["ok"].to_numpy() & ~np.isnan(first)
@@ -481,7 +489,8 @@ def phase_summary(tl: Timeline) -> dict[str, Any]:
         "prefill_peak_util": by_label["prefill"]["util_p95"],
         "decode_trough_util": by_label["decode"]["util_p5"],
         "util_mean": fnum(float(u_all.mean())) if u_all.size else None,
-        "bins": {c: [_jsonable(x) for x in b[c].to_list()] for c in keep},
+        "timeline_bin_s": timeline_bin_s(b.height),
+        "bins": timeline_columns(b, keep),
     }
 
 
@@ -492,7 +501,33 @@ def _mean(df: pl.DataFrame, col: str) -> float | None:
     return fnum(as_float(v.mean())) if v.len() else None
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, float):
-        return fnum(x, 4)
-    return x
+MAX_TIMELINE_POINTS = 3000
+
+
+def timeline_bin_s(n: int) -> float:
+    """Resolution of the summary's timeline: 100 ms, coarsened so at most 3000 points remain."""
+    k = max(1, math.ceil(n / MAX_TIMELINE_POINTS))
+    return k * BIN_NS / 1e9
+
+
+def timeline_columns(b: pl.DataFrame, keep: Sequence[str]) -> dict[str, list[Any]]:
+    """Columnar timeline for the JSON summary (means over coarser bins on long runs; the label
+    of a coarse bin is its most frequent 100 ms label). The full 100 ms frames stay available
+    through `summary.compute`."""
+    k = max(1, math.ceil(b.height / MAX_TIMELINE_POINTS))
+    cols = [c for c in keep if c != "label"]
+    if k > 1:
+        b = (
+            b.with_columns((pl.col("bin") // k).alias("_g"))
+            .group_by("_g", maintain_order=True)
+            .agg(
+                pl.col("t_s").first(),
+                pl.col("label").mode().sort().first(),
+                *(pl.col(c).mean() for c in cols if c != "t_s"),
+            )
+        )
+    out: dict[str, list[Any]] = {}
+    for c in keep:
+        col = b[c]
+        out[c] = col.round(4).to_list() if col.dtype == pl.Float64 else col.to_list()
+    return out

@@ -69,7 +69,9 @@ def compute(run: Run, gpu_cost_per_hour: float | None = None) -> tuple[Analysis,
     for key, col in GROUP_DIMS:
         if key == "stages":
             continue
-        groups[key] = {k: group_block(rt, rows) for k, rows in group_rows(rt.frame, col).items()}
+        groups[key] = {
+            k: group_block(rt, rows, (col, k)) for k, rows in group_rows(rt.frame, col).items()
+        }
     valid = m.get("valid")
     reasons = list(m.get("invalid_reasons") or [])
     if valid is None:
