@@ -3,7 +3,8 @@
 Why: `sim/cost.py` prices a step as
 `max(F_lin/(η_lin·P), B_lin/(η_mem·BW)) + max(F_att/(η_att·P), B_att/(η_mem·BW)) + c0 + c_seq·B`
 (+ per-layer launches and all-reduces). With inverse efficiencies `u = 1/η` and the side of each
-max() fixed, the step time is linear in θ = (u_lin, u_att, u_mem, c0, c_seq) — plus a per-request
+max() fixed, the step time is linear in θ = (u_lin, u_att, u_mem, c0, c_seq, c_layer) — c_layer
+multiplies the layer count, separable from c0 only with several models — plus a per-request
 overhead `r` (HTTP, tokenization) that only TTFT pays. Non-negative least squares on that basis,
 re-solved until no step changes side, is the whole fit: every coefficient has a physical meaning
 and a unit, and a column no row exercises is reported as not identified instead of guessed.
@@ -20,7 +21,7 @@ from phaselens.sim.cost import CostParams, prefill_attn_units
 from phaselens.sim.deploy import Deployment, Engine
 
 F64 = npt.NDArray[np.float64]
-NAMES = ("u_lin", "u_att", "u_mem", "c0", "c_seq", "r")
+NAMES = ("u_lin", "u_att", "u_mem", "c0", "c_seq", "c_layer", "r")
 K = len(NAMES)
 
 
@@ -33,10 +34,13 @@ class Theta:
     u_mem: float
     c0: float
     c_seq: float
+    c_layer: float = 0.0
     r: float = 0.0
 
     def vec(self) -> F64:
-        return np.array([self.u_lin, self.u_att, self.u_mem, self.c0, self.c_seq, self.r])
+        return np.array(
+            [self.u_lin, self.u_att, self.u_mem, self.c0, self.c_seq, self.c_layer, self.r]
+        )
 
     @staticmethod
     def of(v: F64) -> Theta:
@@ -44,18 +48,22 @@ class Theta:
 
     @staticmethod
     def from_cost(c: CostParams, r: float = 0.0) -> Theta:
-        """Per-layer launches fold into c0 (they are a constant per step for one model)."""
         return Theta(
             1.0 / c.eta_linear,
             1.0 / c.eta_attention,
             1.0 / c.eta_memory,
             c.step_overhead_s,
             c.per_seq_overhead_s,
+            c.per_layer_overhead_s,
             r,
         )
 
+    def folded(self, layers: int) -> Theta:
+        """Per-layer launches folded into c0: for one model they are a constant per step."""
+        return replace(self, c0=self.c0 + self.c_layer * layers, c_layer=0.0)
+
     def cost(self, base: CostParams) -> CostParams:
-        """The CostParams this θ stands for (per-layer overhead folded into the step overhead)."""
+        """The CostParams this θ stands for."""
         return replace(
             base,
             eta_linear=1.0 / self.u_lin,
@@ -63,7 +71,7 @@ class Theta:
             eta_memory=1.0 / self.u_mem,
             step_overhead_s=self.c0,
             per_seq_overhead_s=self.c_seq,
-            per_layer_overhead_s=0.0,
+            per_layer_overhead_s=self.c_layer,
         )
 
 
@@ -96,6 +104,7 @@ class Steps:
     a3: F64  # attention FLOPs / peak
     a4: F64  # KV bytes / bandwidth
     seqs: F64
+    layers: F64
     fixed: F64  # all-reduces and anything not fitted
 
 
@@ -126,6 +135,7 @@ def step_features(
         a3=f_att / (hw.peak * tp),
         a4=b_att / (hw.bw * tp),
         seqs=np.asarray(seqs, dtype=np.float64),
+        layers=np.full_like(f_lin, float(m.layers)),
         fixed=fixed,
     )
 
@@ -137,7 +147,7 @@ def concat(parts: list[Steps]) -> Steps:
 def step_time(s: Steps, th: Theta) -> F64:
     t_lin = np.maximum(th.u_lin * s.a1, th.u_mem * s.a2)
     t_att = np.maximum(th.u_att * s.a3, th.u_mem * s.a4)
-    out: F64 = t_lin + t_att + th.c0 + th.c_seq * s.seqs + s.fixed
+    out: F64 = t_lin + t_att + th.c0 + th.c_seq * s.seqs + th.c_layer * s.layers + s.fixed
     return out
 
 
@@ -151,6 +161,7 @@ def linear_rows(s: Steps, th: Theta) -> F64:
     rows[:, 2] = np.where(lin, 0.0, s.a2) + np.where(att, 0.0, s.a4)
     rows[:, 3] = 1.0
     rows[:, 4] = s.seqs
+    rows[:, 5] = s.layers
     return rows
 
 
@@ -255,7 +266,7 @@ def isolated_rows(b: Isolated, th: Theta) -> tuple[F64, F64]:
     out = np.zeros((n_obs, K))
     for j in range(K):
         out[:, j] = np.bincount(b.group, weights=rows[:, j], minlength=n_obs)
-    out[:, 5] = np.where(b.is_ttft, 1.0, 0.0)
+    out[:, 6] = np.where(b.is_ttft, 1.0, 0.0)
     fx = np.bincount(b.group, weights=fixed, minlength=n_obs) + b.fixed_obs
     return out, fx
 

@@ -35,6 +35,7 @@ from phaselens.store import Run
 from phaselens.types import Schedule
 from phaselens.whatif.basis import (
     F64,
+    NAMES,
     Steps,
     Theta,
     engine_hw,
@@ -297,6 +298,18 @@ def steps_basis(run: Run, deploy: Deployment) -> tuple[Steps, F64]:
     return concat(parts), np.concatenate(durs)
 
 
+def _prior_and_use(
+    prior: Theta, layers: F64, extra: tuple[str, ...]
+) -> tuple[Theta, tuple[str, ...]]:
+    """The coefficients to fit: c_layer only when models with different depths are present
+    (otherwise it is c0's twin and is folded into it)."""
+    use = ("u_lin", "u_att", "u_mem", "c0", *extra)
+    depths = np.unique(layers)
+    if depths.size > 1:
+        return prior, (*use, "c_layer")
+    return prior.folded(int(depths[0]) if depths.size else 0), use
+
+
 def fit_steps(run: Run, deploy: Deployment) -> tuple[LinFit, dict[str, Any]]:
     s, dur = steps_basis(run, deploy)
     keep = dur > 0
@@ -314,8 +327,8 @@ def fit_steps(run: Run, deploy: Deployment) -> tuple[LinFit, dict[str, Any]]:
     def rows_at(th: Theta) -> tuple[F64, F64]:
         return linear_rows(s_tr, th), s_tr.fixed
 
-    prior = Theta.from_cost(deploy.cost)
-    lf = fit_linear(rows_at, dur[train], prior, ("u_lin", "u_att", "u_mem", "c0", "c_seq"))
+    prior, use = _prior_and_use(Theta.from_cost(deploy.cost), s.layers, ("c_seq",))
+    lf = fit_linear(rows_at, dur[train], prior, use)
     pred = step_time(s_te, lf.theta)
     rel = np.abs(pred - dur[test]) / dur[test]
     info = {
@@ -382,9 +395,10 @@ def fit_lone(
         a, fx = isolated_rows(b, th)
         return a[use], fx[use]
 
-    prior = replace(Theta.from_cost(deploy.cost), c_seq=0.0, r=0.0)
     # one sequence per step: c_seq is c0's twin here; it is split off later by the replay
-    lf = fit_linear(rows_at, target[use], prior, ("u_lin", "u_att", "u_mem", "c0", "r"))
+    base = replace(Theta.from_cost(deploy.cost), c_seq=0.0, r=0.0)
+    prior, cols = _prior_and_use(base, b.steps.layers, ("r",))
+    lf = fit_linear(rows_at, target[use], prior, cols)
     return lf, int(rows.shape[0])
 
 
@@ -419,9 +433,7 @@ def calibrate(
     sched = schedule_from_run(run)
     ids = sched.ids if sched.ids is not None else np.arange(len(sched))
     meas = measured_rows(run.requests, ids)
-    notes: list[str] = [
-        "per_layer_overhead_s is folded into step_overhead_s (a constant per step for one model)"
-    ]
+    notes: list[str] = []
     fit_info: dict[str, Any] = {"requests_ok": len(sched)}
     rp = _Replay(sched, meas, deploy_map, source, {})
     kv = fit_kv_capacity(run, deploy)
@@ -477,12 +489,14 @@ def calibrate(
 
         lk = scan_golden(scale_loss, np.linspace(np.log(0.02), np.log(50.0), 15).tolist())
         th = Theta.of(v0 * np.exp(lk))
-        identified = {n: False for n in ("u_lin", "u_att", "u_mem", "c0", "c_seq", "r")}
+        identified = {n: False for n in NAMES}
         fit_info["common_scale"] = float(np.exp(lk))
         notes.append(
             f"only {lone.shape[0]} requests ran alone (< {MIN_ISOLATED}): fitted one common time "
             "scale of the deployment's constants; calibrate on a lighter run to fit each one"
         )
+    if not identified.get("c_layer") and th.c_layer == 0.0:
+        notes.append("per_layer_overhead_s folded into step_overhead_s (one model depth)")
     cost = th.cost(deploy.cost)
     pred = rp.predict(th)
     ttft_s = meas["ttft_ms"].to_numpy().astype(np.float64) / 1e3
