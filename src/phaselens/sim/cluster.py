@@ -8,6 +8,7 @@ id, which `run.py` turns into frames.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -376,10 +377,10 @@ class Cluster:
         self.delivered = np.zeros(n, dtype=np.int64)
         self.status = np.zeros(n, dtype=np.int8)
         self.errors: dict[int, str] = {}
-        self.seg_rid: list[int] = []
-        self.seg_eng: list[int] = []
-        self.seg_a: list[int] = []
-        self.seg_b: list[int] = []
+        self.seg_rid = array("q")
+        self.seg_eng = array("q")
+        self.seg_a = array("q")
+        self.seg_b = array("q")
         self.pending: dict[int, tuple[Seq, int]] = {}
         route_by_idx = np.array([self.route[m] for m in schedule.models], dtype=np.int64)
         eng_of = route_by_idx[schedule.model_idx] if n else np.zeros(0, dtype=np.int64)
