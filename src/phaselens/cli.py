@@ -198,6 +198,10 @@ def run(
         Optional[str],  # noqa: UP045
         typer.Option("--tokenizer", help="Local tokenizer.json for exact prompt lengths."),
     ] = None,
+    loop: Annotated[
+        str,
+        typer.Option("--loop", help="Event loop: auto (uvloop when installed), asyncio, uvloop."),
+    ] = "auto",
     telemetry: Annotated[
         str, typer.Option("--telemetry", help="auto, none, or gpu,engine,dcgm=URL,...")
     ] = "auto",
@@ -251,6 +255,7 @@ def run(
         idle_timeout_s=idle_timeout,
         optional_fields=not no_optional,
         plain_models=tuple(no_optional_for or ()),
+        event_loop=loop,
         tokenizer=tokenizer,
         prompt_seed=ws.seed,
     )
@@ -371,14 +376,35 @@ def trace(
         Optional[Path],  # noqa: UP045
         typer.Option("-o", "--output", help="Trace JSON (default: RUN/trace.json)."),
     ] = None,
+    t_from: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--from", min=0.0, help="Only from this second of the run on."),
+    ] = None,
+    t_to: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--to", min=0.0, help="Only up to this second of the run."),
+    ] = None,
+    findings: Annotated[
+        bool, typer.Option("--findings/--no-findings", help="Mark findings (runs the analysis).")
+    ] = True,
 ) -> None:
     """Write a Perfetto/Chrome trace: requests as slices, telemetry as counters."""
     from phaselens.report.perfetto import write_trace
     from phaselens.store import load_run
 
+    if t_from is not None and t_to is not None and t_to <= t_from:
+        raise InputError(f"--to {t_to:g} must be after --from {t_from:g}")
     run = load_run(run_dir)
-    path = write_trace(run, output or run.path / "trace.json")
-    typer.echo(f"Trace: {path}  (open at https://ui.perfetto.dev or chrome://tracing)")
+    marks: list[dict[str, Any]] = []
+    if findings:
+        from phaselens.analysis.summary import analyze as _analyze
+
+        marks = list(_analyze(run)["findings"])
+    path = write_trace(run, output or run.path / "trace.json", marks, t_from, t_to)
+    mb = path.stat().st_size / 1e6
+    typer.echo(f"Trace: {path} ({mb:,.1f} MB; open at https://ui.perfetto.dev or chrome://tracing)")
+    if mb > 300:
+        typer.echo("Large trace: Perfetto may load it slowly; cut a window with --from/--to.")
 
 
 @app.command()

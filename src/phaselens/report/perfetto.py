@@ -14,6 +14,11 @@ from the run start. Each model is one process (one track group). A request is an
 
 Counters (`ph` "C") carry every `gpu.*`, `engine.*` and `host.*` telemetry series, one track per
 metric and label set. Stage boundaries and findings are global instant events.
+
+Events are built column-wise with polars (a 100,000-request run has millions of events) and
+JSON-encoded by polars, which also escapes user strings (model names, error texts).
+`t_from_s`/`t_to_s` cut the trace to a window (requests overlapping it, samples inside it):
+Perfetto's JSON importer is comfortable up to a few hundred MB.
 """
 
 from __future__ import annotations
@@ -29,15 +34,11 @@ from phaselens.store import Run
 
 CAT = "request"
 COUNTER_PREFIXES = ("gpu.", "engine.", "host.")
-_PID_STAGES = 1
-_PID_GPU = 2
-_PID_ENGINE = 3
-_PID_HOST = 4
-_PID_MODEL0 = 10
-
-
-def _us(ns: int) -> float:
-    return ns / 1000.0
+PID_STAGES = 1
+PID_GPU = 2
+PID_ENGINE = 3
+PID_HOST = 4
+PID_MODEL0 = 10
 
 
 def _meta(pid: int, name: str, sort_index: int) -> list[dict[str, Any]]:
@@ -53,98 +54,155 @@ def _meta(pid: int, name: str, sort_index: int) -> list[dict[str, Any]]:
     ]
 
 
-def request_events(requests: pl.DataFrame, pid_of: Mapping[str, int]) -> list[dict[str, Any]]:
-    """Async b/e slices for every sent request; an instant event for requests never sent."""
-    out: list[dict[str, Any]] = []
-    cols = [
-        "id",
-        "model",
-        "stage",
-        "scheduled_ns",
-        "sent_ns",
-        "first_token_ns",
-        "end_ns",
-        "input_tokens",
-        "output_tokens",
-        "status",
-        "error",
+def _encoded(df: pl.DataFrame, ts: pl.Expr, k1: int, k2: int, event: pl.Expr) -> pl.DataFrame:
+    return df.select(
+        ts.cast(pl.Float64).alias("ts"),
+        pl.lit(k1, dtype=pl.Int8).alias("k1"),
+        pl.lit(k2, dtype=pl.Int8).alias("k2"),
+        event.struct.json_encode().alias("json"),
+    )
+
+
+def request_events(requests: pl.DataFrame, pid_of: Mapping[str, int]) -> pl.DataFrame:
+    """Async b/e slices of every sent request; an instant event for each request never sent.
+
+    Returns a frame (ts, k1, k2, json) of encoded events.
+    """
+    us = 1000.0
+    r = requests.with_columns(
+        pl.col("model").replace_strict(pid_of, return_dtype=pl.Int64).alias("pid"),
+        pl.max_horizontal("scheduled_ns", "sent_ns", "first_token_ns", "end_ns").alias("last_ns"),
+    )
+    sent = r.filter(pl.col("sent_ns").is_not_null()).with_columns(
+        pl.col("end_ns").fill_null(pl.col("last_ns")).alias("stop_ns"),
+    )
+    not_sent = r.filter(pl.col("sent_ns").is_null())
+    base = {
+        "cat": pl.lit(CAT),
+        "id": pl.col("id"),
+        "pid": pl.col("pid"),
+        "tid": pl.lit(0),
+    }
+    args = pl.struct(
+        id=pl.col("id"),
+        stage=pl.col("stage"),
+        status=pl.col("status"),
+        input_tokens=pl.col("input_tokens"),
+        output_tokens=pl.col("output_tokens"),
+        error=pl.col("error").fill_null(""),
+    )
+
+    def ev(
+        df: pl.DataFrame,
+        ph: str,
+        name: pl.Expr,
+        t: pl.Expr,
+        k1: int,
+        k2: int,
+        with_args: bool = False,
+    ) -> pl.DataFrame:
+        fields: dict[str, pl.Expr] = {"ph": pl.lit(ph), **base, "name": name, "ts": t / us}
+        if with_args:
+            fields["args"] = args
+        return _encoded(df, t / us, k1, k2, pl.struct([e.alias(k) for k, e in fields.items()]))
+
+    outer = pl.format("req {}", pl.col("id"))
+    # Clamped so each boundary is >= the previous one: nesting stays valid on odd clocks.
+    sent = sent.with_columns(pl.max_horizontal("scheduled_ns", "sent_ns").alias("sent_c"))
+    sent = sent.with_columns(
+        pl.max_horizontal("sent_c", pl.col("first_token_ns").fill_null(pl.col("stop_ns"))).alias(
+            "first_c"
+        )
+    )
+    sent = sent.with_columns(pl.max_horizontal("first_c", "stop_ns", "last_ns").alias("stop_c"))
+    has_first = sent.filter(pl.col("first_token_ns").is_not_null())
+    c = pl.col
+    # k = the event's place in its request: at equal timestamps a request's events keep this
+    # order (parent begins, child begins, child ends, next child begins, ..., parent ends).
+    parts = [
+        ev(sent, "b", outer, c("scheduled_ns"), 0, 0, with_args=True),
+        ev(sent, "b", pl.lit("send"), c("scheduled_ns"), 1, 0),
+        ev(sent, "e", pl.lit("send"), c("sent_c"), 2, 0),
+        ev(sent, "b", pl.lit("queue+prefill"), c("sent_c"), 3, 0),
+        ev(sent, "e", pl.lit("queue+prefill"), c("first_c"), 4, 0),
+        ev(has_first, "b", pl.lit("decode"), c("first_c"), 5, 0),
+        ev(has_first, "e", pl.lit("decode"), c("stop_c"), 6, 0),
+        ev(sent, "e", outer, c("stop_c"), 7, 0),
+        _encoded(
+            not_sent,
+            pl.col("scheduled_ns") / us,
+            0,
+            0,
+            pl.struct(
+                ph=pl.lit("i"),
+                s=pl.lit("p"),
+                pid=pl.col("pid"),
+                tid=pl.lit(0),
+                ts=pl.col("scheduled_ns") / us,
+                name=pl.format("not sent {}", pl.col("id")),
+                args=pl.struct(id=pl.col("id"), status=pl.col("status")),
+            ),
+        ),
     ]
-    for rid, model, stage, sched, sent, first, end, n_in, n_out, status, error in requests.select(
-        cols
-    ).iter_rows():
-        pid = pid_of[model]
-        if sent is None:
-            out.append(
-                {
-                    "ph": "i",
-                    "s": "p",
-                    "pid": pid,
-                    "tid": 0,
-                    "ts": _us(sched),
-                    "name": f"not sent {rid}",
-                    "args": {"id": rid, "status": status},
-                }
-            )
-            continue
-        last = max(x for x in (sched, sent, first, end) if x is not None)
-        args: dict[str, Any] = {
-            "id": rid,
-            "stage": stage,
-            "status": status,
-            "input_tokens": n_in,
-            "output_tokens": n_out,
-        }
-        if error:
-            args["error"] = error
-        spans: list[tuple[str, int, int]] = [("send", sched, sent)]
-        if first is not None:
-            spans.append(("queue+prefill", sent, first))
-            spans.append(("decode", first, end if end is not None else last))
-        else:
-            spans.append(("queue+prefill", sent, end if end is not None else last))
-        base = {"cat": CAT, "id": rid, "pid": pid, "tid": 0}
-        out.append({**base, "ph": "b", "name": f"req {rid}", "ts": _us(sched), "args": args})
-        for name, t0, t1 in spans:
-            out.append({**base, "ph": "b", "name": name, "ts": _us(t0)})
-            out.append({**base, "ph": "e", "name": name, "ts": _us(max(t0, t1))})
-        out.append({**base, "ph": "e", "name": f"req {rid}", "ts": _us(last)})
-    return out
+    return pl.concat(parts)
 
 
 def _counter_pid(metric: str) -> int:
     if metric.startswith("gpu."):
-        return _PID_GPU
+        return PID_GPU
     if metric.startswith("engine."):
-        return _PID_ENGINE
-    return _PID_HOST
+        return PID_ENGINE
+    return PID_HOST
 
 
-def counter_events(telemetry: pl.DataFrame) -> list[dict[str, Any]]:
+def counter_events(telemetry: pl.DataFrame) -> pl.DataFrame:
     """One `C` track per (metric, labels); the label values go into the track name."""
-    out: list[dict[str, Any]] = []
     tel = telemetry.filter(
         pl.any_horizontal([pl.col("metric").str.starts_with(p) for p in COUNTER_PREFIXES])
-    ).sort("t_ns")
-    for (metric, labels), part in tel.group_by(["metric", "labels"], maintain_order=True):
+    )
+    series = tel.select("metric", "labels").unique(maintain_order=True)
+    names = []
+    for metric, labels in series.iter_rows():
         lab = json.loads(str(labels)) if labels else {}
         suffix = " ".join(f"{k}={v}" for k, v in sorted(lab.items()))
-        name = f"{metric} [{suffix}]" if suffix else str(metric)
-        pid = _counter_pid(str(metric))
-        for t, v in part.select("t_ns", "value").iter_rows():
-            out.append(
-                {"ph": "C", "pid": pid, "tid": 0, "name": name, "ts": _us(t), "args": {"value": v}}
+        names.append(
+            (
+                metric,
+                labels,
+                f"{metric} [{suffix}]" if suffix else str(metric),
+                _counter_pid(metric),
             )
-    return out
+        )
+    keys = pl.DataFrame(
+        names,
+        schema={"metric": pl.String, "labels": pl.String, "name": pl.String, "pid": pl.Int64},
+        orient="row",
+    )
+    tel = tel.join(keys, on=["metric", "labels"], how="left")
+    return _encoded(
+        tel,
+        pl.col("t_ns") / 1000.0,
+        0,
+        0,
+        pl.struct(
+            ph=pl.lit("C"),
+            pid=pl.col("pid"),
+            tid=pl.lit(0),
+            name=pl.col("name"),
+            ts=pl.col("t_ns") / 1000.0,
+            args=pl.struct(value=pl.col("value")),
+        ),
+    )
 
 
 def _instant(name: str, t_ns: int, args: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "ph": "i",
         "s": "g",
-        "pid": _PID_STAGES,
+        "pid": PID_STAGES,
         "tid": 0,
         "name": name,
-        "ts": _us(t_ns),
+        "ts": t_ns / 1000.0,
         "args": dict(args),
     }
 
@@ -176,44 +234,83 @@ def marker_events(
     return out
 
 
-def _sort_key(ev: dict[str, Any]) -> tuple[float, int, int]:
-    # At equal timestamps: metadata first, ends before begins, and inner slices end before
-    # (and begin after) their parent so nesting stays well-formed for strict importers.
-    ph = ev["ph"]
-    if ph == "M":
-        return (-1.0, 0, 0)
-    inner = 0 if str(ev.get("name", "")).startswith("req ") else 1
-    if ph == "e":
-        return (ev["ts"], 0, -inner)
-    return (ev["ts"], 1, inner)
+def _window(
+    run: Run, t_from_s: float | None, t_to_s: float | None
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    req, tel = run.requests, run.telemetry
+    if t_from_s is None and t_to_s is None:
+        return req, tel
+    lo = int((t_from_s or 0.0) * 1e9)
+    hi = int(t_to_s * 1e9) if t_to_s is not None else None
+    last = pl.max_horizontal("scheduled_ns", "sent_ns", "first_token_ns", "end_ns")
+    req = req.filter(last >= lo)
+    tel = tel.filter(pl.col("t_ns") >= lo)
+    if hi is not None:
+        req = req.filter(pl.col("scheduled_ns") <= hi)
+        tel = tel.filter(pl.col("t_ns") <= hi)
+    return req, tel
 
 
-def trace_events(run: Run, findings: Iterable[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
-    """All trace events of a run, sorted by time (metadata first)."""
+def trace_lines(
+    run: Run,
+    findings: Iterable[Mapping[str, Any]] = (),
+    t_from_s: float | None = None,
+    t_to_s: float | None = None,
+) -> list[str]:
+    """Every event of the trace as a JSON string, metadata first, then in time order."""
     models = sorted({str(m) for m in run.requests.get_column("model").unique().to_list()})
-    pid_of = {m: _PID_MODEL0 + i for i, m in enumerate(models)}
-    events: list[dict[str, Any]] = []
-    events += _meta(_PID_STAGES, "stages and findings", 0)
-    events += _meta(_PID_GPU, "GPU telemetry", 1)
-    events += _meta(_PID_ENGINE, "engine telemetry", 2)
-    events += _meta(_PID_HOST, "host telemetry", 3)
+    pid_of = {m: PID_MODEL0 + i for i, m in enumerate(models)}
+    meta = [
+        *_meta(PID_STAGES, "stages and findings", 0),
+        *_meta(PID_GPU, "GPU telemetry", 1),
+        *_meta(PID_ENGINE, "engine telemetry", 2),
+        *_meta(PID_HOST, "host telemetry", 3),
+    ]
     for m, pid in pid_of.items():
-        events += _meta(pid, f"model {m}", pid)
-    events += request_events(run.requests, pid_of)
-    events += counter_events(run.telemetry)
-    events += marker_events(run.manifest, findings)
-    events.sort(key=_sort_key)
-    return events
+        meta += _meta(pid, f"model {m}", pid)
+    req, tel = _window(run, t_from_s, t_to_s)
+    markers = [
+        (float(e["ts"]), 0, 0, json.dumps(e, separators=(",", ":"), default=str))
+        for e in marker_events(run.manifest, findings)
+    ]
+    timed = pl.concat(
+        [
+            request_events(req, pid_of),
+            counter_events(tel),
+            pl.DataFrame(
+                markers,
+                schema={"ts": pl.Float64, "k1": pl.Int8, "k2": pl.Int8, "json": pl.String},
+                orient="row",
+            ),
+        ]
+    ).sort("ts", "k1", "k2", maintain_order=True)
+    return [json.dumps(e, separators=(",", ":")) for e in meta] + timed["json"].to_list()
 
 
-def write_trace(run: Run, path: Path | str, findings: Iterable[Mapping[str, Any]] = ()) -> Path:
+def trace_events(
+    run: Run,
+    findings: Iterable[Mapping[str, Any]] = (),
+    t_from_s: float | None = None,
+    t_to_s: float | None = None,
+) -> list[dict[str, Any]]:
+    """All trace events as dicts (for tests and small runs)."""
+    return [json.loads(x) for x in trace_lines(run, findings, t_from_s, t_to_s)]
+
+
+def write_trace(
+    run: Run,
+    path: Path | str,
+    findings: Iterable[Mapping[str, Any]] = (),
+    t_from_s: float | None = None,
+    t_to_s: float | None = None,
+) -> Path:
     """Write the trace JSON; open it at ui.perfetto.dev or chrome://tracing."""
     p = Path(path)
-    doc = {
-        "displayTimeUnit": "ms",
-        "otherData": {"run": str(run.path.name), "status": str(run.manifest.get("status"))},
-        "traceEvents": trace_events(run, findings),
-    }
+    other = {"run": str(run.path.name), "status": str(run.manifest.get("status"))}
     with open(p, "w", encoding="utf-8") as f:
-        json.dump(doc, f, separators=(",", ":"))
+        f.write('{"displayTimeUnit":"ms","otherData":')
+        f.write(json.dumps(other, separators=(",", ":")))
+        f.write(',"traceEvents":[\n')
+        f.write(",\n".join(trace_lines(run, findings, t_from_s, t_to_s)))
+        f.write("\n]}\n")
     return p
