@@ -93,8 +93,17 @@ async def handle(request: web.Request) -> web.StreamResponse:
     n = int(body["max_tokens"])
     chat = "messages" in body
     pt = len(str(body.get("prompt") or body["messages"][0]["content"]).split())
-    writes: list[int] = []
-    st.truth[xid] = {"recv_ns": recv_ns, "writes": writes, "n": n, "t0": t0, "d": d, "fault": fault}
+    writes: list[int] = []  # just before each chunk's write
+    written: list[int] = []  # just after it (the bytes are in the kernel by then)
+    st.truth[xid] = {
+        "recv_ns": recv_ns,
+        "writes": writes,
+        "written": written,
+        "n": n,
+        "t0": t0,
+        "d": d,
+        "fault": fault,
+    }
 
     if fault in ("500body", "429body"):
         status = int(fault[:3])
@@ -138,6 +147,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
             data = b'data: {"error": {"message": "boom", "code": 500}}\n\n'
         writes.append(time.perf_counter_ns())
         await resp.write(data)
+        written.append(time.perf_counter_ns())
         k += 1
         if fault in ("reset", "stall") and k == 2:
             if fault == "stall":

@@ -31,6 +31,8 @@ from phaselens.driver.runner import (
     check_targets,
     redact_url,
     relay_stop,
+    resolve_loop,
+    run_loop,
     run_schedule,
 )
 from phaselens.driver.selfcheck import Verdict, verdict
@@ -136,6 +138,7 @@ def drive(
     Second Ctrl-C: exit at once (the run is rebuilt from events.jsonl by `load_run`).
     """
     check_targets(schedule, targets, options)  # bad input fails before a run dir exists
+    loop_kind = resolve_loop(options.event_loop)
     prompts = PromptMaker(options.prompt_seed, options.tokenizer)  # (bad --tokenizer too)
     if workers < 1:
         raise InputError(f"--workers: expected an integer >= 1, got {workers}")
@@ -181,6 +184,7 @@ def drive(
             "idle_timeout_s": options.idle_timeout_s,
             "optional_fields": options.optional_fields,
             "plain_models": list(options.plain_models),
+            "event_loop": loop_kind,
             "model_map": dict(options.model_map),
             "header_names": sorted(options.headers),  # values may be secrets: never written
             "authorization": "bearer (from environment)" if options.api_key else "none",
@@ -238,11 +242,11 @@ def drive(
     try:
         if workers == 1:
             lead_s = 1.0 if _telemetry_on(telemetry) else 0.05
-            summaries.append(
-                asyncio.run(
-                    _single(schedule, targets, options, wt, on_start, stop, stats, lead_s, prompts)
-                )
+            summary, _ = run_loop(
+                _single(schedule, targets, options, wt, on_start, stop, stats, lead_s, prompts),
+                loop_kind,
             )
+            summaries.append(summary)
             worker_info.append({"index": 0, "pid": os.getpid(), "clock": clock_anchor()})
         else:
             from phaselens.driver.shard import run_workers

@@ -28,6 +28,7 @@ from phaselens.driver.runner import (
     LiveStats,
     RunSummary,
     relay_stop,
+    run_loop,
     run_schedule,
 )
 from phaselens.store import clock_anchor
@@ -118,7 +119,7 @@ def _worker(
             relay_done.set()
 
     try:
-        summary: RunSummary | None = asyncio.run(main())
+        summary: RunSummary | None = run_loop(main(), options.event_loop)[0]
         err = ""
     except Exception as e:  # reported to the parent, which records the rows as client_error
         summary, err = None, f"{type(e).__name__}: {e}"
