@@ -2,14 +2,14 @@
 
 The fake server (own process) records perf_counter_ns (CLOCK_MONOTONIC, shared by both
 processes) just before and just after writing chunk k of request i. The driver's stamp of the
-same chunk can only be later than the first (causality, asserted for every chunk); how much later
-than the second is the client's timing error. On an idle machine it is well under 1 ms at p99
-(the issue's bound). This 2-core machine is shared with other jobs that can keep the client process off the CPU for
-milliseconds; the driver measures exactly that lateness itself (event-loop lag, the self-check).
-So the bounds checked are: median error <= max(0.5 ms, loop-lag median + 0.5 ms) and p99 <=
-max(1 ms, the run's own loop-lag p99 + 0.5 ms); a client that stamped after parsing or batched
-reads would break them at any load. They must hold in one of up to three attempts; causality,
-completeness and counts hold on every attempt.
+same chunk can only be later than the first (causality, asserted for every chunk); how much
+later than the second is the client's timing error. On an idle machine it is well under 1 ms at
+p99 (the issue's bound). This 2-core machine is shared with other jobs that can keep the client
+process off the CPU for milliseconds; the driver measures exactly that lateness itself (event-
+loop lag, the self-check). So the bounds checked are: median error <= max(0.5 ms, loop-lag
+median + 0.5 ms) and p99 <= max(1 ms, the run's own loop-lag p99 + 0.5 ms); a client that
+stamped after parsing or batched reads would break them at any load. They must hold in one of up
+to three attempts; causality, completeness and counts hold on every attempt.
 """
 
 from __future__ import annotations
