@@ -62,3 +62,33 @@ def test_report_without_telemetry_renders(make_run: Callable[..., Run], tmp_path
     page = write_report(run, tmp_path / "r.html", analysis_of(run, findings=[]))
     res = open_page(page, None)
     assert res.errors == [], res.errors
+
+
+def test_simulated_demo_report(tmp_path: Path) -> None:
+    """The demo's scenario (shortened) end to end: simulate, analyze, report, open."""
+    from phaselens.report.html import report_from_run
+    from phaselens.sim.run import run_sim
+    from phaselens.spec import demo_spec_path, load_spec
+    from phaselens.store import load_run
+    from phaselens.workload.plan import build_schedule
+
+    ws = load_spec(demo_spec_path(), [f"stages[{i}].duration_s=20" for i in range(3)])
+    manifest = {
+        "name": ws.name,
+        "kind": "sim",
+        "spec": ws.model_dump(mode="json"),
+        "slo": ws.slo_dict,
+    }
+    run = load_run(run_sim(build_schedule(ws), "sim", tmp_path, manifest))
+    page, summary = report_from_run(run, tmp_path / "report.html")
+    assert page.stat().st_size < 15_000_000
+    shot = tmp_path / "demo.png"
+    res = open_page(page, shot)
+    assert res.errors == [], res.errors
+    plots = {p["id"]: p for p in json.loads(res.probe)}
+    assert plots["fig-timeline"]["points"] > 1000
+    assert len([k for k in plots if k.startswith("fig-finding")]) == len(summary["findings"])
+    for p in plots.values():
+        assert p["traces"] > 0 and p["points"] > 0, p
+    w, h = png_size(shot)
+    assert w == 1400 and h > 4000
