@@ -1,8 +1,9 @@
 """The telemetry sampler: every source ticking beside the driver, on the run clock.
 
 Why a separate process by default: parsing one vLLM `/metrics` scrape with prometheus-client
-holds the GIL for several milliseconds, which in a thread of the driver's process pushed the
-asyncio send lag p99 from ~1 ms to ~8 ms (benchmarks/README.md, `## Telemetry overhead`).
+holds the GIL for ~6 ms; in a thread of the driver's process that is ~6 % of a core the
+driver's asyncio loop must wait out, and its p99 send lag went from 0.4-2 ms to 7-9 ms
+(benchmarks/README.md, `## Telemetry overhead`); as a process it costs the driver ~1 %.
 The child process does all sampling and parsing; a thread in the caller's process only turns
 received rows into `TelemetrySample`s and calls the sink. `mode="thread"` keeps everything in
 process (tests, or where spawning is not possible).
