@@ -503,6 +503,9 @@ def cdf_figure(
         for g in values.get(key, {}):
             if g not in groups:
                 groups.append(g)
+    if color_by_group:  # legend order follows the colour map (the timeline's model order)
+        order = list(color_by_group)
+        groups.sort(key=lambda g: order.index(g) if g in order else len(order))
     for k, (key, _) in enumerate(metrics):
         r, c = k // cols + 1, k % cols + 1
         drawn = False

@@ -646,6 +646,8 @@ def build_context(
         CDF_METRICS,
         latency_values(rt),
         {k: slo_threshold(slo, k) for k, _ in CDF_METRICS},
+        # the same colour per model as in the timeline
+        color_by_group={m: figs.model_color(i) for i, m in enumerate(tl.models)},
     )
     figures.append(("cdf", fig_json(cdf)))
     phases = analysis.get("phases")
