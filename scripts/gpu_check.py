@@ -42,22 +42,19 @@ METRICS = (
 
 
 def _import_sampler() -> tuple[Any, str]:
-    """phaselens' sampler; where polars (needed by phaselens/__init__ for the run store, not by
-    telemetry) is missing, as on a bare CUDA image, load the package without its __init__ and
-    sample in a thread instead of the default child process."""
+    """phaselens' sampler, sampling in its own process as in a real run. Where polars (needed by
+    phaselens/__init__ for the run store, not by telemetry) is missing, as on a bare CUDA image,
+    load the package without its __init__ (the sampler process always starts that way)."""
     sys.path.insert(0, str(SRC))
     try:
         import polars  # noqa: F401
-
-        mode = "process"
     except ImportError:
         pkg = types.ModuleType("phaselens")
         pkg.__path__ = [str(SRC / "phaselens")]
         sys.modules["phaselens"] = pkg
-        mode = "thread"
     from phaselens.telemetry import sampler
 
-    return sampler, mode
+    return sampler, "process"
 
 
 def _no_gpu(why: str) -> NoReturn:

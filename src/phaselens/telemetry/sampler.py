@@ -360,8 +360,18 @@ def start_sources(
     return handle
 
 
+# The sampler process imports this very phaselens (the caller's, by path) as a bare package:
+# phaselens/__init__ loads the run store and polars (~1.7 s of a ~2.5 s start on a loaded
+# machine), which telemetry does not need, and the driver gives the sampler ~1 s before t = 0.
+_WORKER_BOOT = (
+    "import sys, types; pkg = types.ModuleType('phaselens'); pkg.__path__ = [sys.argv[1]]; "
+    "sys.modules['phaselens'] = pkg; "
+    "from phaselens.telemetry.sampler import worker_main; worker_main(sys.argv[2:])"
+)
+
+
 def worker_main(argv: Sequence[str]) -> None:
-    """The sampler process (`python -m phaselens.telemetry.worker SPECS INTERVAL RUN_START`).
+    """The sampler process: `argv` = SPECS (JSON) INTERVAL_S RUN_START_PERF_NS.
 
     Rows go to the parent as pickled frames on the original stdout (sys.stdout is pointed at
     stderr so a stray print cannot corrupt them); stdin closing (the parent stopping, or dying)
@@ -442,15 +452,10 @@ def start_telemetry(
         ready=False,
     )
     args = [json.dumps([[s.kind, s.arg] for s in specs]), repr(interval_s), str(run_start_perf_ns)]
-    # the child must import this very phaselens, even when the caller put it on sys.path itself
-    root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "phaselens.telemetry.worker", *args],
+        [sys.executable, "-c", _WORKER_BOOT, str(Path(__file__).resolve().parents[1]), *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        env=env,
     )
     assert proc.stdout is not None
     handle._process = proc
