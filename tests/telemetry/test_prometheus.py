@@ -264,3 +264,30 @@ def test_dcgm_gpu_util_used_without_profiling_fields() -> None:
 def test_garbage_raises_value_error(garbage: str) -> None:
     with pytest.raises(ValueError):
         parse_prometheus(garbage)
+
+
+def test_tgi_fixture_gauges_and_per_method_histograms() -> None:
+    t1 = _text("tgi.txt")
+    t2 = _bump(
+        t1,
+        {
+            'tgi_batch_forward_duration_sum{method="decode"} 8.0': (
+                'tgi_batch_forward_duration_sum{method="decode"} 8.9'
+            ),
+            'tgi_batch_forward_duration_count{method="decode"} 1000': (
+                'tgi_batch_forward_duration_count{method="decode"} 1030'
+            ),
+            "tgi_queue_size 2": "tgi_queue_size 0",
+        },
+    )
+    a = Scrape(0, parse_prometheus(t1, ENGINE_KEEP, buckets=False))
+    out = interval_samples(a, Scrape(1, parse_prometheus(t2, ENGINE_KEEP, buckets=False)))
+    assert {s.source for s in out} == {"tgi"}
+    assert _one(out, "engine.running").value == 5
+    assert _one(out, "engine.waiting").value == 0
+    # 30 decode steps took 0.9 s in the interval: 30 ms per step
+    n = _one(out, "tgi_batch_forward_duration_count", method="decode").value
+    s = _one(out, "tgi_batch_forward_duration_sum", method="decode").value
+    assert n == 30
+    assert s / n == pytest.approx(0.03)
+    assert _one(out, "tgi_batch_forward_duration_count", method="prefill").value == 0
