@@ -205,8 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("predict")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--calib-on", required=True)
-    p.add_argument("--tflops", type=float, default=0.1)
-    p.add_argument("--bandwidth-gbs", type=float, default=10.0)
+    p.add_argument("--tflops", type=float, default=0.157)
+    p.add_argument("--bandwidth-gbs", type=float, default=20.0)
     a = ap.parse_args(argv)
     if a.cmd == "measure":
         rates = [float(x) for x in a.rates.split(",")]

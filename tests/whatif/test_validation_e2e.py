@@ -39,7 +39,7 @@ def test_calibrate_on_one_llamacpp_run_predict_another(tmp_path: Path) -> None:
     for seed in (21, 22):
         paths = ex.measure(2, [0.5], 40.0, tmp_path / f"s{seed}", seed=seed, threads=2)
         runs.append(load_run(paths[0]))
-    dmap = ex.deployment(2, 0.15, 20.0)
+    dmap = ex.deployment(2, 0.157, 20.0)
     c = calibrate(runs[0], dmap, "validation-deploy")
     assert c.method == "client"
     assert c.fit["lone_requests"] >= 8, c.fit

@@ -149,7 +149,8 @@ TPOT p90 {{ fmt(best.tpot_p90_ms) }} ms; expected error {{ best.expected_error }
 {% else %}<td colspan="8">infeasible: {{ r.reason }}</td>{% endif %}</tr>{% endfor %}
 </table>
 </section></main>
-<script>(function(f){Plotly.newPlot("pareto", f.data, f.layout, {responsive: true});})(
+<script>(function(f){Plotly.newPlot("pareto", f.data, f.layout, {responsive: true})
+.then(function(){window.__phaselensReady = true;});})(
 {{ fig|safe }});</script>
 </body></html>
 """
