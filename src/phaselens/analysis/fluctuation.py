@@ -29,14 +29,22 @@ BINS_PER_S = int(1e9 // BIN_NS)
 
 
 def window_stds(u: F64, window_bins: int) -> F64:
-    """Population std of each full or partial window with ≥ half its bins measured."""
-    out = []
-    for a in range(0, u.size, window_bins):
-        w = u[a : a + window_bins]
-        w = w[~np.isnan(w)]
-        if w.size >= max(2, window_bins // 2):
-            out.append(float(w.std()))
-    return np.asarray(out, dtype=np.float64)
+    """Population std of each window with ≥ half its bins measured (NaN: not measured)."""
+    n = -(-u.size // window_bins)
+    pad = np.full(n * window_bins, np.nan)
+    pad[: u.size] = u
+    m = pad.reshape(n, window_bins)
+    ok = ~np.isnan(m)
+    cnt = ok.sum(axis=1)
+    keep = cnt >= max(2, window_bins // 2)
+    if not keep.any():
+        return np.zeros(0)
+    m, ok, cnt = m[keep], ok[keep], cnt[keep]
+    x = np.where(ok, m, 0.0)
+    mean = x.sum(axis=1) / cnt
+    var = (np.where(ok, (m - mean[:, None]) ** 2, 0.0)).sum(axis=1) / cnt
+    out: F64 = np.sqrt(var)
+    return out
 
 
 def interarrival_cv(t_ns: F64) -> float | None:
@@ -71,7 +79,10 @@ def arrival_cvs(frame: pl.DataFrame, stages: list[Mapping[str, Any]]) -> dict[st
     """Inter-arrival CV per (model, stage) — a stage has one nominal rate, so rate steps between
     stages do not inflate it — and per 5 s window over all arrivals."""
     per: list[dict[str, Any]] = []
-    for (model, stage), g in frame.partition_by("model", "stage", as_dict=True).items():
+    parts = frame.select("model", "stage", "scheduled_ns").partition_by(
+        "model", "stage", as_dict=True
+    )
+    for (model, stage), g in parts.items():
         cv = interarrival_cv(g["scheduled_ns"].cast(pl.Float64).to_numpy())
         if cv is not None:
             per.append({"model": model, "stage": stage, "cv": fnum(cv), "arrivals": g.height})

@@ -198,6 +198,7 @@ def compute_itl(requests: pl.DataFrame) -> ItlResult:
             continue
         unit = bool(k.min() == 1 and k.max() == 1)
         if exact or not (ok[r0:r1].all() and (unit or int(k.min()) > 0)):
+            k = k.astype(np.int64)
             got = _generic(t, k, np.repeat(rows_all[r0:r1], np.diff(off)), ok)
             if got is None:
                 continue
@@ -213,6 +214,8 @@ def compute_itl(requests: pl.DataFrame) -> ItlResult:
             acc.kept.append((v[s], kk[s], rr[s], te[s]))
             w: F64 | None = kf
         else:
+            if not unit:
+                k = k.astype(np.int64)
             v, w, te = _fast(t, None if unit else k, off)
             _row_means(acc, t, k, off, r0, unit)
             acc.bins(te, v, w)
@@ -262,7 +265,8 @@ class _Acc:
     def bins(self, te: I64, v: F64, w: F64 | None) -> None:
         if te.size == 0:
             return
-        bb = te // BIN_NS
+        # float division is exact enough here (te < 2**53) and much faster than int64 //
+        bb = (te.astype(np.float64) / BIN_NS).astype(np.int64)
         m = int(bb.max()) + 1
         if m > self.bin_tok.size:
             self.bin_tok = np.pad(self.bin_tok, (0, m - self.bin_tok.size))
@@ -340,7 +344,7 @@ def _expand(code: I64, off: I64) -> I64:
     return out
 
 
-def _batch(requests: pl.DataFrame, r0: int, r1: int) -> tuple[I64, I64, I64]:
+def _batch(requests: pl.DataFrame, r0: int, r1: int) -> tuple[I64, np.ndarray, I64]:
     """Chunk times, token counts and local row offsets of rows [r0, r1)."""
     tb, to = _flat(requests["token_ns"].slice(r0, r1 - r0))
     kb, ko = _flat(requests["token_counts"].slice(r0, r1 - r0))
@@ -348,9 +352,9 @@ def _batch(requests: pl.DataFrame, r0: int, r1: int) -> tuple[I64, I64, I64]:
     off = to - to[0]
     kl = ko - ko[0]
     if kb[ko[0] : ko[-1]].size == t.size and np.array_equal(off, kl):
-        k = kb[ko[0] : ko[-1]].astype(np.int64)
+        k = kb[ko[0] : ko[-1]]
     else:  # counts missing: one token per chunk
-        k = np.ones(t.size, dtype=np.int64)
+        k = np.ones(t.size, dtype=np.int32)
     return t, k, off
 
 

@@ -133,7 +133,10 @@ def throughput(frame: pl.DataFrame) -> dict[str, Any]:
 
 
 def _take(frame: pl.DataFrame, rows: I64 | None) -> pl.DataFrame:
-    return frame if rows is None else frame[rows]
+    """The rows of a group (no copy when the group is the whole run)."""
+    if rows is None or rows.size == frame.height:
+        return frame
+    return frame[rows]
 
 
 def describe_metric(

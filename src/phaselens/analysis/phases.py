@@ -18,6 +18,7 @@ containing t − 1 ns.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,14 @@ import numpy as np
 import polars as pl
 
 from phaselens.analysis.latency import RequestTable
-from phaselens.analysis.stats import F64, as_float, as_int, fnum, interval_integral
+from phaselens.analysis.stats import (
+    F64,
+    as_float,
+    as_int,
+    fnum,
+    interval_integral,
+    interval_integrals,
+)
 
 BIN_NS = 100_000_000
 IDLE_BUSY = 0.05
@@ -93,13 +101,54 @@ def sample_bins(t_ns: pl.Expr) -> pl.Expr:
     return ((t_ns - 1) // BIN_NS).clip(lower_bound=0).cast(pl.Int64)
 
 
-def gpu_series(tel: pl.DataFrame, metric: str, n: int) -> tuple[str | None, pl.DataFrame]:
+TelemetryParts = Mapping[str, pl.DataFrame]
+_EMPTY_TEL = pl.DataFrame(
+    schema={
+        "t_ns": pl.Int64,
+        "source": pl.String,
+        "metric": pl.String,
+        "value": pl.Float64,
+        "labels": pl.String,
+    }
+)
+
+
+def split_telemetry(tel: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    """Telemetry rows per metric, split once (a million-request run has millions of samples)."""
+    if tel.height == 0:
+        return {}
+    return {str(k[0]): v for k, v in tel.partition_by("metric", as_dict=True).items()}
+
+
+def _metric_rows(tel: pl.DataFrame | TelemetryParts, metric: str) -> pl.DataFrame:
+    if isinstance(tel, pl.DataFrame):
+        return tel.filter(pl.col("metric") == metric)
+    return tel.get(metric, _EMPTY_TEL)
+
+
+def label_values(labels: pl.Series, key: str, default: str) -> pl.Series:
+    """One label's value for every row, parsing each distinct label string once."""
+    uniq = labels.unique().to_list()
+    mapping = {}
+    for u in uniq:
+        try:
+            v = json.loads(u).get(key) if u else None
+        except (ValueError, AttributeError):
+            v = None
+        mapping[u] = default if v is None else str(v)
+    out: pl.Series = labels.replace_strict(mapping, return_dtype=pl.String)
+    return out
+
+
+def gpu_series(
+    tel: pl.DataFrame | TelemetryParts, metric: str, n: int
+) -> tuple[str | None, pl.DataFrame]:
     """Per-(gpu, bin) mean of one GPU metric from its best source, with gaps forward-filled.
 
     Sampling periods longer than a bin (NVML's 1/6–1 s) would leave empty bins; the last value
     is carried forward for up to 2 s, never across longer gaps.
     """
-    rows = tel.filter(pl.col("metric") == metric)
+    rows = _metric_rows(tel, metric)
     if rows.height == 0:
         return None, pl.DataFrame(schema={"gpu": pl.String, "bin": pl.Int64, "value": pl.Float64})
     present = set(rows["source"].unique().to_list())
@@ -110,7 +159,7 @@ def gpu_series(tel: pl.DataFrame, metric: str, n: int) -> tuple[str | None, pl.D
     rows = rows.filter(pl.col("source") == src)
     df = (
         rows.with_columns(
-            pl.col("labels").str.json_path_match("$.gpu").fill_null("0").alias("gpu"),
+            label_values(rows["labels"], "gpu", "0").alias("gpu"),
             sample_bins(pl.col("t_ns")).alias("bin"),
         )
         .filter(pl.col("bin") < n)
@@ -129,9 +178,9 @@ def gpu_series(tel: pl.DataFrame, metric: str, n: int) -> tuple[str | None, pl.D
     return f"{src}:{metric}", full
 
 
-def engine_series(tel: pl.DataFrame, metric: str, n: int, how: str) -> F64 | None:
+def engine_series(tel: pl.DataFrame | TelemetryParts, metric: str, n: int, how: str) -> F64 | None:
     """One engine metric per bin across engines: per-engine bin mean, then `how` (sum|max)."""
-    rows = tel.filter(pl.col("metric") == metric)
+    rows = _metric_rows(tel, metric)
     if rows.height == 0:
         return None
     per = (
@@ -236,9 +285,10 @@ def build_timeline(
         cols["ttft_mean_ms"] = np.where(ttft_cnt > 0, ttft_sum / ttft_cnt, np.nan)
 
     # --- engine telemetry ----------------------------------------------------------------
+    parts = split_telemetry(tel)
     sources: dict[str, str] = {}
     for metric, how, key in ENGINE_COLUMNS:
-        s = engine_series(tel, metric, n, how) if n else None
+        s = engine_series(parts, metric, n, how) if n else None
         cols[key] = s if s is not None else np.full(n, np.nan)
         if s is not None:
             sources[metric] = metric
@@ -246,7 +296,7 @@ def build_timeline(
     # --- GPU telemetry -------------------------------------------------------------------
     series: dict[str, pl.DataFrame] = {}
     for metric in ("gpu.busy_pct", "gpu.sm_pct", "gpu.dram_bw_pct", "gpu.power_w"):
-        src, df = gpu_series(tel, metric, n) if n else (None, pl.DataFrame())
+        src, df = gpu_series(parts, metric, n) if n else (None, pl.DataFrame())
         if src is not None:
             sources[metric] = src
             series[metric] = df
@@ -283,7 +333,7 @@ def build_timeline(
     cols["util"] = cols[short[util_metric]] if util_metric else np.full(n, np.nan)
 
     # --- work per lane -------------------------------------------------------------------
-    lanes, work_source = _lanes(steps, tel, n, edges, rec_prefill, rec_decode, sources)
+    lanes, work_source = _lanes(steps, parts, n, edges, rec_prefill, rec_decode, sources)
     # Utilization per lane: that GPU's series when it has one, else the mean over GPUs.
     if util_metric is not None and lanes.height:
         u = series[util_metric].rename({"value": "util"})
@@ -338,7 +388,7 @@ def build_timeline(
 
 def _lanes(
     steps: pl.DataFrame,
-    tel: pl.DataFrame,
+    parts: TelemetryParts,
     n: int,
     edges: F64,
     rec_prefill: F64,
@@ -376,8 +426,13 @@ def _lanes(
             d = _np(g, "decode_seqs")
             tok = p + d
             pf = np.where(tok > 0, p / np.maximum(tok, 1.0), 0.0)
-            busy = interval_integral(s, e, edges) / BIN_NS
-            pbusy = interval_integral(s, e, edges, pf) / BIN_NS
+            busy, pbusy, flops, nbytes, ptok, dtok = interval_integrals(
+                s,
+                e,
+                edges,
+                [None, pf, _np(g, "flops") / dur, _np(g, "bytes") / dur, p / dur, d / dur],
+            )
+            busy, pbusy = busy / BIN_NS, pbusy / BIN_NS
             dbusy = busy - pbusy
             share = np.where(busy > 0, pbusy / np.maximum(busy, 1e-12), 0.0)
             active = busy >= IDLE_BUSY
@@ -392,16 +447,16 @@ def _lanes(
                         "active": active,
                         "share": share,
                         "label": _label(share, active),
-                        "flops": interval_integral(s, e, edges, _np(g, "flops") / dur),
-                        "bytes": interval_integral(s, e, edges, _np(g, "bytes") / dur),
-                        "prefill_tokens": interval_integral(s, e, edges, p / dur),
-                        "decode_tokens": interval_integral(s, e, edges, d / dur),
+                        "flops": flops,
+                        "bytes": nbytes,
+                        "prefill_tokens": ptok,
+                        "decode_tokens": dtok,
                     }
                 )
             )
         return pl.concat(frames).sort("gpu", "bin"), "steps"
-    ep = engine_series(tel, "engine.prefill_tokens", n, "sum")
-    ed = engine_series(tel, "engine.decode_tokens", n, "sum")
+    ep = engine_series(parts, "engine.prefill_tokens", n, "sum")
+    ed = engine_series(parts, "engine.decode_tokens", n, "sum")
     if ep is not None and ed is not None:
         p, d, src = ep, ed, "engine"
     else:

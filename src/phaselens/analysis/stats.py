@@ -143,6 +143,31 @@ def interval_cumulative(starts: F64, ends: F64, x: F64, weights: F64 | None = No
     return res
 
 
+def interval_integrals(starts: F64, ends: F64, edges: F64, weights: list[F64 | None]) -> list[F64]:
+    """`interval_integral` for several weightings of the same intervals (sorting once)."""
+    s = np.asarray(starts, dtype=np.float64)
+    e = np.asarray(ends, dtype=np.float64)
+    keep = e > s
+    s, e = s[keep], e[keep]
+    x = np.asarray(edges, dtype=np.float64)
+    os_, oe = np.argsort(s, kind="stable"), np.argsort(e, kind="stable")
+    ss, es = s[os_], e[oe]
+    i_s = np.searchsorted(ss, x, side="left")
+    i_e = np.searchsorted(es, x, side="left")
+
+    def part(t: F64, ws: F64, idx: I64) -> F64:
+        cw = np.concatenate(([0.0], np.cumsum(ws)))
+        cwt = np.concatenate(([0.0], np.cumsum(ws * t)))
+        res: F64 = cw[idx] * x - cwt[idx]
+        return res
+
+    out: list[F64] = []
+    for w in weights:
+        wk = np.ones(s.size) if w is None else np.asarray(w, dtype=np.float64)[keep]
+        out.append(np.diff(part(ss, wk[os_], i_s) - part(es, wk[oe], i_e)))
+    return out
+
+
 def interval_integral(starts: F64, ends: F64, edges: F64, weights: F64 | None = None) -> F64:
     """Exact time-weighted sum of intervals over consecutive edges.
 
