@@ -279,6 +279,9 @@ def run(
     if not res.verdict.valid:
         for reason in res.verdict.invalid_reasons:
             typer.echo(f"INVALID: {reason}")
+    if res.error:
+        print(f"phaselens: error: {res.error}", file=sys.stderr)
+        raise typer.Exit(1)
     if res.status == "interrupted":
         raise typer.Exit(130)
 

@@ -53,6 +53,7 @@ class DriveResult:
     by_status: Mapping[str, int]
     verdict: Verdict
     token_count_method: str
+    error: str = ""  # why the run could not be driven (e.g. a worker failed to start)
 
 
 class _WriterThread:
@@ -236,6 +237,7 @@ def drive(
 
     summaries: list[RunSummary] = []
     worker_info: list[dict[str, Any]] = []
+    failure = ""
     old_handler: Any = None
     if handle_sigint and threading.current_thread() is threading.main_thread():
         old_handler = signal.signal(signal.SIGINT, on_sigint_sync)
@@ -251,17 +253,21 @@ def drive(
         else:
             from phaselens.driver.shard import run_workers
 
-            results = run_workers(
-                schedule,
-                targets,
-                options,
-                workers,
-                wt.records,
-                on_start,
-                stop,
-                stats,
-                lead_s=1.0 if _telemetry_on(telemetry) else 0.1,
-            )
+            try:
+                results = run_workers(
+                    schedule,
+                    targets,
+                    options,
+                    workers,
+                    wt.records,
+                    on_start,
+                    stop,
+                    stats,
+                    lead_s=1.0 if _telemetry_on(telemetry) else 0.1,
+                )
+            except Exception as e:  # the run dir exists: close it, every request recorded
+                failure = f"{type(e).__name__}: {e}"
+                results = []
             for r in results:
                 worker_info.append(
                     {"index": r.index, "pid": r.pid, "clock": dict(r.clock), "error": r.error}
@@ -282,6 +288,8 @@ def drive(
     # Every planned request ends with exactly one record.
     seen = _seen_ids(wt)
     dead = {w["index"] for w in worker_info if w.get("error")}
+    if failure:
+        dead = set(range(workers))
     t0 = state["t0"]
     missing = [row for row in range(len(schedule)) if schedule[row].id not in seen]
     for row in missing:
@@ -296,7 +304,9 @@ def drive(
                 status="client_error" if died else "not_sent",
                 priority=req.priority,
                 input_tokens=req.input_tokens,
-                error="worker process failed" if died else "stopped before sending",
+                error=f"worker process failed: {failure or 'see manifest workers'}"
+                if died
+                else "stopped before sending",
             )
         )
     wt.join()
@@ -317,7 +327,7 @@ def drive(
     method = "usage" if methods.get("usage") and not methods.get("chunks") else "chunks"
     cpu = sum(s.cpu_s for s in summaries)
     wall = max((s.wall_s for s in summaries), default=0.0)
-    interrupted = count[0] > 0 or any(s.interrupted for s in summaries)
+    interrupted = count[0] > 0 or any(s.interrupted for s in summaries) or bool(failure)
     status = "interrupted" if interrupted else "complete"
     dropped = sorted({redact_url(u) for s in summaries for u in s.dropped_optional})
     path = writer.close(
@@ -338,9 +348,10 @@ def drive(
         },
         workers=worker_info,
         optional_fields_rejected_by=dropped,
+        error=failure or None,
         ended_perf_ns=time.perf_counter_ns() - t0 if t0 else None,
     )
-    return DriveResult(path, status, len(schedule), dict(by_status), v, method)
+    return DriveResult(path, status, len(schedule), dict(by_status), v, method, failure)
 
 
 def _seen_ids(wt: _WriterThread) -> set[int]:

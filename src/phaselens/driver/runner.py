@@ -38,7 +38,7 @@ from phaselens.driver.openai import (
     error_text,
 )
 from phaselens.driver.prompts import PromptMaker
-from phaselens.driver.selfcheck import LoopLagMonitor, cpu_seconds
+from phaselens.driver.selfcheck import LoopLagMonitor, cpu_seconds, raise_fd_limit
 from phaselens.errors import InputError
 from phaselens.types import RequestRecord, Schedule, Status
 
@@ -609,6 +609,7 @@ async def run_schedule(
     first sends late.
     """
     options.validate()
+    raise_fd_limit()
     order = np.arange(len(schedule), dtype=np.int64) if indices is None else indices
     d = _Driver(schedule, targets, options, sink, 0, stats or LiveStats(), prompts)
     t0 = run_start_perf_ns if run_start_perf_ns is not None else time.perf_counter_ns() + 20_000_000

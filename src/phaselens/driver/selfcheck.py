@@ -25,6 +25,22 @@ LOOP_LAG_P99_MAX_NS = 2_000_000  # 2 ms: chunk stamps may be late by this much
 LOOP_PERIOD_S = 0.01
 
 
+def raise_fd_limit() -> int:
+    """Lift the soft open-files limit to the hard one: one connection per in-flight request.
+
+    Returns the limit now in force.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
 def cpu_seconds() -> float:
     """User + system CPU seconds of this process so far."""
     r = resource.getrusage(resource.RUSAGE_SELF)

@@ -172,7 +172,12 @@ def run_workers(
             msg = out.get(timeout=0.2)
         except queue.Empty:
             if any(not p.is_alive() for p in procs):
-                raise RuntimeError("a worker process died while starting") from None
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(
+                    "a worker process died while starting (a script calling drive(workers>1) "
+                    "needs the `if __name__ == '__main__':` guard: workers are spawned)"
+                ) from None
             continue
         if msg[0] == "ready":
             ready += 1
