@@ -446,13 +446,19 @@ def compare_runs(
             {
                 "run": rs.name,
                 "path": str(rs.run.path),
+                "target": str(rs.run.manifest.get("target", "")),
                 "valid": rs.valid,
                 "metrics": rows,
                 "fail_on": checks,
             }
         )
     result = {
-        "baseline": {"run": base.name, "path": str(base.run.path), "valid": base.valid},
+        "baseline": {
+            "run": base.name,
+            "path": str(base.run.path),
+            "target": str(base.run.manifest.get("target", "")),
+            "valid": base.valid,
+        },
         "slo": slo,
         "n_boot": n_boot,
         "seed": seed,
@@ -512,7 +518,7 @@ def _util_figure(stats: Sequence[RunStats]) -> go.Figure:
         cols=2,
         column_widths=[0.68, 0.32],
         subplot_titles=(
-            "GPU utilization % over time (100 ms bins)",
+            "GPU utilization % over time",
             "distribution of 100 ms utilization",
         ),
     )
@@ -524,7 +530,10 @@ def _util_figure(stats: Sequence[RunStats]) -> go.Figure:
         drawn = True
         t = b["t_s"].to_numpy().astype(np.float64)
         u = b["util"].cast(pl.Float64).fill_null(np.nan).to_numpy().astype(np.float64)
-        tt, uu, _ = figs.decimate(t, u)
+        if t.shape[0] > 600:  # long runs: 1/300 of the run per point, as in the report
+            tt, uu, _, _ = figs.bucket_stats(t, u, figs.nice_bin(float(t[-1]), 300))
+        else:
+            tt, uu = t, u
         color = figs.model_color(i)
         name = figs.esc(rs.name)
         fig.add_trace(
@@ -593,6 +602,7 @@ def render_compare(result: Mapping[str, Any], stats: Sequence[RunStats]) -> str:
     comps = [
         {
             "run": c["run"],
+            "target": c.get("target", ""),
             "valid": c["valid"],
             "rows": _table_rows(c["metrics"]),
             "fail_on": c["fail_on"],

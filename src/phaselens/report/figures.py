@@ -509,6 +509,7 @@ def cdf_figure(
     for k, (key, _) in enumerate(metrics):
         r, c = k // cols + 1, k % cols + 1
         drawn = False
+        tails: list[tuple[float, float]] = []  # (p99.5, max) per curve
         for gi, g in enumerate(groups):
             v = values.get(key, {}).get(g)
             if v is None or v.shape[0] == 0:
@@ -518,6 +519,7 @@ def cdf_figure(
                 continue
             drawn = True
             x = np.quantile(v, probs)
+            tails.append((float(np.quantile(v, 0.995)), float(x[-1])))
             color = (color_by_group or {}).get(g, model_color(gi))
             fig.add_trace(
                 go.Scatter(
@@ -536,8 +538,25 @@ def cdf_figure(
                 row=r,
                 col=c,
             )
+        idx = "" if k == 0 else str(k + 1)
+        if tails:
+            cut = max(t for t, _ in tails)
+            top = max(m for _, m in tails)
+            lo_x = min(0.0, min(float(np.min(tr.x)) for tr in fig.data if tr.xaxis == f"x{idx}"))
+            if cut > 0 and top > 3 * cut:  # a few extreme values would squash the curves
+                fig.update_xaxes(range=[lo_x, cut * 1.05], row=r, col=c)
+                fig.add_annotation(
+                    text=f"axis cut at p99.5 ({cut:,.0f} ms); max {top:,.0f} ms",
+                    showarrow=False,
+                    x=1.0,
+                    y=0.02,
+                    xref=f"x{idx} domain",
+                    yref=f"y{idx} domain",
+                    xanchor="right",
+                    yanchor="bottom",
+                    font={"size": 10, "color": "#666"},
+                )
         if not drawn:
-            idx = "" if k == 0 else str(k + 1)
             fig.add_annotation(
                 text="no data",
                 showarrow=False,
