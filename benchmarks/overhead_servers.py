@@ -97,6 +97,11 @@ http {{
       error_page 405 =200 /stream.sse;
     }}
     location = /health {{ return 200 "ok"; }}
+    # vllm-rs checks its tokenizer against the server's /tokenize before a run
+    location = /tokenize {{
+      default_type application/json;
+      return 200 '{tokenize}';
+    }}
     location = /v1/models {{
       default_type application/json;
       return 200 '{{"object":"list","data":[{{"id":"{model}","object":"model"}}]}}';
@@ -104,6 +109,12 @@ http {{
   }}
 }}
 """
+
+
+def tokenize_json(n: int = 32) -> str:
+    """A vLLM-shaped /tokenize answer (the benchmark clients only check that it parses)."""
+    toks = ",".join(str(5 + i % 800) for i in range(n))
+    return '{"count":%d,"max_model_len":4096,"tokens":[%s],"token_strs":null}' % (n, toks)
 
 
 def event_bytes() -> float:
@@ -145,6 +156,7 @@ class Nginx:
             model=MODEL,
             affinity=affinity,
             bufsize=bufsize,
+            tokenize=tokenize_json(),
         )
         (self.dir / "nginx.conf").write_text(conf)
         self.proc = subprocess.Popen(

@@ -60,16 +60,32 @@ def _require(kinds: tuple[str, ...]) -> None:
         )
 
 
+class _External:
+    """An engine this session did not start (PHASELENS_E2E_LLAMACPP_URL / _VLLM_URL); it must
+    serve the model names above: `engines.py start vllm --name tiny-vllm --ctx 1024`."""
+
+    def __init__(self, kind: str, url: str, model: str) -> None:
+        self.kind, self.url, self.model = kind, url, model
+        self.log_path = Path("/dev/null")
+
+    def alive(self) -> bool:
+        return True
+
+    def log_tail(self) -> str:
+        return ""
+
+
 class _Launcher:
     """Starts each engine once, in the background, and hands it out when a test needs it."""
 
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
+    def __init__(self, log_dir: Path | None = None) -> None:
+        self.log_dir = log_dir  # None: the engines cache's logs/ (outlives pytest's tmp dirs)
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="engine-start")
         self.futures: dict[str, Future[Any]] = {}
 
     def launch(self, kind: str) -> None:
-        if kind in self.futures or engines.missing((kind,)):
+        external = os.environ.get(f"PHASELENS_E2E_{kind.upper()}_URL")
+        if kind in self.futures or external or engines.missing((kind,)):
             return
         model = LLAMACPP_MODEL if kind == "llamacpp" else VLLM_MODEL
         self.futures[kind] = self.pool.submit(
@@ -86,6 +102,10 @@ class _Launcher:
         )
 
     def get(self, kind: str) -> Any:
+        ext = os.environ.get(f"PHASELENS_E2E_{kind.upper()}_URL")
+        if ext:  # an engine started by hand (engines.py start ...): fast test iterations
+            model = LLAMACPP_MODEL if kind == "llamacpp" else VLLM_MODEL
+            return _External(kind, ext.rstrip("/"), model)
         _require((kind,))
         self.launch(kind)
         try:
@@ -108,8 +128,8 @@ class _Launcher:
 
 
 @pytest.fixture(scope="session")
-def _launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Launcher]:
-    launcher = _Launcher(tmp_path_factory.mktemp("engine-logs"))
+def _launcher() -> Iterator[_Launcher]:
+    launcher = _Launcher()
     if os.environ.get("PHASELENS_SKIP_E2E") != "1":
         # start both at once: vLLM's slow startup overlaps whatever runs first
         launcher.launch("vllm")

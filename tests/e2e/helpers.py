@@ -6,10 +6,12 @@ compare phaselens against a second, simple reading of the same engine rather tha
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -50,13 +52,22 @@ class Streamed:
     usage: dict[str, int] = field(default_factory=dict)
     done: bool = False
     finish_reason: str | None = None
+    # perf_counter_ns of each content chunk, and the tokens it carried (from continuous usage
+    # stats when the server sends them, else 1 per chunk)
+    chunk_ns: list[int] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
 
 
 async def stream_chat(
-    session: aiohttp.ClientSession, base_url: str, model: str, prompt: str, max_tokens: int
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    continuous_usage: bool = False,
 ) -> Streamed:
     """One streaming chat completion with the output length forced; reads SSE line by line."""
-    body = {
+    body: dict[str, Any] = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
@@ -65,6 +76,8 @@ async def stream_chat(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if continuous_usage:  # vLLM: cumulative usage on every chunk, so tokens per chunk are exact
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     t0 = time.perf_counter()
     async with session.post(base_url + "/v1/chat/completions", json=body) as resp:
         out = Streamed(status=resp.status, sent=t0)
@@ -77,23 +90,55 @@ async def stream_chat(
             if not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()
+            t_chunk = time.perf_counter_ns()
             if data == b"[DONE]":
                 out.done = True
                 break
             ev = json.loads(data)
+            before = out.usage.get("completion_tokens", 0)
             if ev.get("usage"):
                 out.usage = ev["usage"]
             for ch in ev.get("choices") or []:
                 piece = (ch.get("delta") or {}).get("content")
                 if piece:
                     if out.first is None:
-                        out.first = time.perf_counter()
+                        out.first = t_chunk / 1e9
                     out.content_chunks += 1
                     out.text += piece
+                    out.chunk_ns.append(t_chunk)
+                    got = out.usage.get("completion_tokens", 0) - before
+                    out.chunk_tokens.append(got if continuous_usage and got > 0 else 1)
                 if ch.get("finish_reason"):
                     out.finish_reason = ch["finish_reason"]
         out.end = time.perf_counter()
     return out
+
+
+async def open_loop(
+    base_url: str,
+    model: str,
+    rate_per_s: float,
+    n: int,
+    max_tokens: int,
+    continuous_usage: bool = False,
+) -> list[Streamed]:
+    """n requests sent at a constant rate whatever is outstanding (open loop), all awaited."""
+    timeout = aiohttp.ClientTimeout(total=300)
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=conn) as s:
+        t0 = time.perf_counter()
+        tasks = []
+        for i in range(n):
+            delay = t0 + i / rate_per_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            prompt = f"request {i}: tell me a story about load testing"
+            tasks.append(
+                asyncio.create_task(
+                    stream_chat(s, base_url, model, prompt, max_tokens, continuous_usage)
+                )
+            )
+        return list(await asyncio.gather(*tasks))
 
 
 def max_overlap(intervals: list[tuple[int, int]]) -> int:

@@ -1,0 +1,95 @@
+"""phaselens as a benchmark client: one open-loop run at a constant rate, through the driver's
+Python API (`phaselens.driver.drive`, what `phaselens run` calls), telemetry off so only the
+driver is measured. Prints one JSON line with what driver_overhead.py compares.
+
+    python benchmarks/_phaselens_client.py URL N RATE OUT_DIR [--output-tokens 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("url")
+    ap.add_argument("n", type=int)
+    ap.add_argument("rate", type=float)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--output-tokens", type=int, default=256)
+    ap.add_argument("--input-tokens", type=int, default=32)
+    ap.add_argument("--model", default="bench-model")
+    a = ap.parse_args()
+
+    from phaselens import load_run
+    from phaselens.driver.drive import drive
+    from phaselens.driver.runner import DriverOptions
+    from phaselens.spec import parse_spec
+    from phaselens.workload.plan import build_schedule
+
+    spec = parse_spec(
+        {
+            "name": "overhead",
+            "seed": 1,
+            "requests": a.n,
+            "duration_s": a.n / a.rate,
+            "models": [
+                {
+                    "name": "bench",
+                    "rate": a.rate,
+                    "arrival": {"type": "constant"},
+                    "input_tokens": {"type": "fixed", "value": a.input_tokens},
+                    "output_tokens": {"type": "fixed", "value": a.output_tokens},
+                }
+            ],
+        },
+        "overhead",
+        Path("."),
+    )
+    schedule = build_schedule(spec)
+    res = drive(
+        schedule,
+        {"*": a.url},
+        DriverOptions(endpoint="completions", model_map={"bench": a.model}, timeout_s=120),
+        a.out,
+        name="overhead",
+        quiet=True,
+        telemetry="none",
+        handle_sigint=False,
+    )
+    run = load_run(res.path)
+    req = run.requests
+    ok = req.filter(pl.col("status") == "ok")
+    ttft = ((ok["first_token_ns"] - ok["scheduled_ns"]) / 1e6).to_numpy()
+    ttft_send = ((ok["first_token_ns"] - ok["sent_ns"]) / 1e6).to_numpy()
+    lag = ((req["sent_ns"] - req["scheduled_ns"]) / 1e6).drop_nulls().to_numpy()
+    t_first = int(req["scheduled_ns"].min() or 0)
+    t_last = int(ok["end_ns"].max() or 0) if ok.height else 0
+    client = run.manifest.get("client", {})
+    print(
+        json.dumps(
+            {
+                "planned": len(schedule),
+                "completed": ok.height,
+                "chunks": int(ok["token_counts"].list.len().sum()) if ok.height else 0,
+                "duration_s": (t_last - t_first) / 1e9,
+                "ttft_mean_ms": float(np.mean(ttft)) if ttft.size else None,
+                "ttft_from_send_mean_ms": float(np.mean(ttft_send)) if ttft_send.size else None,
+                "send_lag_p99_ms": float(np.percentile(lag, 99)) if lag.size else None,
+                "manifest_send_lag_p99_ms": client.get("send_lag_p99_ms"),
+                "valid": run.manifest.get("valid"),
+                "invalid_reasons": run.manifest.get("invalid_reasons"),
+            }
+        )
+    )
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
