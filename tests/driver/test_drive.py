@@ -266,8 +266,10 @@ def test_closed_loop_users_send_when_their_last_request_ends(tmp_path: Path) -> 
     # never more than 3 on the wire
     for s, _ in spans:
         assert sum(1 for a, b in spans if a <= s < b) <= 3
-    # 3 users start at once; every later request is scheduled when an earlier one ended
+    # 3 users start at once, at t = 0; every later request is scheduled when an earlier one
+    # ended
     sched_ns = req["scheduled_ns"].to_list()
+    assert all(0 <= x < 200_000_000 for x in sched_ns[:3]), sched_ns[:3]
     ends = req["end_ns"].to_list()
     for k in range(3, 9):
         gaps = [sched_ns[k] - e for e in ends[:k] if e <= sched_ns[k]]

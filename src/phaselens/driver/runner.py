@@ -485,6 +485,10 @@ class _Driver:
         clock = time.perf_counter_ns
 
         async def user() -> None:
+            wait = self.t0 - clock()
+            if wait > 0:  # every user starts at t = 0
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), wait / 1e9)
             freed = clock()
             for i in it:
                 if self.stop.is_set():
