@@ -730,6 +730,11 @@ def prefix_cache_low(a: Analysis) -> RuleResult:
     ]
 
 
+def _rate(v: Mapping[str, Any]) -> str:
+    r = v.get("requests_per_s")
+    return "? req/s" if r is None else f"{float(r):.2f} req/s"
+
+
 def slo_knee(a: Analysis) -> RuleResult:
     slo = a.manifest.get("slo")
     if not slo:
@@ -762,10 +767,10 @@ def slo_knee(a: Analysis) -> RuleResult:
     t1 = int(stage["t_end_s"] * 1e9) if stage.get("t_end_s") is not None else None
     ev = {"knee_stage": knee["stage"], "last_passing_stage": last_good, "stages": verdicts}
     where = (
-        f"between stage {last_good['stage']} ({last_good['requests_per_s']} req/s) and stage "
-        f"{knee['stage']} ({knee['requests_per_s']} req/s)"
+        f"between stage {last_good['stage']} ({_rate(last_good)}) and stage "
+        f"{knee['stage']} ({_rate(knee)})"
         if last_good
-        else f"below the first stage ({knee['requests_per_s']} req/s)"
+        else f"below the first stage ({_rate(knee)})"
     )
     return [
         Finding(
