@@ -114,7 +114,7 @@ http {{
 def tokenize_json(n: int = 32) -> str:
     """A vLLM-shaped /tokenize answer (the benchmark clients only check that it parses)."""
     toks = ",".join(str(5 + i % 800) for i in range(n))
-    return '{"count":%d,"max_model_len":4096,"tokens":[%s],"token_strs":null}' % (n, toks)
+    return f'{{"count":{n},"max_model_len":4096,"tokens":[{toks}],"token_strs":null}}'
 
 
 def event_bytes() -> float:
