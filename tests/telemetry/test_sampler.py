@@ -399,3 +399,65 @@ def test_auto_in_process_mode_reads_engine_and_its_cpu(target: Target) -> None:
     cpu = [s for s in got if s.metric == "host.cpu_pct"]
     assert cpu and all(s.labels == {"pid": str(os.getpid())} for s in cpu)
     assert {s.source for s in cpu} == {"proc"}
+
+
+class FakeTime:
+    """A clock that only moves when a tick takes time or the loop waits."""
+
+    def __init__(self) -> None:
+        self.ns = 1_000_000_000
+        self.waits = 0
+
+    def now(self) -> int:
+        return self.ns
+
+
+class FakeStop:
+    """`wait(timeout)` advances the fake clock; says "stop" after `n` waits."""
+
+    def __init__(self, t: FakeTime, n: int) -> None:
+        self.t, self.n = t, n
+
+    def wait(self, timeout: float) -> bool:
+        self.t.ns += round(timeout * 1e9)
+        self.t.waits += 1
+        return self.t.waits >= self.n
+
+
+class SlowTicks(Heartbeat):
+    """Each tick takes the next duration from a list (ms) of fake time."""
+
+    name = "slow"
+
+    def __init__(self, t: FakeTime, durations_ms: list[int]) -> None:
+        super().__init__(0)
+        self.t, self.durations = t, list(durations_ms)
+        self.starts: list[int] = []
+        self.missed_at: list[int] = []
+
+    def tick(self) -> list[TelemetrySample]:
+        self.starts.append(self.t.ns)
+        self.t.ns += self.durations.pop(0) * 1_000_000 if self.durations else 0
+        return []
+
+    def missed(self, t_ns: int) -> list[TelemetrySample]:
+        self.missed_at.append(t_ns)
+        return []
+
+
+def test_slot_grid_late_start_and_skips_are_exact() -> None:
+    import queue
+
+    from phaselens.telemetry.sampler import _source_loop
+
+    t = FakeTime()
+    src = SlowTicks(t, [10, 130, 130, 260, 10, 10])
+    _source_loop(src, 100_000_000, FakeStop(t, 5), queue.SimpleQueue(), 0, clock=t.now)
+    ms = [(x - 1_000_000_000) // 1_000_000 for x in src.starts]
+    # slot 0 at 0 (10 ms); slot 100 on time, takes 130 -> ends 230: slot 200 is 30 late (< 50),
+    # starts at once; takes 130 -> ends 360: slot 300 is 60 late, skipped; slot 400 on time,
+    # takes 260 -> ends 660: 500 (160 late) and 600 (60 late) skipped; 700 on time (10 ms);
+    # after the 5th wait the stop tick runs at 800.
+    assert ms == [0, 100, 230, 400, 700, 800]
+    assert [(x - 1_000_000_000) // 1_000_000 for x in src.missed_at] == [300, 500, 600]
+    assert src.closed

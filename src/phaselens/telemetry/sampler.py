@@ -180,13 +180,17 @@ def _source_loop(
     stop: Any,
     out: queue.SimpleQueue[list[TelemetrySample]],
     run_start_perf_ns: int,
+    clock: Callable[[], int] = time.perf_counter_ns,
 ) -> None:
-    """Tick on a fixed grid; slots lost to an overrunning tick are reported via `missed`.
+    """Tick on a fixed grid of slots, one tick per slot, never two at once.
 
-    A tick that raises (a bug, an error type a source did not expect) is reported once on
-    stderr and skipped: one broken reading must not end the source or the run.
+    A tick that overruns delays the next: it starts at once if that is less than half a slot
+    late, and any slot later than that is skipped and reported via `missed` (so a slow target
+    gives a sample as often as it can answer, and every lost slot is counted). A tick that
+    raises (a bug, an error type a source did not expect) is reported once on stderr and
+    skipped: one broken reading must not end the source or the run.
     """
-    clock_next = time.perf_counter_ns()
+    clock_next = clock()
     reported = False
 
     def tick() -> list[TelemetrySample]:
@@ -204,13 +208,13 @@ def _source_loop(
         while True:
             batch = tick()
             clock_next += interval_ns
-            now = time.perf_counter_ns()
-            while clock_next <= now:  # the tick overran one or more slots
+            now = clock()
+            while clock_next + interval_ns // 2 <= now:  # over half a slot late: skip it
                 batch += source.missed(clock_next - run_start_perf_ns)
                 clock_next += interval_ns
             if batch:
                 out.put(batch)
-            if stop.wait((clock_next - now) / 1e9):
+            if stop.wait(max(0, clock_next - now) / 1e9):
                 break
         out.put(tick())  # a last tick at stop, so counters cover the whole run
     finally:
