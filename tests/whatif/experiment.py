@@ -1,7 +1,7 @@
 """The documented validation experiment (docs/validation.md): real llama.cpp, calibrate, predict.
 
     .venv/bin/python tests/whatif/experiment.py measure --np 4 --rates 0.5,2,4 --out runs/val
-    .venv/bin/python tests/whatif/experiment.py predict --out runs/val --calib-on NP4-R0.5
+    .venv/bin/python tests/whatif/experiment.py predict --out runs/val --calib-on llamacpp-np4-r0.5
 
 `measure` starts llama-server (the `m` model: the engine, not the client, dominates) with `-np`
 slots, drives one Poisson run per rate with phaselens' own driver, and stops it. `predict`
@@ -87,7 +87,13 @@ def deployment(np_slots: int, tflops: float, bandwidth_gbs: float) -> dict[str, 
 
 
 def measure(
-    np_slots: int, rates: list[float], duration_s: float, out: Path, seed: int, threads: int
+    np_slots: int,
+    rates: list[float],
+    duration_s: float,
+    out: Path,
+    seed: int,
+    threads: int,
+    kind: str = "llamacpp",
 ) -> list[Path]:
     from phaselens.driver.drive import drive
     from phaselens.driver.runner import DriverOptions
@@ -97,7 +103,7 @@ def measure(
     eng_mod = _engines()
     out.mkdir(parents=True, exist_ok=True)
     eng = eng_mod.start(
-        "llamacpp",
+        kind,
         model=MODEL,
         size=SIZE,
         parallel=np_slots,
@@ -110,7 +116,7 @@ def measure(
     try:
         for rate in rates:
             data = spec_for(rate, duration_s, seed)
-            data["name"] = f"np{np_slots}-r{rate:g}"
+            data["name"] = f"{kind}-np{np_slots}-r{rate:g}"
             ws = parse_spec(data, "validation", Path("."))
             res = drive(
                 build_schedule(ws),
@@ -124,7 +130,7 @@ def measure(
                 telemetry="engine",
                 telemetry_interval_s=0.1,
                 handle_sigint=False,
-                manifest_extra={"validation": {"np": np_slots, "rate": rate}},
+                manifest_extra={"validation": {"np": np_slots, "rate": rate, "engine": kind}},
             )
             print(f"{res.path}: {res.status}, {dict(res.by_status)}", flush=True)
             paths.append(Path(res.path))
@@ -139,8 +145,12 @@ def _runs(out: Path) -> dict[str, Path]:
         m = json.loads(mf.read_text())
         v = m.get("validation") or {}
         if v:
-            found[f"NP{v['np']}-R{v['rate']:g}"] = mf.parent
+            found[f"{v.get('engine', 'llamacpp')}-np{v['np']}-r{v['rate']:g}"] = mf.parent
     return found
+
+
+def _np_of(key: str) -> int:
+    return int(key.split("-")[1][2:])
 
 
 def predict(
@@ -152,14 +162,14 @@ def predict(
     runs = _runs(out)
     if calib_on not in runs:
         raise SystemExit(f"no run {calib_on} in {out}; have {', '.join(runs)}")
-    np_cal = int(calib_on.split("-")[0][2:])
+    np_cal = _np_of(calib_on)
     dmap = deployment(np_cal, tflops, bandwidth_gbs)
     (out / "deploy.yaml").write_text(yaml.safe_dump(dmap, sort_keys=False))
     c = calibrate(load_run(runs[calib_on]), dmap, str(out / "deploy.yaml"), prefer=source)
     write_calibration(c, out / "calib.yaml")
     result: dict[str, Any] = {"calibrated_on": calib_on, "calibration": c.to_dict(), "runs": {}}
     for key, path in runs.items():
-        np_k = int(key.split("-")[0][2:])
+        np_k = _np_of(key)
         combo = {} if np_k == np_cal else {"policy.max_num_seqs": np_k}
         result["runs"][key] = check(c, load_run(path), combo)
     (out / "validation.json").write_text(json.dumps(result, indent=1, default=str))
@@ -202,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--seed", type=int, default=7)
     m.add_argument("--threads", type=int, default=2)
     m.add_argument("--out", type=Path, required=True)
+    m.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp")
     p = sub.add_parser("predict")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--calib-on", required=True)
@@ -210,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "measure":
         rates = [float(x) for x in a.rates.split(",")]
-        measure(a.np, rates, a.duration, a.out, a.seed, a.threads)
+        measure(a.np, rates, a.duration, a.out, a.seed, a.threads, a.engine)
     else:
         predict(a.out, a.calib_on, a.tflops, a.bandwidth_gbs)
     return 0
