@@ -148,17 +148,21 @@ class StreamParser:
             self.error = f"bad stream: one event exceeds {self.max_event_bytes} bytes"
             return FAILED
         # Fast path, per event: one `data: {...}` line without usage or error (the content
-        # chunks of most servers). Everything else takes the general path below.
+        # chunks of most servers). Everything else takes the general path below. Whether any
+        # event of this read has usage, an error or a line break inside is checked once per read.
         tok_ns, tok_c = self.token_ns, self.token_counts
         key = self._key
         n_fast = 0
+        plain = (
+            b'"usage"' not in data
+            and b'"error"' not in data
+            and data.count(b"\n") == 2 * len(events)
+        )
         for ev in events:
             if (
                 ev.startswith(b"data: {")
                 and ev.endswith(b"}")
-                and b"\n" not in ev
-                and b'"usage"' not in ev
-                and b'"error"' not in ev
+                and (plain or (b"\n" not in ev and b'"usage"' not in ev and b'"error"' not in ev))
             ):
                 n_fast += 1
                 if key is not None:
