@@ -121,8 +121,11 @@ part_models() {
     local stamp="$E/stamps/models-$size-$src_key"
     if [ -f "$stamp" ]; then log "model $size: cached ($E/models/$size)"; continue; fi
     local t0; t0=$(now)
+    # made aside, then swapped in: an engine reading the old files never sees a half-written one
+    rm -rf "$E/models/$size.new"
+    "$E/venv-model/bin/python" "$HERE/make_model.py" --size "$size" --out "$E/models/$size.new"
     rm -rf "$E/models/$size"
-    "$E/venv-model/bin/python" "$HERE/make_model.py" --size "$size" --out "$E/models/$size"
+    mv "$E/models/$size.new" "$E/models/$size"
     touch "$stamp"
     log "model $size: done in $(($(now) - t0)) s, $(du -sh "$E/models/$size" | cut -f1)"
   done
@@ -144,7 +147,18 @@ T0=$(now)
 for p in "${parts[@]}"; do
   case $p in
     model | llamacpp | vllm | models) locked "$p" ;;
-    all) locked models; locked llamacpp; locked vllm ;;
+    all)
+      # the C++ build wants both cores, the vLLM install is mostly download and unpack: overlap
+      locked models
+      locked llamacpp &
+      pid_llama=$!
+      locked vllm &
+      pid_vllm=$!
+      rc=0
+      wait "$pid_llama" || { log "llama-server build FAILED (see $E/logs)"; rc=1; }
+      wait "$pid_vllm" || { log "vLLM CPU install FAILED"; rc=1; }
+      ((rc == 0)) || exit 1
+      ;;
     *) echo "usage: $0 [model|llamacpp|vllm|models|all]..." >&2; exit 2 ;;
   esac
 done
