@@ -174,13 +174,22 @@ def group_rows(frame: pl.DataFrame, col: str) -> dict[str, I64]:
     }
 
 
-def group_block(rt: RequestTable, rows: I64, group: tuple[str, str]) -> dict[str, Any]:
+def group_block(
+    rt: RequestTable,
+    rows: I64,
+    group: tuple[str, str],
+    slo: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Counts, throughput, latency (and the SLO verdict when one is set) of one group."""
     sub = _take(rt.frame, rows)
-    return {
+    out = {
         "requests": request_counts(sub),
         "throughput": throughput(sub),
         "latency": latency_block(rt, rows, group),
     }
+    if slo:
+        out["slo"] = slo_block(rt, slo, rows, group)
+    return out
 
 
 # --- SLO --------------------------------------------------------------------------------------

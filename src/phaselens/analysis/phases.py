@@ -117,6 +117,9 @@ def split_telemetry(tel: pl.DataFrame) -> dict[str, pl.DataFrame]:
     """Telemetry rows per metric, split once (a million-request run has millions of samples)."""
     if tel.height == 0:
         return {}
+    keys = tel["metric"].unique().to_list()
+    if len(keys) == 1:
+        return {str(keys[0]): tel}
     return {str(k[0]): v for k, v in tel.partition_by("metric", as_dict=True).items()}
 
 
@@ -418,7 +421,13 @@ def _lanes(
         )
     frames = []
     if steps.height:
-        for (gpu,), g in steps.partition_by("gpu", as_dict=True).items():
+        gpus = steps["gpu"].unique().to_list()
+        groups = (
+            [((gpus[0],), steps)]
+            if len(gpus) == 1
+            else list(steps.partition_by("gpu", as_dict=True).items())
+        )
+        for (gpu,), g in groups:
             s = _np(g, "t_start_ns")
             e = _np(g, "t_end_ns")
             dur = np.maximum(e - s, 1.0)

@@ -27,18 +27,24 @@ def _f(x: Any, nd: int = 1, unit: str = "") -> str:
 
 def _latency_table(lat: Mapping[str, Any], title: str) -> Table:
     t = Table(title=title, title_justify="left")
-    t.add_column("metric")
+    t.add_column("metric", no_wrap=True, min_width=17)
     for c in ("p50", "p90", "p99", "mean", "max", "count"):
         t.add_column(c, justify="right")
     for m, d in lat.items():
         t.add_row(
             m,
             *(
-                _f(d.get(c), 2 if c != "count" else 0)
+                _f(d.get(c), 1 if c != "count" else 0)
                 for c in ("p50", "p90", "p99", "mean", "max", "count")
             ),
         )
     return t
+
+
+def _slo_cell(slo: Mapping[str, Any] | None) -> str:
+    if not slo or slo.get("met") is None:
+        return "-"
+    return "met" if slo["met"] else "[red]broken[/red]"
 
 
 def render(s: Mapping[str, Any], console: Console | None = None) -> None:
@@ -78,7 +84,16 @@ def render(s: Mapping[str, Any], console: Console | None = None) -> None:
     con.print(_latency_table(s["latency"], "Latency (ms; successful requests)"))
     if len(s.get("models") or {}) > 1:
         t = Table(title="Per model", title_justify="left")
-        for c in ("model", "ok/planned", "req/s", "ttft p90", "itl p90", "tpot p90", "e2e p99"):
+        for c in (
+            "model",
+            "ok/planned",
+            "req/s",
+            "ttft p90",
+            "itl p90",
+            "tpot p90",
+            "e2e p99",
+            "SLO",
+        ):
             t.add_column(c, justify="right" if c != "model" else "left")
         for name, g in s["models"].items():
             lat = g["latency"]
@@ -90,6 +105,7 @@ def render(s: Mapping[str, Any], console: Console | None = None) -> None:
                 _f(lat["itl_ms"]["p90"]),
                 _f(lat["tpot_ms"]["p90"]),
                 _f(lat["e2e_ms"]["p99"]),
+                _slo_cell(g.get("slo")),
             )
         con.print(t)
     if len(s.get("stages") or []) > 1 or (s.get("stages") and slo.get("targets")):

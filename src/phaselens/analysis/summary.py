@@ -70,7 +70,8 @@ def compute(run: Run, gpu_cost_per_hour: float | None = None) -> tuple[Analysis,
         if key == "stages":
             continue
         groups[key] = {
-            k: group_block(rt, rows, (col, k)) for k, rows in group_rows(rt.frame, col).items()
+            k: group_block(rt, rows, (col, k), m.get("slo"))
+            for k, rows in group_rows(rt.frame, col).items()
         }
     valid = m.get("valid")
     reasons = list(m.get("invalid_reasons") or [])
