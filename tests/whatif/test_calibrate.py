@@ -211,3 +211,32 @@ def test_kv_capacity_from_the_usage_gauge(tmp_path: Path) -> None:
     assert got["e0"] == pytest.approx(d.engines[0].kv_capacity_tokens, rel=0.03)
     no_tel = replace(run, telemetry=run.telemetry.clear())
     assert fit_kv_capacity(no_tel, d) == {}
+
+
+def test_outliers_among_lone_requests_are_dropped(tmp_path: Path) -> None:
+    """Three lone requests delayed by 3x their TTFT (a CPU hog, a GC pause) must not bend the
+    fit: they are dropped as outliers and the constants still come back within 2%."""
+    run = truth_run(tmp_path, rate=0.1, duration_s=600, steps=False)
+    lone = lone_requests(run.requests)[:3].tolist()
+    r = run.requests
+    delay = (
+        pl.when(pl.col("id").is_in(lone))
+        .then(3 * (pl.col("first_token_ns") - pl.col("scheduled_ns")))
+        .otherwise(0)
+    )
+    r = r.with_columns(
+        (pl.col("first_token_ns") + delay).alias("first_token_ns"),
+        (pl.col("end_ns") + delay).alias("end_ns"),
+    )
+    shifted = [
+        [t + d for t in toks]
+        for toks, d in zip(
+            r["token_ns"].to_list(), r.select(delay.alias("d"))["d"].to_list(), strict=True
+        )
+    ]
+    r = r.with_columns(pl.Series("token_ns", shifted, dtype=pl.List(pl.Int64)))
+    bad = replace(run, requests=r)
+    c = calibrate(bad, deploy_map(), "deploy.yaml")
+    assert c.fit["lone_outliers_dropped"] >= 3
+    for k in ("eta_linear", "eta_attention", "eta_memory"):
+        assert getattr(c.cost, k) == pytest.approx(TRUE[k], rel=0.02), k

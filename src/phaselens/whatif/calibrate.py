@@ -45,7 +45,7 @@ from phaselens.whatif.basis import (
     step_features,
     step_time,
 )
-from phaselens.whatif.fit import LinFit, fit_linear, scan_golden
+from phaselens.whatif.fit import LinFit, fit_robust, scan_golden
 from phaselens.whatif.predict import (
     compare,
     iso_times,
@@ -328,12 +328,13 @@ def fit_steps(run: Run, deploy: Deployment) -> tuple[LinFit, dict[str, Any]]:
         return linear_rows(s_tr, th), s_tr.fixed
 
     prior, use = _prior_and_use(Theta.from_cost(deploy.cost), s.layers, ("c_seq",))
-    lf = fit_linear(rows_at, dur[train], prior, use)
+    lf, dropped = fit_robust(rows_at, dur[train], prior, use)
     pred = step_time(s_te, lf.theta)
     rel = np.abs(pred - dur[test]) / dur[test]
     info = {
         "steps": int(dur.shape[0]),
         "held_out_steps": int(test.sum()),
+        "outlier_steps_dropped": dropped,
         "step_error_median_pct": float(100 * np.median(rel)) if rel.size else None,
         "step_error_p90_pct": float(100 * np.percentile(rel, 90)) if rel.size else None,
     }
@@ -376,7 +377,7 @@ def _engine_of(deploy: Deployment, sched: Schedule) -> np.ndarray:
 
 def fit_lone(
     sched: Schedule, meas: pl.DataFrame, deploy: Deployment, lone: np.ndarray
-) -> tuple[LinFit, int]:
+) -> tuple[LinFit, int, int]:
     """NNLS on the exact equations of requests served alone (TTFT and TPOT rows)."""
     rows = np.flatnonzero(np.isin(sched.ids if sched.ids is not None else [], lone))
     eng = _engine_of(deploy, sched)[rows]
@@ -398,8 +399,8 @@ def fit_lone(
     # one sequence per step: c_seq is c0's twin here; it is split off later by the replay
     base = replace(Theta.from_cost(deploy.cost), c_seq=0.0, r=0.0)
     prior, cols = _prior_and_use(base, b.steps.layers, ("r",))
-    lf = fit_linear(rows_at, target[use], prior, cols)
-    return lf, int(rows.shape[0])
+    lf, dropped = fit_robust(rows_at, target[use], prior, cols)
+    return lf, int(rows.shape[0]), dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,7 +463,8 @@ def calibrate(
         identified["r"] = False
         notes.append("request overhead not fitted from steps (0 s): TTFT is engine time only")
     elif lone.shape[0] >= MIN_ISOLATED:
-        lf, used = fit_lone(sched, meas, deploy, lone)
+        lf, used, dropped = fit_lone(sched, meas, deploy, lone)
+        fit_info["lone_outliers_dropped"] = dropped
         th = lf.theta
         identified = dict(lf.identified)
         fit_info["lone_rms_rel_pct"] = 100.0 * lf.rms_rel
