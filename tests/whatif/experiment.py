@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -202,6 +203,53 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def pick_rates(out: Path, light_key: str, tflops: float, bw: float) -> tuple[float, float]:
+    """The knee and an overloaded rate, chosen by the model calibrated on the light run:
+    the knee is the lowest rate whose predicted regime is no longer light; overloaded is twice
+    that (same requests, times compressed: whatif's load.scale)."""
+    from phaselens.store import load_run
+    from phaselens.whatif.calibrate import calibrate, with_cost
+    from phaselens.whatif.replay import schedule_from_run
+    from phaselens.whatif.sweep import Job, evaluate
+
+    runs = _runs(out)
+    run = load_run(runs[light_key])
+    rate0 = float(run.manifest["validation"]["rate"])
+    c = calibrate(run, deployment(_np_of(light_key), tflops, bw), "deploy")
+    job = Job(
+        schedule=schedule_from_run(run),
+        deployment=with_cost(c.deployment, c.cost),
+        source="deploy",
+        kv={},
+        overhead_s=c.request_overhead_s,
+        slo=c.slo,
+        errors=c.errors,
+        seed=0,
+        gpu_cost_per_hour=1.0,
+    )
+    base = evaluate(job, {})
+    for scale in np.arange(1.5, 40.0, 0.5):
+        row = evaluate(job, {"load.scale": float(scale)})
+        print(f"scale {scale:g}: regime {row['regime']}, TTFT p90 {row['ttft_p90_ms']:.0f} ms")
+        if row["regime"] != "light" or row["ttft_p90_ms"] > 3 * base["ttft_p90_ms"]:
+            knee = rate0 * float(scale)
+            return knee, 2.0 * knee
+    raise SystemExit("no knee below 40x the light rate")
+
+
+def auto(out: Path, light: float, tflops: float, bw: float, seed: int) -> None:
+    """The whole experiment: light run at -np 4, model-chosen knee and overload rates, the same
+    three rates at -np 2, then `predict` calibrated on the light -np 4 run."""
+    measure(4, [light], 90.0, out, seed, 2)
+    key = f"llamacpp-np4-r{light:g}"
+    knee, over = pick_rates(out, key, tflops, bw)
+    knee, over = round(knee, 2), round(over, 2)
+    print(f"knee {knee} r/s, overloaded {over} r/s", flush=True)
+    measure(4, [knee, over], 45.0, out, seed, 2)
+    measure(2, [light, knee, over], 45.0, out, seed, 2)
+    predict(out, key, tflops, bw)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -213,13 +261,21 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--threads", type=int, default=2)
     m.add_argument("--out", type=Path, required=True)
     m.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp")
+    au = sub.add_parser("auto")
+    au.add_argument("--out", type=Path, required=True)
+    au.add_argument("--light", type=float, default=0.3)
+    au.add_argument("--seed", type=int, default=7)
+    au.add_argument("--tflops", type=float, default=0.157)
+    au.add_argument("--bandwidth-gbs", type=float, default=20.0)
     p = sub.add_parser("predict")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--calib-on", required=True)
     p.add_argument("--tflops", type=float, default=0.157)
     p.add_argument("--bandwidth-gbs", type=float, default=20.0)
     a = ap.parse_args(argv)
-    if a.cmd == "measure":
+    if a.cmd == "auto":
+        auto(a.out, a.light, a.tflops, a.bandwidth_gbs, a.seed)
+    elif a.cmd == "measure":
         rates = [float(x) for x in a.rates.split(",")]
         measure(a.np, rates, a.duration, a.out, a.seed, a.threads, a.engine)
     else:
