@@ -51,7 +51,8 @@ def test_json_is_one_object_with_the_summary_keys(tmp_path: Path) -> None:
     for m in ("ttft_ms", "ttft_from_send_ms", "itl_ms", "tpot_ms", "e2e_ms", "send_lag_ms"):
         assert {"p50", "p90", "p99", "mean", "max"} <= set(s["latency"][m])
     assert s["latency"]["ttft_ms"]["p50"] == 100.0
-    assert set(s["models"]["m"]) == {"requests", "throughput", "latency"}
+    assert set(s["models"]["m"]) == {"requests", "throughput", "latency", "slo"}
+    assert s["models"]["m"]["slo"]["met"] is True
     assert set(s["slo"]) >= {"attainment", "goodput_rps"}
     assert set(s["phases"]) >= {
         "bins",
