@@ -13,11 +13,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,12 +121,13 @@ async def _run(
     if exe is None:
         raise RuntimeError("chromium not found: run scripts/install_browser.sh")
     result = PageResult()
-    with tempfile.TemporaryDirectory() as profile:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         proc = subprocess.Popen(
             [exe, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,  # its own process group: we end it and all its helpers
         )
         try:
             assert proc.stderr is not None
@@ -187,13 +191,22 @@ async def _run(
                     await asyncio.sleep(0.3)  # let late console messages arrive
                     pump.cancel()
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop(proc)
     return result
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """End the browser we started and its helper processes (its own process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    time.sleep(0.2)  # helpers exit after the browser; let them release the profile dir
 
 
 # Default probe: per plot div, how many traces and points the browser actually drew.

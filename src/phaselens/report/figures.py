@@ -608,20 +608,19 @@ def phase_util_figure(by_label: Mapping[str, Mapping[str, float]]) -> go.Figure:
 def roofline_figure(
     intensity: F64,
     tflops: F64,
-    is_prefill: npt.NDArray[np.bool_],
+    phase: npt.NDArray[np.str_],
     peak_tflops: float | None,
     bandwidth_gbs: float | None,
 ) -> go.Figure:
     """Engine steps on the roofline: prefill far right (compute), decode left (bandwidth)."""
     fig = go.Figure()
     rng = np.random.default_rng(0)
-    for mask, name, color in (
-        (is_prefill, "prefill steps", "#D55E00"),
-        (~is_prefill, "decode steps", "#0072B2"),
-    ):
+    for lab, color in (("prefill", "#D55E00"), ("mixed", "#CC79A7"), ("decode", "#0072B2")):
+        mask = phase == lab
+        name = f"{lab} steps"
         x, y = intensity[mask], tflops[mask]
-        if x.shape[0] > MAX_STEPS // 2:
-            idx = np.sort(rng.choice(x.shape[0], MAX_STEPS // 2, replace=False))
+        if x.shape[0] > MAX_STEPS // 3:
+            idx = np.sort(rng.choice(x.shape[0], MAX_STEPS // 3, replace=False))
             x, y = x[idx], y[idx]
         if x.shape[0]:
             fig.add_trace(

@@ -337,10 +337,14 @@ def roofline_inputs(run: Run) -> tuple[F64, F64, Any, float | None, float | None
     byts = st["bytes"].to_numpy()
     dt = (st["t_end_ns"] - st["t_start_ns"]).to_numpy() / 1e9
     peaks = list(gpu_peaks(run.manifest).values())
+    pre = st["prefill_tokens"].to_numpy() > 0
+    dec = st["decode_seqs"].to_numpy() > 0
+    # the analysis' step phases (roofline.py): prefill only, decode only, or both
+    phase = np.where(pre & dec, "mixed", np.where(pre, "prefill", "decode"))
     return (
         flops / byts,
         flops / dt / 1e12,
-        st["prefill_tokens"].to_numpy() > 0,
+        phase,
         peaks[0]["tflops"] if peaks else None,
         peaks[0]["bandwidth_gbs"] if peaks else None,
     )
