@@ -174,6 +174,10 @@ def predict(
         combo = {} if np_k == np_cal else {"policy.max_num_seqs": np_k}
         result["runs"][key] = check(c, load_run(path), combo)
     (out / "validation.json").write_text(json.dumps(result, indent=1, default=str))
+    cal = result["calibration"]
+    print("fitted:", {k: f"{v:.4g}" for k, v in cal["cost"].items()}, end=" ")
+    print(f"request overhead {cal['request_overhead_s'] * 1e3:.3g} ms; fit {cal['fit']}")
+    print("notes:", cal["notes"])
     print(table(result))
     return result
 

@@ -5,7 +5,6 @@ Why here: scriptable from Python and testable without a subprocess; cli.py stays
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -99,7 +98,3 @@ def whatif_cmd(
         print_sweep(result, con)
         con.print(f"what-if page: {result['html']}")
     return result
-
-
-def dumps(result: Any) -> str:
-    return json.dumps(result, default=str)

@@ -6,7 +6,7 @@ inlined plotly bundle, no network) and escape every value the same way.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +24,6 @@ def _f(x: Any, nd: int = 1) -> str:
     if isinstance(x, float):
         return f"{x:,.{nd}f}"
     return str(x)
-
-
-def calibration_table(c: Calibration, title: str = "fit error by load regime") -> Table:
-    t = Table(title=title)
-    for col in ("regime", "n", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90"):
-        t.add_column(col, justify="left" if col == "regime" else "right")
-    for reg, n, cells in summary_rows(c.errors):
-        t.add_row(reg, n, *cells)
-    return t
 
 
 def errors_table(errors: Mapping[str, Any], title: str) -> Table:
@@ -55,7 +46,9 @@ def print_calibration(c: Calibration, console: Console) -> None:
     not_id = [k for k, v in c.identified.items() if not v]
     if not_id:
         console.print(f"not identified by this run (kept from the deployment): {', '.join(not_id)}")
-    console.print(calibration_table(c, "in-sample fit error by load regime (measured → predicted)"))
+    console.print(
+        errors_table(c.errors, "in-sample fit error by load regime (measured → predicted)")
+    )
     for n in c.notes:
         console.print(f"note: {n}")
 
@@ -226,7 +219,3 @@ def write_html(result: Mapping[str, Any], path: Path | str) -> Path:
     except OSError as e:
         raise InputError(f"{p}: cannot write ({e.strerror or e})") from None
     return p
-
-
-def rows_for_json(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    return [dict(r) for r in rows]
