@@ -65,6 +65,9 @@ def _usage_only(n: int, pt: int) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"  # note: with spaces after ':'
 
 
+GIANT = _chunk(0, "x" * (8 << 20), None, 1, True)
+
+
 class State:
     def __init__(self, args: argparse.Namespace) -> None:
         self.t0_ms = [float(x) for x in args.t0_ms.split(",")]
@@ -131,8 +134,9 @@ async def handle(request: web.Request) -> web.StreamResponse:
         sent += step
         text = "tok " * step
         if fault == "giant" and k == 0:
-            text = "x" * (8 << 20)
-        data = _chunk(i, text, sent if usage == "continuous" else None, pt, chat)
+            data = GIANT  # built once: building 8 MB per request stalls a loaded machine
+        else:
+            data = _chunk(i, text, sent if usage == "continuous" else None, pt, chat)
         if fault == "weird":
             data = b": keep-alive\r\n\r\nevent: message\r\nid: 7\r\n" + data.replace(b"\n", b"\r\n")
             if k == 1:  # the JSON split over two data: lines

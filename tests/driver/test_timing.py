@@ -7,7 +7,7 @@ later than the second is the client's timing error. On an idle machine it is wel
 p99 (the issue's bound). This 2-core machine is shared with other jobs that can keep the client
 process off the CPU for milliseconds; the driver measures exactly that lateness itself (event-
 loop lag, the self-check). So the bounds checked are: median error <= max(0.5 ms, loop-lag
-median + 0.5 ms) and p99 <= max(1 ms, the run's own loop-lag p99 + 0.5 ms); a client that
+median + 0.5 ms) and p99 <= max(1 ms, the longest stall the loop measured + 1 ms); a client that
 stamped after parsing or batched reads would break them at any load. They must hold in one of up
 to three attempts; causality, completeness and counts hold on every attempt.
 """
@@ -100,11 +100,11 @@ def test_token_stamps_match_server_writes(
         for _attempt in range(3):
             err, summary = _errors_ns(url, rate, n_req=30, n_out=12, loop=loop)
             p50, p99 = float(np.percentile(err, 50)), float(np.percentile(err, 99))
-            lag50, lag99 = np.percentile(summary.loop_lags_ns, [50, 99]).tolist()
-            seen.append((p50 / 1e6, p99 / 1e6, lag50 / 1e6, lag99 / 1e6))
-            if p50 <= max(500_000, lag50 + 500_000) and p99 <= max(1_000_000, lag99 + 500_000):
+            lag50, lagmax = np.percentile(summary.loop_lags_ns, [50, 100]).tolist()
+            seen.append((p50 / 1e6, p99 / 1e6, lag50 / 1e6, lagmax / 1e6))
+            if p50 <= max(500_000, lag50 + 500_000) and p99 <= max(1_000_000, lagmax + 1_000_000):
                 return
-    pytest.fail(f"stamping error (p50, p99; loop lag p50, p99; ms) per attempt: {seen}")
+    pytest.fail(f"stamping error (p50, p99; loop lag p50, max; ms) per attempt: {seen}")
 
 
 def test_several_tokens_per_chunk_from_continuous_usage() -> None:

@@ -489,6 +489,8 @@ class _Driver:
             if wait > 0:  # every user starts at t = 0
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.stop.wait(), wait / 1e9)
+            while clock() < self.t0 and not self.stop.is_set():
+                await asyncio.sleep(0)  # timers may fire a little early
             freed = clock()
             for i in it:
                 if self.stop.is_set():
