@@ -63,7 +63,7 @@ def make(root: Path, n: int) -> Path:
 
 def measure_child(path: Path, out: Path) -> None:
     from phaselens.analysis.summary import compute
-    from phaselens.report.html import _render, build_context, headline
+    from phaselens.report.html import build_context, headline, render_page
     from phaselens.store import load_run
 
     c0 = time.process_time()
@@ -72,7 +72,7 @@ def measure_child(path: Path, out: Path) -> None:
     t1, c1 = time.perf_counter(), time.process_time()
     a, summary = compute(run)
     t2, c2 = time.perf_counter(), time.process_time()
-    html = _render(build_context(run, summary, a.rt, a.tl))
+    html = render_page(build_context(run, summary, a.rt, a.tl))
     out.write_text(html, encoding="utf-8")
     t3, c3 = time.perf_counter(), time.process_time()
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -735,10 +735,11 @@ def render_report(run: Run, analysis: Mapping[str, Any] | None = None) -> str:
         ctx = build_context(run, summary, a_obj.rt, a_obj.tl)
     else:
         ctx = build_context(run, analysis)
-    return _render(ctx)
+    return render_page(ctx)
 
 
-def _render(ctx: Mapping[str, Any]) -> str:
+def render_page(ctx: Mapping[str, Any]) -> str:
+    """The page from a `build_context` result (plotly.js and CSS inlined)."""
     return (
         template_env()
         .get_template("report.html.j2")
@@ -760,5 +761,5 @@ def report_from_run(run: Run, path: Path | str) -> tuple[Path, dict[str, Any]]:
     ctx = build_context(run, summary, a_obj.rt, a_obj.tl)
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(_render(ctx), encoding="utf-8")
+    p.write_text(render_page(ctx), encoding="utf-8")
     return p, summary
