@@ -78,6 +78,7 @@ class State:
         self.reject_optional = args.reject_optional
         self.truth: dict[str, dict[str, Any]] = {}
         self.log: list[dict[str, Any]] = []
+        self.open = 0  # streams being written
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
@@ -120,6 +121,30 @@ async def handle(request: web.Request) -> web.StreamResponse:
 
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
+    st.open += 1
+    try:
+        return await _stream(
+            request, resp, st, i, n, chat, pt, t0, d, fault, recv_ns, writes, written
+        )
+    finally:
+        st.open -= 1
+
+
+async def _stream(
+    request: web.Request,
+    resp: web.StreamResponse,
+    st: State,
+    i: int,
+    n: int,
+    chat: bool,
+    pt: int,
+    t0: float,
+    d: float,
+    fault: str,
+    recv_ns: int,
+    writes: list[int],
+    written: list[int],
+) -> web.StreamResponse:
     usage = st.usage
     if usage == "continuous":  # vLLM sends a role chunk with completion_tokens 0 first
         await resp.write(_chunk(i, "", 0, pt, chat))
@@ -171,6 +196,18 @@ async def handle(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+async def metrics(request: web.Request) -> web.Response:
+    """A vLLM-style /metrics: requests running = streams open right now (for telemetry)."""
+    st: State = request.app["state"]
+    text = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        f'vllm:num_requests_running{{engine="0",model_name="fake"}} {float(st.open)}\n'
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        'vllm:num_requests_waiting{engine="0",model_name="fake"} 0.0\n'
+    )
+    return web.Response(text=text, content_type="text/plain")
+
+
 async def truth(request: web.Request) -> web.Response:
     return web.json_response(request.app["state"].truth)
 
@@ -185,6 +222,7 @@ async def main(args: argparse.Namespace) -> None:
     app.router.add_post("/v1/chat/completions", handle)
     app.router.add_post("/v1/completions", handle)
     app.router.add_get("/truth", truth)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/log", log)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

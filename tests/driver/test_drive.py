@@ -310,3 +310,30 @@ def test_ctrl_c_with_workers(tmp_path: Path) -> None:
     got = set(req["status"])
     assert {"ok", "not_sent"} <= got <= {"ok", "cancelled", "not_sent"}
     assert len(run.manifest["workers"]) == 2
+
+
+def test_telemetry_runs_beside_the_driver(tmp_path: Path) -> None:
+    """The sampler scrapes the target's /metrics while requests stream; its samples land in
+    the run on the same clock, and its status in the manifest."""
+    sched = make_schedule([20.0 * k for k in range(30)], out_tokens=20)
+    with fake_server("--t0-ms", "20", "--d-ms", "20") as url:
+        res = drive(
+            sched,
+            {"*": url},
+            DriverOptions(),
+            tmp_path,
+            telemetry="engine",
+            telemetry_interval_s=0.1,
+            handle_sigint=False,
+        )
+    run = load_run(res.path)
+    assert res.by_status == {"ok": 30}
+    statuses = run.manifest["telemetry"]
+    assert statuses and all(v == "ok" for v in statuses.values()), statuses
+    running = run.telemetry.filter(pl.col("metric") == "engine.running").sort("t_ns")
+    assert running.height >= 5
+    # while requests were streaming (~0.4 s each, one every 20 ms) the server had many open
+    assert running["value"].max() >= 5
+    req = run.requests
+    t_end = int(req["end_ns"].max())
+    assert running["t_ns"].min() < t_end and (running["t_ns"] > -2_000_000_000).all()
