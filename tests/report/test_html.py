@@ -65,9 +65,7 @@ def test_self_contained_and_plots_have_data(make_run: Callable[..., Run], tmp_pa
     from phaselens.analysis.latency import request_table
     from phaselens.analysis.phases import build_timeline
 
-    bins = build_timeline(
-        run.manifest, request_table(run.requests), run.telemetry, run.steps
-    ).bins
+    bins = build_timeline(run.manifest, request_table(run.requests), run.telemetry, run.steps).bins
     shaded = {t["name"]: t for t in tl["data"] if str(t.get("name", "")).endswith("-heavy")}
     assert shaded
     for name, t in shaded.items():
