@@ -41,6 +41,7 @@ FAULTS = (
     "giant",  # the first content chunk is 8 MB
     "noheaders",  # the response headers never come
     "json200",  # 200 with a plain JSON body instead of a stream
+    "resetafterdone",  # a complete stream, [DONE] included, then a reset before the body's end
 )
 
 
@@ -65,6 +66,15 @@ def _usage_only(n: int, pt: int) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"  # note: with spaces after ':'
 
 
+def _reset(request: web.Request) -> None:
+    """Abort the connection with a TCP reset (SO_LINGER 0), not a clean close."""
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    if request.transport is not None:
+        request.transport.abort()
+
+
 GIANT = _chunk(0, "x" * (8 << 20), None, 1, True)
 
 
@@ -87,7 +97,15 @@ async def handle(request: web.Request) -> web.StreamResponse:
     raw = await request.read()
     body = json.loads(raw)
     xid = request.headers.get("X-Request-Id", "pl-x-0")
-    st.log.append({"headers": dict(request.headers), "keys": sorted(body), "path": request.path})
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    st.log.append(
+        {
+            "headers": dict(request.headers),
+            "keys": sorted(body),
+            "path": request.path,
+            "port": peer[1] if peer else None,
+        }
+    )
     if st.reject_optional and ("ignore_eos" in body or "stream_options" in body):
         return web.json_response({"detail": "extra fields not permitted"}, status=422)
     i = int(xid.rsplit("-", 1)[1])
@@ -181,17 +199,17 @@ async def _stream(
         if fault in ("reset", "stall") and k == 2:
             if fault == "stall":
                 await asyncio.sleep(60)
-            sock = request.transport.get_extra_info("socket") if request.transport else None
-            if sock is not None:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            if request.transport is not None:
-                request.transport.abort()
+            _reset(request)
             return resp
         due += d
     if usage in ("final", "continuous"):
         await resp.write(_usage_only(n, pt))
     if fault != "noend":
         await resp.write(b"data: [DONE]\n\n")
+    if fault == "resetafterdone":
+        await asyncio.sleep(0.05)
+        _reset(request)
+        return resp
     await resp.write_eof()
     return resp
 

@@ -260,6 +260,10 @@ def test_closed_loop_users_send_when_their_last_request_ends(tmp_path: Path) -> 
             telemetry="none",
             handle_sigint=False,
         )
+        with urllib.request.urlopen(url + "/log") as r:
+            log = json.load(r)
+    # connections are kept alive and reused: 3 users, at most 3 client ports
+    assert len(log) == 9 and len({e["port"] for e in log}) <= 3
     req = load_run(res.path).requests.sort("sent_ns")
     assert res.by_status == {"ok": 9}
     spans = list(zip(req["sent_ns"].to_list(), req["end_ns"].to_list(), strict=True))

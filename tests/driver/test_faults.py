@@ -34,6 +34,7 @@ EXPECT: dict[str, tuple[str, int | None, str, int]] = {
     "errorobj": ("http_error", 200, "stream error: boom", 1),
     "giant": ("ok", 200, "", 4),
     "noheaders": ("timeout", None, "timeout: no response headers within --timeout 4 s", 0),
+    "resetafterdone": ("ok", 200, "", 4),
     "json200": (
         "http_error",
         200,

@@ -405,8 +405,8 @@ class _Driver:
     ) -> None:
         t0 = self.t0
         tok = tuple(map(t0.__rsub__, p.token_ns))  # t - t0 for each, at C speed
-        if status == "timeout" and p.done:
-            status, error = "ok", ""  # the stream was complete; only the drain timed out
+        if status in ("timeout", "disconnected") and p.done:
+            status, error = "ok", ""  # [DONE] had come; only the drain after it failed
             end = p.end_ns - t0
         if status == "ok":
             self.methods[p.method] += 1
