@@ -1,0 +1,60 @@
+"""Target URLs, routing and redaction: the strings that end up on the wire and on disk."""
+
+from __future__ import annotations
+
+import pytest
+
+from phaselens.cli import _parse_pairs, _parse_targets
+from phaselens.driver.runner import DriverOptions, check_targets, endpoint_url, redact_url
+from phaselens.errors import InputError
+
+from .conftest import make_schedule
+
+
+@pytest.mark.parametrize(
+    ("base", "endpoint", "want"),
+    [
+        ("http://h:8000", "chat", "http://h:8000/v1/chat/completions"),
+        ("http://h:8000/", "completions", "http://h:8000/v1/completions"),
+        ("http://h:8000/v1", "chat", "http://h:8000/v1/chat/completions"),
+        ("https://api.x.com/openai/v1/", "completions", "https://api.x.com/openai/v1/completions"),
+        ("http://h/v1/chat/completions", "completions", "http://h/v1/chat/completions"),
+        ("http://h:1/prefix", "chat", "http://h:1/prefix/v1/chat/completions"),
+    ],
+)
+def test_endpoint_url(base: str, endpoint: str, want: str) -> None:
+    assert endpoint_url(base, endpoint) == want  # type: ignore[arg-type]
+
+
+def test_bad_urls_and_redaction() -> None:
+    for bad in ("ftp://h:1", "h:8000", "http://"):
+        with pytest.raises(InputError, match="expected http://HOST:PORT"):
+            endpoint_url(bad, "chat")
+    assert redact_url("http://user:secret@h:8000/v1") == "http://h:8000/v1"
+    assert redact_url("http://h:8000/v1") == "http://h:8000/v1"
+    with pytest.raises(InputError) as e:
+        endpoint_url("ftp://user:secret@h:1", "chat")
+    assert "secret" not in str(e.value)
+
+
+def test_cli_target_parsing() -> None:
+    assert _parse_targets(["http://a:1"]) == {"*": "http://a:1"}
+    assert _parse_targets(["m1=http://a:1", "m2=http://b:2/v1?x=y"]) == {
+        "m1": "http://a:1",
+        "m2": "http://b:2/v1?x=y",
+    }
+    assert _parse_targets(["http://a:1/v1?x=y"]) == {"*": "http://a:1/v1?x=y"}
+    assert _parse_targets(["sim:deploy.yaml"]) == {"*": "sim:deploy.yaml"}
+    with pytest.raises(InputError, match="one plain URL"):
+        _parse_targets(["http://a:1", "http://b:2"])
+    assert _parse_pairs(["X-A: 1:2", "B:c"], "--header", ":") == {"X-A": "1:2", "B": "c"}
+    with pytest.raises(InputError, match="expected KEY=VALUE"):
+        _parse_pairs(["novalue"], "--model-map", "=")
+
+
+def test_routing_needs_a_target_per_model() -> None:
+    s = make_schedule([0.0, 1.0], models=("a", "b"), model_idx=[0, 1])
+    check_targets(s, {"a": "http://x:1", "b": "http://y:2"}, DriverOptions())
+    check_targets(s, {"a": "http://x:1", "*": "http://y:2"}, DriverOptions())
+    with pytest.raises(InputError, match="no target for model 'b'"):
+        check_targets(s, {"a": "http://x:1"}, DriverOptions())
