@@ -134,3 +134,13 @@ def test_records_only_labels() -> None:
     tl = _tl(make_run(r))
     assert tl.work_source == "records"
     assert tl.lanes["label"].to_list() == ["prefill", "decode"]
+
+
+def test_engine_gauges_carry_forward_per_engine_before_summing() -> None:
+    # e0 samples every 100 ms, e1 only at 0.1 s and 0.4 s: its value is carried forward
+    samples = [eng(t, "engine.running", 2) for t in (0.1, 0.2, 0.3, 0.4)]
+    samples += [eng(0.1, "engine.running", 5, "e1"), eng(0.4, "engine.running", 1, "e1")]
+    samples += [eng(0.1, "engine.kv_usage_pct", 40), eng(0.2, "engine.kv_usage_pct", 90, "e1")]
+    b = _tl(make_run([], samples=samples)).bins
+    assert b["running"].to_list() == [7.0, 7.0, 7.0, 3.0]
+    assert b["kv_usage_pct"].to_list() == [40.0, 90.0, 90.0, 90.0]  # max over engines

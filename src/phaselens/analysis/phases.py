@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -143,6 +144,37 @@ def label_values(labels: pl.Series, key: str, default: str) -> pl.Series:
     return out
 
 
+def _per_group_bins(rows: pl.DataFrame, key: str | None, n: int, how: str) -> tuple[list[str], F64]:
+    """Matrix (group × bin) of `how` (mean|sum) of the samples; NaN where a bin has none.
+
+    Groups are a label's values (`key`), or whole label sets when `key` is None.
+    """
+    labels = rows["labels"] if key is None else label_values(rows["labels"], key, "0")
+    names = sorted(labels.unique().to_list())
+    code = labels.replace_strict(names, list(range(len(names))), return_dtype=pl.Int64).to_numpy()
+    t = rows["t_ns"].to_numpy()
+    b = np.maximum((t - 1) // BIN_NS, 0)
+    keep = b < n
+    idx = code[keep] * n + b[keep]
+    g = len(names)
+    tot = np.bincount(idx, weights=rows["value"].to_numpy()[keep], minlength=g * n)
+    cnt = np.bincount(idx, minlength=g * n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        val = tot / cnt if how == "mean" else tot.astype(np.float64)
+    val[cnt == 0] = np.nan
+    return names, val.reshape(g, n)
+
+
+def _ffill_rows(m: F64, limit: int) -> F64:
+    """Carry each row's last value forward over at most `limit` empty bins."""
+    n = m.shape[1]
+    pos = np.where(~np.isnan(m), np.arange(n), -1)
+    last = np.maximum.accumulate(pos, axis=1)
+    ok = (last >= 0) & (np.arange(n) - last <= limit)
+    out: F64 = np.where(ok, np.take_along_axis(m, np.maximum(last, 0), axis=1), np.nan)
+    return out
+
+
 def gpu_series(
     tel: pl.DataFrame | TelemetryParts, metric: str, n: int
 ) -> tuple[str | None, pl.DataFrame]:
@@ -159,47 +191,37 @@ def gpu_series(
         present - set(_PREF.get(metric, ()))
     )
     src = order[0]
-    rows = rows.filter(pl.col("source") == src)
-    df = (
-        rows.with_columns(
-            label_values(rows["labels"], "gpu", "0").alias("gpu"),
-            sample_bins(pl.col("t_ns")).alias("bin"),
-        )
-        .filter(pl.col("bin") < n)
-        .group_by("gpu", "bin")
-        .agg(pl.col("value").mean())
-    )
-    gpus = sorted(df["gpu"].unique().to_list())
-    grid = pl.DataFrame({"gpu": gpus}).join(
-        pl.DataFrame({"bin": np.arange(n, dtype=np.int64)}), how="cross"
-    )
-    full = (
-        grid.join(df, on=["gpu", "bin"], how="left")
-        .sort("gpu", "bin")
-        .with_columns(pl.col("value").forward_fill(limit=20).over("gpu"))
-    )
+    if len(present) > 1:
+        rows = rows.filter(pl.col("source") == src)
+    names, m = _per_group_bins(rows, "gpu", n, "mean")
+    m = _ffill_rows(m, 20)
+    full = pl.DataFrame(
+        {
+            "gpu": pl.Series(np.repeat(np.asarray(names, dtype=object), n), dtype=pl.String),
+            "bin": np.tile(np.arange(n, dtype=np.int64), len(names)),
+            "value": m.ravel(),
+        }
+    ).with_columns(pl.col("value").fill_nan(None))
     return f"{src}:{metric}", full
 
 
 def engine_series(tel: pl.DataFrame | TelemetryParts, metric: str, n: int, how: str) -> F64 | None:
-    """One engine metric per bin across engines: per-engine bin mean, then `how` (sum|max)."""
+    """One engine metric per bin across engines (label sets): counts summed per bin, gauges
+    averaged per bin and carried forward ≤ 2 s per engine; then `how` (sum|max) over engines."""
     rows = _metric_rows(tel, metric)
     if rows.height == 0:
         return None
-    per = (
-        rows.with_columns(sample_bins(pl.col("t_ns")).alias("bin"))
-        .filter(pl.col("bin") < n)
-        .group_by("labels", "bin")
-        .agg(pl.col("value").sum() if metric in _COUNTS else pl.col("value").mean())
-    )
-    agg = pl.col("value").sum() if how == "sum" else pl.col("value").max()
-    s = per.group_by("bin").agg(agg)
-    out = np.full(n, np.nan)
-    out[s["bin"].to_numpy()] = s["value"].to_numpy()
-    if metric in _COUNTS:
-        zeroed: F64 = np.nan_to_num(out, nan=0.0)
-        return zeroed
-    return _ffill(out, 20)
+    count = metric in _COUNTS
+    _, m = _per_group_bins(rows, None, n, "sum" if count else "mean")
+    if count:
+        out: F64 = np.nansum(m, axis=0)
+        return out
+    m = _ffill_rows(m, 20)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN bins stay NaN
+        comb: F64 = np.nansum(m, axis=0) if how == "sum" else np.nanmax(m, axis=0)
+    comb[np.isnan(m).all(axis=0)] = np.nan
+    return comb
 
 
 # (canonical metric, how engines combine, column name in the bin frame)
@@ -212,11 +234,6 @@ ENGINE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("engine.preemptions", "sum", "preemptions"),
 )
 _COUNTS = {"engine.prefill_tokens", "engine.decode_tokens", "engine.preemptions"}
-
-
-def _ffill(a: F64, limit: int) -> F64:
-    s = pl.Series(a).fill_nan(None).forward_fill(limit=limit)
-    return s.to_numpy().astype(np.float64)
 
 
 def _hist(t: Any, n: int, weights: Any = None) -> F64:
