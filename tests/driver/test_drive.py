@@ -341,3 +341,21 @@ def test_telemetry_runs_beside_the_driver(tmp_path: Path) -> None:
     req = run.requests
     t_end = int(req["end_ns"].max())
     assert running["t_ns"].min() < t_end and (running["t_ns"] > -2_000_000_000).all()
+
+
+def test_client_time_series(tmp_path: Path) -> None:
+    """The client's own CPU, in-flight count and loop lag land in the run, every 0.5 s."""
+    sched = make_schedule([50.0 * k for k in range(30)], out_tokens=10)
+    with fake_server("--t0-ms", "20", "--d-ms", "20") as url:
+        res = drive(
+            sched, {"*": url}, DriverOptions(), tmp_path, telemetry="none", handle_sigint=False
+        )
+    tel = load_run(res.path).telemetry.filter(pl.col("source") == "client")
+    metrics = set(tel["metric"])
+    assert metrics == {"client.cpu_pct", "client.inflight", "client.loop_lag_ms"}
+    n = tel.filter(pl.col("metric") == "client.inflight")
+    assert n.height >= 3  # a ~1.7 s run, one sample per 0.5 s
+    assert (tel["labels"] == '{"worker":"0"}').all()
+    assert n["value"].max() >= 1  # requests of ~0.2 s every 50 ms: always some in flight
+    cpu = tel.filter(pl.col("metric") == "client.cpu_pct")["value"]
+    assert (cpu >= 0).all() and (cpu < 250).all()

@@ -262,6 +262,7 @@ def drive(
                     wt.records,
                     on_start,
                     stop,
+                    wt.samples,
                     stats,
                     lead_s=1.0 if _telemetry_on(telemetry) else 0.1,
                 )
@@ -283,6 +284,7 @@ def drive(
                 tel_status = dict(state["tel"].stop())
             except Exception as e:
                 tel_status = {"sampler": f"unavailable: {type(e).__name__}: {e}"}
+        tel_status["client"] = "ok"  # the driver's own series (source "client")
         if progress is not None:
             progress.stop()
     # Every planned request ends with exactly one record.
@@ -388,6 +390,7 @@ async def _single(
             stop=ev,
             stats=stats,
             prompts=prompts,
+            samples=wt.samples,
         )
     finally:
         relay_done.set()

@@ -40,7 +40,7 @@ from phaselens.driver.openai import (
 from phaselens.driver.prompts import PromptMaker
 from phaselens.driver.selfcheck import LoopLagMonitor, cpu_seconds, raise_fd_limit
 from phaselens.errors import InputError
-from phaselens.types import RequestRecord, Schedule, Status
+from phaselens.types import RequestRecord, Schedule, Status, TelemetrySample
 
 RecordSink = Callable[[RequestRecord], None]
 _ERR_BODY_MAX = 4096
@@ -501,6 +501,44 @@ class _Driver:
         await asyncio.gather(*(user() for _ in range(max(1, users))))
 
 
+CLIENT_PERIOD_S = 0.5
+
+
+async def _client_samples(
+    d: _Driver,
+    lag: LoopLagMonitor,
+    sink: Callable[[list[TelemetrySample]], None],
+    worker: int,
+) -> None:
+    """The client's own time series (source `client`), every 0.5 s: CPU % of one core, requests
+    in flight, and the longest event-loop lag in the interval. Evidence for the self-check."""
+    labels = {"worker": str(worker)}
+    clock = time.perf_counter_ns
+    cpu0, t_prev, seen = cpu_seconds(), clock(), 0
+    while True:
+        await asyncio.sleep(CLIENT_PERIOD_S)
+        now, cpu = clock(), cpu_seconds()
+        lags = lag.lags_ns[seen:]
+        seen += len(lags)
+        t = now - d.t0
+        sink(
+            [
+                TelemetrySample(
+                    t,
+                    "client",
+                    "client.cpu_pct",
+                    100.0 * (cpu - cpu0) / max(1e-9, (now - t_prev) / 1e9),
+                    labels,
+                ),
+                TelemetrySample(t, "client", "client.inflight", float(d.stats.inflight), labels),
+                TelemetrySample(
+                    t, "client", "client.loop_lag_ms", max(lags, default=0) / 1e6, labels
+                ),
+            ]
+        )
+        cpu0, t_prev = cpu, now
+
+
 def relay_stop(
     wait: Callable[[float], bool], loop: asyncio.AbstractEventLoop, ev: asyncio.Event
 ) -> threading.Event:
@@ -606,6 +644,8 @@ async def run_schedule(
     stop: asyncio.Event | None = None,
     stats: LiveStats | None = None,
     prompts: PromptMaker | None = None,
+    samples: Callable[[list[TelemetrySample]], None] | None = None,
+    worker: int = 0,
 ) -> RunSummary:
     """Drive `schedule` (or the rows `indices` of it) and pass one record per request to `sink`.
 
@@ -640,6 +680,11 @@ async def run_schedule(
     lag = LoopLagMonitor()
     lag.start()
     wd = asyncio.get_running_loop().create_task(d.watchdog())
+    cs = (
+        asyncio.get_running_loop().create_task(_client_samples(d, lag, samples, worker))
+        if samples is not None
+        else None
+    )
     main: asyncio.Task[None] | None = None
     try:
         async with aiohttp.ClientSession(
@@ -664,6 +709,8 @@ async def run_schedule(
             stopper.cancel()
     finally:
         wd.cancel()
+        if cs is not None:
+            cs.cancel()
         if watch_stop is not None:
             watch_stop.cancel()
         await lag.stop()

@@ -32,7 +32,7 @@ from phaselens.driver.runner import (
     run_schedule,
 )
 from phaselens.store import clock_anchor
-from phaselens.types import RequestRecord, Schedule
+from phaselens.types import RequestRecord, Schedule, TelemetrySample
 
 BATCH_S = 0.1
 BATCH_MAX = 256
@@ -113,6 +113,8 @@ def _worker(
                 stop=ev,
                 stats=stats,
                 prompts=prompts,
+                samples=lambda ss: out.put(("tel", index, ss)),
+                worker=index,
             )
         finally:
             rep.cancel()
@@ -136,6 +138,7 @@ def run_workers(
     on_records: Callable[[list[RequestRecord]], None],
     on_start: Callable[[int], None],
     stop: threading.Event,
+    on_samples: Callable[[list[TelemetrySample]], None],
     stats: LiveStats,
     lead_s: float = 0.1,
 ) -> list[WorkerResult]:
@@ -206,6 +209,8 @@ def run_workers(
             stats.done += len(done)
             stats.errors += sum(r.status != "ok" for r in done)
             stats.output_tokens += sum(r.output_tokens for r in done)
+        elif kind == "tel":
+            on_samples(msg[2])
         elif kind == "stats":
             wstats[w] = msg[2]
             stats.sent = sum(v[0] for v in wstats.values())
