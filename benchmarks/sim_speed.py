@@ -99,10 +99,10 @@ def main() -> None:
     res = cluster.run(sched, limits)
     t_sim = time.perf_counter() - t0
     t_cpu = time.process_time() - c0
-    st = res.engines[0]
+    st, lg = res.engines[0], res.logs[0]
     steps = st.step_idx
-    sim_s = st.log_t1[-1] / 1e9
-    busy = sum(b - a for a, b in zip(st.log_t0, st.log_t1, strict=True)) / st.log_t1[-1]
+    sim_s = lg.t1[-1] / 1e9
+    busy = float((lg.t1 - lg.t0).sum() / lg.t1[-1])
     ttft = (res.first_token_ns - sched.t_ns) / 1e6
     out = {
         "requests": a.requests,
@@ -119,7 +119,7 @@ def main() -> None:
         "steps_per_s": round(steps / t_sim),
         "simulated_s": round(sim_s, 1),
         "gpu_busy_pct": round(100 * busy, 1),
-        "mean_batch": round(float(np.mean(st.log_dec)), 1),
+        "mean_batch": round(float(np.mean(lg.dec)), 1),
         "ttft_p50_ms": round(float(np.percentile(ttft, 50)), 1),
         "ttft_p99_ms": round(float(np.percentile(ttft, 99)), 1),
         "preemptions": st.preemptions,

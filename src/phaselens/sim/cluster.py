@@ -16,7 +16,7 @@ import numpy as np
 from phaselens.sim.cost import EngineCost, StepCost
 from phaselens.sim.deploy import Deployment
 from phaselens.sim.device import DeviceState, turn_order
-from phaselens.sim.engine import EngineState, Seq, Sink
+from phaselens.sim.engine import EngineState, Seq, Sink, StepLog
 from phaselens.sim.loop import KV_DONE, STEP_END, WAKE, EventLoop
 from phaselens.types import Schedule
 
@@ -44,6 +44,7 @@ class ClusterResult:
     seg_a: np.ndarray
     seg_b: np.ndarray
     engines: tuple[EngineState, ...]
+    logs: tuple[StepLog, ...]
     events: int
 
 
@@ -448,5 +449,6 @@ class Cluster:
             seg_a=np.asarray(self.seg_a, dtype=np.int64),
             seg_b=np.asarray(self.seg_b, dtype=np.int64),
             engines=tuple(engines),
+            logs=tuple(st.step_log() for st in engines),
             events=events,
         )

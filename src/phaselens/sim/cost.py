@@ -19,6 +19,7 @@ Formulas (notes/simulator.md), for a step processing T tokens across B sequences
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -46,9 +47,11 @@ class CostParams:
     reserve_gb: float = 1.5  # activations + CUDA context/graphs per engine per GPU
 
 
-@dataclass(frozen=True, slots=True)
-class StepCost:
-    """The cost of one step: wall time, total FLOPs and bytes (summed over TP GPUs)."""
+class StepCost(NamedTuple):
+    """The cost of one step: wall time, total FLOPs and bytes (summed over TP GPUs).
+
+    A NamedTuple rather than a frozen dataclass: millions are made, and this is 4x cheaper.
+    """
 
     seconds: float
     flops: float

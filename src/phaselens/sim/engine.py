@@ -78,6 +78,22 @@ class Sink:
     handoff: Callable[[Seq], None]  # prefill done on a prefill engine: send the KV on
 
 
+@dataclass(frozen=True, slots=True)
+class StepLog:
+    """One engine's steps as columns (what `steps.parquet` and the telemetry are built from)."""
+
+    t0: np.ndarray
+    t1: np.ndarray
+    prefill: np.ndarray
+    dec: np.ndarray
+    kv: np.ndarray
+    running: np.ndarray
+    waiting: np.ndarray
+    preempt: np.ndarray
+    flops: np.ndarray
+    bytes: np.ndarray
+
+
 class EngineState:
     """Queues, KV blocks and running sequences of one engine, advanced one step at a time."""
 
@@ -116,22 +132,16 @@ class EngineState:
         self.batch_pmax = 0
         self.batch_slots = 0
         self.batch_k = 0
+        self.request_level = policy.type != "continuous"
         # statistics
         self.prefix_hit_tokens = 0
         self.prefix_query_tokens = 0
         self.preemptions = 0
         self.decode_admits: list[Seq] = []  # P/D decode engine: handed-off sequences to admit
-        # per-step log: typed arrays (8 bytes an entry, appended as fast as a list)
-        self.log_t0 = array("q")
-        self.log_t1 = array("q")
-        self.log_prefill = array("q")
-        self.log_dec = array("q")
-        self.log_kv = array("q")
-        self.log_flops = array("d")
-        self.log_bytes = array("d")
-        self.log_running = array("q")
-        self.log_waiting = array("q")
-        self.log_preempt = array("q")
+        # per-step log, flat typed arrays (two extends a step instead of ten appends):
+        # ints t0, t1, prefill tokens, decoding seqs, KV tokens, running, waiting, preemptions
+        self.ilog = array("q")
+        self.flog = array("d")  # FLOPs, bytes
 
     # ---- queue -------------------------------------------------------------------------------
     def enqueue(self, seq: Seq, now_ns: int) -> None:
@@ -397,18 +407,21 @@ class EngineState:
         for seq in started:
             # the token sampled at the end of the prefill opens the segment at this step
             self._start_decode(seq, s, s + 1)
-        if self.cur_pad or self.policy.type != "continuous":
+        if self.request_level:
             self.batch_k += 1
-        self.log_t0.append(t0_ns)
-        self.log_t1.append(t1_ns)
-        self.log_prefill.append(prefill_tokens)
-        self.log_dec.append(self.cur_dec)
-        self.log_kv.append(self.used_blocks * self.bs)
-        self.log_flops.append(cost.flops)
-        self.log_bytes.append(cost.bytes)
-        self.log_running.append(len(self.running))
-        self.log_waiting.append(len(self.waiting))
-        self.log_preempt.append(self.cur_preempt)
+        self.ilog.extend(
+            (
+                t0_ns,
+                t1_ns,
+                prefill_tokens,
+                self.cur_dec,
+                self.used_blocks * self.bs,
+                len(running),
+                len(self.waiting),
+                self.cur_preempt,
+            )
+        )
+        self.flog.extend((cost.flops, cost.bytes))
         self.step_idx = s + 1
 
     def stretch_limit(self) -> int:
@@ -446,25 +459,37 @@ class EngineState:
         """
         b = len(ends)
         n = self.n_dec
-        self.log_t0.append(t0)
-        self.log_t0.extend(ends[:-1])
-        self.log_t1.extend(ends)
-        self.log_prefill.extend([0] * b)
-        self.log_dec.extend([n] * b)
+        bs = self.bs
+        running, waiting = len(self.running), len(self.waiting)
+        ilog, flog = self.ilog, self.flog
         kv = self.used_blocks
-        kvs = [kv]
-        for need in needs[:-1]:
-            kv += need
-            kvs.append(kv)
-        self.log_kv.extend([x * self.bs for x in kvs])
-        self.log_flops.extend(flops)
-        self.log_bytes.extend(nbytes)
-        self.log_running.extend([len(self.running)] * b)
-        self.log_waiting.extend([len(self.waiting)] * b)
-        self.log_preempt.extend([0] * b)
+        start = t0
+        for j in range(b):
+            end = ends[j]
+            ilog.extend((start, end, 0, n, kv * bs, running, waiting, 0))
+            flog.extend((flops[j], nbytes[j]))
+            start = end
+            kv += needs[j]
         self.sum_p += b * n
         self.used_blocks += sum(needs)
         self.step_idx += b
+
+    def step_log(self) -> StepLog:
+        """The per-step log as numpy columns (copies; call after the simulation)."""
+        i = np.asarray(self.ilog, dtype=np.int64).reshape(-1, 8).copy()
+        f = np.asarray(self.flog, dtype=np.float64).reshape(-1, 2).copy()
+        return StepLog(
+            t0=i[:, 0],
+            t1=i[:, 1],
+            prefill=i[:, 2],
+            dec=i[:, 3],
+            kv=i[:, 4],
+            running=i[:, 5],
+            waiting=i[:, 6],
+            preempt=i[:, 7],
+            flops=f[:, 0],
+            bytes=f[:, 1],
+        )
 
     def next_wake_ns(self) -> int | None:
         """Request-level batching: when the oldest waiting request times out (None: no timer)."""

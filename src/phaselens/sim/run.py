@@ -97,7 +97,7 @@ def simulate(schedule: Schedule, deploy: Deployment, fast_forward: bool = True) 
 # ---- requests ----------------------------------------------------------------------------------
 def _token_lists(n: int, res: ClusterResult) -> tuple[pl.Series, pl.Series]:
     """Expand step-index segments into per-request token times (one entry per token)."""
-    logs = [np.asarray(st.log_t1, dtype=np.int64) for st in res.engines]
+    logs = [lg.t1 for lg in res.logs]
     base = np.zeros(len(logs) + 1, dtype=np.int64)
     for i, lg in enumerate(logs):
         base[i + 1] = base[i] + lg.shape[0]
@@ -182,21 +182,21 @@ def _requests_frame(schedule: Schedule, res: ClusterResult) -> pl.DataFrame:
 # ---- steps -------------------------------------------------------------------------------------
 def _steps_frame(deploy: Deployment, res: ClusterResult) -> pl.DataFrame:
     parts = []
-    for st in res.engines:
+    for st, lg in zip(res.engines, res.logs, strict=True):
         e = deploy.engines[st.index]
-        m = len(st.log_t0)
+        m = lg.t0.shape[0]
         parts.append(
             pl.DataFrame(
                 {
-                    "t_start_ns": np.asarray(st.log_t0, dtype=np.int64),
-                    "t_end_ns": np.asarray(st.log_t1, dtype=np.int64),
+                    "t_start_ns": lg.t0,
+                    "t_end_ns": lg.t1,
                     "engine": pl.Series([e.name]).repeat_by(m).explode() if m else [],
                     "gpu": pl.Series([",".join(e.gpus)]).repeat_by(m).explode() if m else [],
-                    "prefill_tokens": np.asarray(st.log_prefill, dtype=np.int64),
-                    "decode_seqs": np.asarray(st.log_dec, dtype=np.int64),
-                    "kv_tokens": np.asarray(st.log_kv, dtype=np.int64),
-                    "flops": np.asarray(st.log_flops, dtype=np.float64),
-                    "bytes": np.asarray(st.log_bytes, dtype=np.float64),
+                    "prefill_tokens": lg.prefill,
+                    "decode_seqs": lg.dec,
+                    "kv_tokens": lg.kv,
+                    "flops": lg.flops,
+                    "bytes": lg.bytes,
                 },
                 schema=STEP_SCHEMA,
             )
@@ -236,7 +236,7 @@ def _union(t0: np.ndarray, t1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _telemetry_frame(deploy: Deployment, res: ClusterResult) -> pl.DataFrame:
-    horizon = max((st.log_t1[-1] for st in res.engines if st.log_t1), default=0)
+    horizon = max((int(lg.t1[-1]) for lg in res.logs if lg.t1.shape[0]), default=0)
     nb = max(1, -(-horizon // BIN_NS))
     edges = np.arange(nb + 1, dtype=np.int64) * BIN_NS
     t_s = edges[1:]
@@ -250,16 +250,11 @@ def _telemetry_frame(deploy: Deployment, res: ClusterResult) -> pl.DataFrame:
         lab = json.dumps(dict(labels), sort_keys=True, separators=(",", ":"))
         cols["labels"].append(np.full(nb, lab, dtype=object))
 
-    logs = {}
-    for st in res.engines:
-        logs[st.index] = (
-            np.asarray(st.log_t0, dtype=np.int64),
-            np.asarray(st.log_t1, dtype=np.int64),
-        )
+    logs = {st.index: lg for st, lg in zip(res.engines, res.logs, strict=True)}
     for g in deploy.gpus:
         on = [st for st in res.engines if g.name in deploy.engines[st.index].gpus]
-        t0s = [logs[st.index][0] for st in on]
-        t1s = [logs[st.index][1] for st in on]
+        t0s = [logs[st.index].t0 for st in on]
+        t1s = [logs[st.index].t1 for st in on]
         a, b = _union(
             np.concatenate(t0s or [np.zeros(0, np.int64)]),
             np.concatenate(t1s or [np.zeros(0, np.int64)]),
@@ -269,9 +264,9 @@ def _telemetry_frame(deploy: Deployment, res: ClusterResult) -> pl.DataFrame:
         nbytes = np.zeros(nb)
         for st in on:
             tp = deploy.engines[st.index].tp
-            t0, t1 = logs[st.index]
-            flops += np.diff(_cum_at(edges, t0, t1, np.asarray(st.log_flops) / tp))
-            nbytes += np.diff(_cum_at(edges, t0, t1, np.asarray(st.log_bytes) / tp))
+            lg = logs[st.index]
+            flops += np.diff(_cum_at(edges, lg.t0, lg.t1, lg.flops / tp))
+            nbytes += np.diff(_cum_at(edges, lg.t0, lg.t1, lg.bytes / tp))
         lab = {"gpu": g.name}
         emit("gpu.busy_pct", 100.0 * busy, lab)
         emit("gpu.sm_pct", 100.0 * flops / (g.spec.peak_flops * dt), lab)
@@ -279,14 +274,15 @@ def _telemetry_frame(deploy: Deployment, res: ClusterResult) -> pl.DataFrame:
     for st in res.engines:
         e = deploy.engines[st.index]
         lab = {"engine": e.name, "gpu": ",".join(e.gpus), "model": e.model.name}
-        t0, t1 = logs[st.index]
+        lg = logs[st.index]
+        t0, t1 = lg.t0, lg.t1
         for metric, q in (
-            ("engine.prefill_tokens", st.log_prefill),
-            ("engine.decode_tokens", st.log_dec),
+            ("engine.prefill_tokens", lg.prefill),
+            ("engine.decode_tokens", lg.dec),
         ):
             emit(metric, np.diff(_cum_at(edges, t0, t1, np.asarray(q, dtype=np.float64))), lab)
         # preemptions happen at step start: counted in the bin holding the step start
-        pre = np.asarray(st.log_preempt, dtype=np.float64)
+        pre = lg.preempt.astype(np.float64)
         emit(
             "engine.preemptions",
             np.bincount(np.minimum(t0 // BIN_NS, nb - 1), weights=pre, minlength=nb)[:nb]
@@ -300,9 +296,9 @@ def _telemetry_frame(deploy: Deployment, res: ClusterResult) -> pl.DataFrame:
         jj = np.maximum(j, 0)
         cap = max(1, e.kv_capacity_tokens)
         for metric, q, scale in (
-            ("engine.running", st.log_running, 1.0),
-            ("engine.waiting", st.log_waiting, 1.0),
-            ("engine.kv_usage_pct", st.log_kv, 100.0 / cap),
+            ("engine.running", lg.running, 1.0),
+            ("engine.waiting", lg.waiting, 1.0),
+            ("engine.kv_usage_pct", lg.kv, 100.0 / cap),
         ):
             arr = np.asarray(q, dtype=np.float64)
             v = np.where(has, arr[jj] * scale, 0.0) if arr.shape[0] else np.zeros(nb)
