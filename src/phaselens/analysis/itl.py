@@ -265,8 +265,7 @@ class _Acc:
     def bins(self, te: I64, v: F64, w: F64 | None) -> None:
         if te.size == 0:
             return
-        # float division is exact enough here (te < 2**53) and much faster than int64 //
-        bb = (te.astype(np.float64) / BIN_NS).astype(np.int64)
+        bb = te // BIN_NS
         m = int(bb.max()) + 1
         if m > self.bin_tok.size:
             self.bin_tok = np.pad(self.bin_tok, (0, m - self.bin_tok.size))
