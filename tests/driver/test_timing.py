@@ -129,3 +129,13 @@ def test_ttft_from_schedule_includes_client_queue_wait() -> None:
     # 30 ms + 3 * 5 ms for the first request, then 30 ms for its own first token
     assert second.first_token_ns - second.scheduled_ns >= (45 + 30) * 1e6
     assert truth[str(second.id)]["recv_ns"] > truth[str(first.id)]["writes"][-1]
+
+
+@pytest.mark.parametrize("pacing", ["spin", "thread"])
+def test_open_loop_never_sends_early(pacing: str) -> None:
+    """Both pacers: no request leaves before its scheduled instant, every one is sent."""
+    with fake_server("--t0-ms", "1", "--d-ms", "1") as url:
+        recs, _, summary = _drive(url, [3.3 * k for k in range(60)], 1, pacing=pacing)
+    assert len(summary.send_lags_ns) == 60 and (summary.send_lags_ns >= 0).all()
+    assert all(r.status == "ok" and r.sent_ns is not None for r in recs)
+    assert all(r.sent_ns >= r.scheduled_ns for r in recs if r.sent_ns is not None)

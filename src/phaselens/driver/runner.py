@@ -19,6 +19,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -63,7 +64,8 @@ class DriverOptions:
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     tokenizer: str | None = None
     prompt_seed: int = 0
-    spin_ns: int = 1_000_000  # sleep until this close to a send time, then spin
+    pacing: str = "spin"  # the last `pace_window_ns` before a send: "spin" or "thread"
+    pace_window_ns: int = 1_000_000
     max_event_bytes: int = 64 << 20
     event_loop: str = "auto"  # auto (uvloop when installed) | asyncio | uvloop
 
@@ -76,6 +78,8 @@ class DriverOptions:
                 raise InputError(f"{name}: expected an integer >= 1, got {v}")
         if not self.timeout_s > 0 or not self.idle_timeout_s > 0:
             raise InputError("--timeout/--idle-timeout: expected seconds > 0")
+        if self.pacing not in ("thread", "spin"):
+            raise InputError(f"pacing: expected thread or spin, got {self.pacing!r}")
         if self.endpoint not in ENDPOINTS:
             raise InputError(f"--endpoint: expected completions or chat, got {self.endpoint!r}")
 
@@ -451,31 +455,50 @@ class _Driver:
                 f.task.cancel()
 
     async def open_loop(self, order: Sequence[int] | npt.NDArray[np.int64]) -> None:
-        """Send each request at its scheduled time (sleep, then spin the last `spin_ns`)."""
+        """Send each request at its scheduled time.
+
+        asyncio timers fire on a 1 ms grid (the selector rounds timeouts up to whole ms), so
+        the loop sleeps until `pace_window_ns` before the send time, then either spins on the
+        loop (`asyncio.sleep(0)`: precise, still serving reads, but it burns up to the window in
+        CPU; the default) or hands the last stretch to a pacer thread (`time.sleep`: ~15 % less
+        CPU here, but waking it costs a GIL hand-off, up to the 5 ms switch interval when the
+        loop is busy, so sends can be later under load).
+        """
         clock = time.perf_counter_ns
         t_ns = self.s.t_ns
-        spin = self.o.spin_ns
+        window = self.o.pace_window_ns
         loop = asyncio.get_running_loop()
+        pacer = (
+            ThreadPoolExecutor(1, thread_name_prefix="phaselens-pacer")
+            if self.o.pacing == "thread"
+            else None
+        )
         tasks: set[asyncio.Task[None]] = set()
         stop = self.stop
-        for row in order:
-            i = int(row)
-            sched = int(t_ns[i])
-            due = self.t0 + sched
-            url = self.urls[int(self.s.model_idx[i])]
-            optional = self.optional(i, url)
-            body = self.body(i, optional)  # built before the send time
-            wait = due - clock() - spin
-            if wait > 0:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), wait / 1e9)
-            while clock() < due and not stop.is_set():
-                await asyncio.sleep(0)
-            if stop.is_set():
-                break
-            t = loop.create_task(self.one(i, sched, body, optional))
-            tasks.add(t)
-            t.add_done_callback(tasks.discard)
+        try:
+            for row in order:
+                i = int(row)
+                sched = int(t_ns[i])
+                due = self.t0 + sched
+                url = self.urls[int(self.s.model_idx[i])]
+                optional = self.optional(i, url)
+                body = self.body(i, optional)  # built before the send time
+                wait = due - clock() - window
+                if wait > 0:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(stop.wait(), wait / 1e9)
+                if pacer is not None and due > clock() and not stop.is_set():
+                    await loop.run_in_executor(pacer, _sleep_until, due)
+                while clock() < due and not stop.is_set():
+                    await asyncio.sleep(0)
+                if stop.is_set():
+                    break
+                t = loop.create_task(self.one(i, sched, body, optional))
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
+        finally:
+            if pacer is not None:
+                pacer.shutdown(wait=False)
         if tasks:
             await asyncio.wait(tasks)
 
@@ -502,6 +525,12 @@ class _Driver:
 
 
 CLIENT_PERIOD_S = 0.5
+
+
+def _sleep_until(due_ns: int) -> None:
+    """Block this (pacer) thread until perf_counter_ns() >= due_ns."""
+    while (left := due_ns - time.perf_counter_ns()) > 0:
+        time.sleep(left / 1e9)
 
 
 async def _client_samples(
