@@ -40,9 +40,17 @@ def make(root: Path, n: int, scale: float) -> Path:
         {
             "gpus": [{"name": "g0", "type": "H100-SXM"}],
             "engines": [
-                {"name": "conv", "model": "llama-3-8b", "serves": ["conv"], "gpus": ["g0"],
-                 "policy": {"type": "continuous", "max_num_seqs": 256,
-                            "max_num_batched_tokens": 2048}},
+                {
+                    "name": "conv",
+                    "model": "llama-3-8b",
+                    "serves": ["conv"],
+                    "gpus": ["g0"],
+                    "policy": {
+                        "type": "continuous",
+                        "max_num_seqs": 256,
+                        "max_num_batched_tokens": 2048,
+                    },
+                },
             ],
         },
         "<bench>",
@@ -56,16 +64,28 @@ def make(root: Path, n: int, scale: float) -> Path:
         "name": "azure-conv",
         "slo": {"ttft_ms": {"p90": 2000}, "itl_ms": {"p90": 100}},
         "stages": [
-            {"index": s.index, "rate_scale": s.rate_scale, "t_start_ns": s.t_start_ns,
-             "t_end_ns": s.t_end_ns}
+            {
+                "index": s.index,
+                "rate_scale": s.rate_scale,
+                "t_start_ns": s.t_start_ns,
+                "t_end_ns": s.t_end_ns,
+            }
             for s in sched.stages
         ],
     }
     path = write_run(root, "azure-conv", manifest, res.requests, res.telemetry, res.steps)
-    print(json.dumps({"made": str(path), "simulate_s": round(t_sim, 1),
-                      "requests": res.requests.height, "telemetry_rows": res.telemetry.height,
-                      "steps": res.steps.height,
-                      "tokens": int(res.requests["output_tokens"].sum())}))
+    print(
+        json.dumps(
+            {
+                "made": str(path),
+                "simulate_s": round(t_sim, 1),
+                "requests": res.requests.height,
+                "telemetry_rows": res.telemetry.height,
+                "steps": res.steps.height,
+                "tokens": int(res.requests["output_tokens"].sum()),
+            }
+        )
+    )
     return path
 
 
@@ -79,24 +99,34 @@ def measure_child(path: Path) -> None:
     summary = analyze(run)
     text = to_json(summary)
     t2, c2 = time.perf_counter(), time.process_time()
-    print(json.dumps({
-        "requests": run.requests.height,
-        "tokens": int(run.requests["output_tokens"].sum()),
-        "telemetry_rows": run.telemetry.height,
-        "steps": run.steps.height,
-        "load_s": round(t1 - t0, 2),
-        "analyze_s": round(t2 - t1, 2),
-        "total_wall_s": round(t2 - t0, 2),
-        "total_cpu_s": round(c2 - c0, 2),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-        "findings": [f["code"] for f in summary["findings"]],
-        "json_bytes": len(text),
-    }))
+    print(
+        json.dumps(
+            {
+                "requests": run.requests.height,
+                "tokens": int(run.requests["output_tokens"].sum()),
+                "telemetry_rows": run.telemetry.height,
+                "steps": run.steps.height,
+                "load_s": round(t1 - t0, 2),
+                "analyze_s": round(t2 - t1, 2),
+                "load_cpu_s": round(c1 - c0, 2),
+                "analyze_cpu_s": round(c2 - c1, 2),
+                "total_wall_s": round(t2 - t0, 2),
+                "total_cpu_s": round(c2 - c0, 2),
+                "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+                "findings": [f["code"] for f in summary["findings"]],
+                "json_bytes": len(text),
+            }
+        )
+    )
 
 
 def measure(path: Path) -> None:
-    env = {**os.environ, "POLARS_MAX_THREADS": "1", "OMP_NUM_THREADS": "1",
-           "OPENBLAS_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "POLARS_MAX_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+    }
     cmd = [sys.executable, __file__, "--child", str(path)]
     if shutil.which("taskset"):
         cmd = ["taskset", "-c", "0", *cmd]
