@@ -192,7 +192,7 @@ def run(
     ] = False,
     no_optional_for: Annotated[
         Optional[list[str]],  # noqa: UP045
-        typer.Option("--no-optional-fields-for", help="The same for one model's target (repeat)."),
+        typer.Option("--no-optional-fields-for", help="The same for one model's requests."),
     ] = None,
     tokenizer: Annotated[
         Optional[str],  # noqa: UP045
