@@ -233,6 +233,7 @@ def run(
 
         path = run_sim(schedule, sim[0], out, _sim_manifest(ws))
         typer.echo(str(path))
+        _run_latency_line(path)
         return
     from phaselens.driver.drive import drive
     from phaselens.driver.runner import DriverOptions
