@@ -19,10 +19,18 @@ VLLM_VERSION=0.33.0
 TORCH_VERSION=2.13.0
 GUIDELLM_VERSION=0.8.1
 AIPERF_VERSION=0.13.0
-# What `vllm bench serve` (vllm/benchmarks/serve.py and what it imports) needs at import time,
-# found by importing it in a bare venv until it stopped failing.
-VLLM_BENCH_MODULES=(aiohttp numpy tqdm regex pybase64 pillow 'transformers>=5.16.1,<5.21.0'
-  tokenizers pydantic msgspec pyyaml huggingface_hub cachetools psutil cbor2 pyzmq)
+# What `vllm bench serve` (vllm/benchmarks/serve.py and everything it imports) needs at import
+# time: the light part of vLLM 0.33's requirements (no GPU kernels, no CUDA torch), found by
+# importing it in a bare venv until it stopped failing. The structured-output packages go in with
+# --no-deps (they would pull torch 2.14 otherwise).
+VLLM_BENCH_MODULES=(regex cachetools psutil sentencepiece numpy requests tqdm blake3 py-cpuinfo
+  'transformers>=5.16.1,<5.21.0' huggingface_hub tokenizers safetensors protobuf
+  'fastapi[standard]>=0.133.0,<0.137.0' starlette aiohttp openai pydantic orjson
+  prometheus_client pillow tiktoken partial-json-parser jsonschema pyzmq msgspec pyyaml einops
+  cloudpickle pybase64 cbor2 ijson setproctitle python-json-logger watchfiles openai-harmony
+  uvloop uvicorn lark gguf python-multipart httpx xxhash)
+VLLM_BENCH_NODEPS=(xgrammar==0.2.8 'llguidance>=1.7.0,<1.8.0' outlines_core==0.2.14
+  lm-format-enforcer==0.11.3 interegular apache-tvm-ffi==0.1.11 ninja)
 mkdir -p "$P/stamps" "$P/bin" "$P/wheels"
 log() { printf '[peers] %s\n' "$*"; }
 now() { date +%s; }
@@ -46,6 +54,7 @@ part_vllm() {
     "$PY" -m pip download -q --no-deps -d "$P/wheels" "vllm==$VLLM_VERSION"
   "$P/venv-vllm/bin/pip" install -q --no-deps "$P/wheels"/vllm-"$VLLM_VERSION"-*.whl
   "$P/venv-vllm/bin/pip" install -q "${VLLM_BENCH_MODULES[@]}" "torch==$TORCH_VERSION"
+  "$P/venv-vllm/bin/pip" install -q --no-deps "${VLLM_BENCH_NODEPS[@]}"
   "$P/venv-vllm/bin/python" -c "import vllm.benchmarks.serve" ||
     { log "vllm.benchmarks.serve does not import"; exit 1; }
   cp "$P/venv-vllm/lib/python3"*/site-packages/vllm/vllm-rs "$P/bin/vllm-rs"
