@@ -94,3 +94,11 @@ def test_breakdown_client_and_engine_histograms() -> None:
     assert b["client"]["stream_tail_ms"]["mean"] == 10.0
     assert b["engine"] == {"queue_ms": 10.0, "prefill_ms": 80.0, "decode_ms": 90.0}
     assert b["client_remainder_ms"] == pytest.approx(208.0 - 180.0)
+
+
+def test_roofline_of_a_tensor_parallel_engine_sums_its_gpus() -> None:
+    steps = [StepRecord(0, 50 * MS, "e0", "g0,g1", 1000, 0, 0, 1e13, 1e10)]
+    gpus = [H100, {**H100, "name": "g1"}]
+    g = analyze(make_run([], steps=steps, manifest={"gpus": gpus}))["roofline"]["gpus"]["g0,g1"]
+    assert (g["peak_tflops"], g["peak_gbs"], g["ridge_flop_per_byte"]) == (2000.0, 8000.0, 250.0)
+    assert g["phases"]["prefill"]["pct_peak_flops"] == 10.0  # 200 TFLOP/s of 2000

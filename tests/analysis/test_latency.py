@@ -293,3 +293,19 @@ def test_itl_histogram_path_matches_the_exact_one(
                 assert ai[p] == pytest.approx(ei[p], rel=2e-3), p
     # the per-request mean ITL and the per-bin sums do not depend on the path
     assert approx["phases"]["bins"]["itl_mean_ms"] == exact["phases"]["bins"]["itl_mean_ms"]
+
+
+def test_requests_without_chunk_times_use_first_token_and_end() -> None:
+    import polars as pl
+
+    from phaselens.store import Run
+
+    run = make_run([rec(0, 0, chunks_ms=[10, 20, 40])])
+    req = run.requests.with_columns(
+        pl.lit(None, dtype=pl.List(pl.Int64)).alias("token_ns"),
+        pl.lit(None, dtype=pl.List(pl.Int32)).alias("token_counts"),
+    )
+    s = analyze(Run(run.path, run.manifest, req, run.telemetry, run.steps))
+    assert s["latency"]["itl_ms"]["count"] == 0  # no per-token times, no ITL
+    assert s["latency"]["tpot_ms"]["p50"] == 15.0  # (end 40 - first 10) / (3 - 1)
+    assert s["latency"]["ttft_ms"]["p50"] == 10.0

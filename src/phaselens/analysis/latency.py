@@ -73,7 +73,8 @@ class RequestTable:
 def request_table(requests: pl.DataFrame) -> RequestTable:
     """Compute every per-request metric of docs/metrics.md in one vectorized pass."""
     r = requests
-    last_tok = pl.coalesce(pl.col("token_ns").list.last(), pl.col("first_token_ns"))
+    # the last chunk's arrival; without per-chunk times, the end of the response
+    last_tok = pl.coalesce(pl.col("token_ns").list.last(), pl.col("end_ns"))
     ok = pl.col("status") == "ok"
     frame = r.select(
         "id",

@@ -48,6 +48,18 @@ def gpu_peaks(manifest: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     return out
 
 
+def _peak_of(
+    lane: str, peaks: Mapping[str, dict[str, float]], only: dict[str, float] | None
+) -> dict[str, float] | None:
+    """Peaks of a step's GPU(s): a tensor-parallel engine's steps name several ("g0,g1")."""
+    names = [x for x in lane.split(",") if x]
+    if len(names) > 1 and all(x in peaks for x in names):
+        tf = sum(peaks[x]["tflops"] for x in names)
+        bw = sum(peaks[x]["bandwidth_gbs"] for x in names)
+        return {"tflops": tf, "bandwidth_gbs": bw, "ridge": tf * 1e12 / (bw * 1e9)}
+    return peaks.get(lane, only)
+
+
 def _phase_row(
     flops: float, nbytes: float, time_s: float, peak: Mapping[str, float] | None, steps: int
 ) -> dict[str, Any]:
@@ -85,7 +97,7 @@ def roofline(
         gpus: dict[str, Any] = {}
         for row in agg.sort("gpu", "phase").iter_rows(named=True):
             g = str(row["gpu"])
-            peak = peaks.get(g, only)
+            peak = _peak_of(g, peaks, only)
             entry = gpus.setdefault(
                 g,
                 {
