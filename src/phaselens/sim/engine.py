@@ -475,9 +475,12 @@ class EngineState:
         self.step_idx += b
 
     def step_log(self) -> StepLog:
-        """The per-step log as numpy columns (copies; call after the simulation)."""
-        i = np.asarray(self.ilog, dtype=np.int64).reshape(-1, 8).copy()
-        f = np.asarray(self.flog, dtype=np.float64).reshape(-1, 2).copy()
+        """The per-step log as numpy columns, viewing the log's memory without a copy.
+
+        Call it once the simulation is over: while the views live, the log cannot grow.
+        """
+        i = np.frombuffer(self.ilog, dtype=np.int64).reshape(-1, 8)
+        f = np.frombuffer(self.flog, dtype=np.float64).reshape(-1, 2)
         return StepLog(
             t0=i[:, 0],
             t1=i[:, 1],
