@@ -144,3 +144,12 @@ def test_engine_gauges_carry_forward_per_engine_before_summing() -> None:
     b = _tl(make_run([], samples=samples)).bins
     assert b["running"].to_list() == [7.0, 7.0, 7.0, 3.0]
     assert b["kv_usage_pct"].to_list() == [40.0, 90.0, 90.0, 90.0]  # max over engines
+
+
+def test_arithmetic_intensity_per_bin_from_steps() -> None:
+    steps = [
+        StepRecord(0, 50 * MS, "e0", "g0", 2000, 0, 0, 4e12, 1e10),  # AI 400
+        StepRecord(100 * MS, 150 * MS, "e0", "g0", 0, 8, 0, 1e11, 1e10),  # AI 10
+    ]
+    s = phase_summary(_tl(make_run([], steps=steps)))
+    assert s["bins"]["ai"] == [400.0, 10.0]

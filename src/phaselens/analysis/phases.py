@@ -395,6 +395,12 @@ def build_timeline(
     with np.errstate(invalid="ignore", divide="ignore"):
         share = np.where(pw + dw > 0, pw / (pw + dw), 0.0)
     cols["prefill_share"] = share
+    cols["ai"] = np.full(n, np.nan)  # arithmetic intensity (FLOP/byte) of the bin's steps
+    if work_source == "steps" and agg.height:
+        fb = lanes.group_by("bin").agg(pl.col("flops").sum(), pl.col("bytes").sum())
+        fl, by = fb["flops"].to_numpy(), fb["bytes"].to_numpy()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cols["ai"][fb["bin"].to_numpy()] = np.where(by > 0, fl / by, np.nan)
     cols["label"] = _label(share, act) if n else np.zeros(0, dtype=str)
     cols["prefill_tokens_rec"] = rec_prefill
     cols["decode_tokens_rec"] = rec_decode
@@ -550,6 +556,7 @@ def phase_summary(tl: Timeline) -> dict[str, Any]:
             "running",
             "queued",
             "kv_usage_pct",
+            "ai",
             "itl_mean_ms",
             "ttft_mean_ms",
         )
