@@ -140,6 +140,10 @@ class Nginx:
         (self.dir / "www").mkdir(parents=True, exist_ok=True)
         (self.dir / "tmp").mkdir(exist_ok=True)
         (self.dir / "www" / "stream.sse").write_bytes(render_body())
+        # nginx's workers drop root for an unprivileged user: the files must be reachable
+        for d in (self.dir.parent, self.dir, self.dir / "www"):
+            d.chmod(0o755)
+        (self.dir / "tmp").chmod(0o777)
         limit = ""
         bufsize = "64k"  # bulk: the whole body in one buffer, so one write per response
         if self.paced_ms:
