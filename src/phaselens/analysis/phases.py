@@ -102,7 +102,6 @@ def sample_bins(t_ns: pl.Expr) -> pl.Expr:
     return ((t_ns - 1) // BIN_NS).clip(lower_bound=0).cast(pl.Int64)
 
 
-TelemetryParts = Mapping[str, pl.DataFrame]
 _EMPTY_TEL = pl.DataFrame(
     schema={
         "t_ns": pl.Int64,
@@ -114,20 +113,35 @@ _EMPTY_TEL = pl.DataFrame(
 )
 
 
-def split_telemetry(tel: pl.DataFrame) -> dict[str, pl.DataFrame]:
-    """Telemetry rows per metric, split once (a million-request run has millions of samples)."""
-    if tel.height == 0:
-        return {}
-    keys = tel["metric"].unique().to_list()
-    if len(keys) == 1:
-        return {str(keys[0]): tel}
-    return {str(k[0]): v for k, v in tel.partition_by("metric", as_dict=True).items()}
+class TelemetryParts:
+    """The rows of one metric at a time, through a categorical index built once.
+
+    Why not `partition_by`: a million-request run has millions of samples, and a split copies
+    them all at once; filtering one metric at a time on the codes keeps one metric in memory.
+    """
+
+    def __init__(self, tel: pl.DataFrame) -> None:
+        self.tel = tel
+        self.codes = tel["metric"].cast(pl.Categorical)
+        self.names = set(self.codes.unique().cast(pl.String).to_list()) if tel.height else set()
+
+    def get(self, metric: str) -> pl.DataFrame:
+        if metric not in self.names:
+            return _EMPTY_TEL
+        if len(self.names) == 1:
+            return self.tel
+        return self.tel.filter(self.codes == metric)
+
+
+def split_telemetry(tel: pl.DataFrame) -> TelemetryParts:
+    """An index of the telemetry by metric (see `TelemetryParts`)."""
+    return TelemetryParts(tel)
 
 
 def _metric_rows(tel: pl.DataFrame | TelemetryParts, metric: str) -> pl.DataFrame:
     if isinstance(tel, pl.DataFrame):
         return tel.filter(pl.col("metric") == metric)
-    return tel.get(metric, _EMPTY_TEL)
+    return tel.get(metric)
 
 
 def label_values(labels: pl.Series, key: str, default: str) -> pl.Series:
@@ -412,6 +426,32 @@ def build_timeline(
     return Timeline(bins, lanes, util_source, sources, work_source)
 
 
+STEP_BATCH = 500_000
+
+
+def _step_integrals(g: pl.DataFrame, edges: F64) -> list[F64]:
+    """Per bin: step time, prefill step time, FLOPs, bytes, prefill tokens, decode tokens.
+
+    Integrals are additive over steps, so steps go in batches (bounded memory on big runs).
+    """
+    out = [np.zeros(edges.size - 1) for _ in range(6)]
+    for a in range(0, g.height, STEP_BATCH):
+        b = g.slice(a, STEP_BATCH)
+        s = _np(b, "t_start_ns")
+        e = _np(b, "t_end_ns")
+        dur = np.maximum(e - s, 1.0)
+        p = _np(b, "prefill_tokens")
+        d = _np(b, "decode_seqs")
+        tok = p + d
+        pf = np.where(tok > 0, p / np.maximum(tok, 1.0), 0.0)
+        parts = interval_integrals(
+            s, e, edges, [None, pf, _np(b, "flops") / dur, _np(b, "bytes") / dur, p / dur, d / dur]
+        )
+        for acc, x in zip(out, parts, strict=True):
+            acc += x
+    return out
+
+
 def _lanes(
     steps: pl.DataFrame,
     parts: TelemetryParts,
@@ -451,19 +491,7 @@ def _lanes(
             else list(steps.partition_by("gpu", as_dict=True).items())
         )
         for (gpu,), g in groups:
-            s = _np(g, "t_start_ns")
-            e = _np(g, "t_end_ns")
-            dur = np.maximum(e - s, 1.0)
-            p = _np(g, "prefill_tokens")
-            d = _np(g, "decode_seqs")
-            tok = p + d
-            pf = np.where(tok > 0, p / np.maximum(tok, 1.0), 0.0)
-            busy, pbusy, flops, nbytes, ptok, dtok = interval_integrals(
-                s,
-                e,
-                edges,
-                [None, pf, _np(g, "flops") / dur, _np(g, "bytes") / dur, p / dur, d / dur],
-            )
+            busy, pbusy, flops, nbytes, ptok, dtok = _step_integrals(g, edges)
             busy, pbusy = busy / BIN_NS, pbusy / BIN_NS
             dbusy = busy - pbusy
             share = np.where(busy > 0, pbusy / np.maximum(busy, 1e-12), 0.0)
