@@ -87,3 +87,17 @@ def test_tensor_parallel_splits_work_and_adds_all_reduce() -> None:
     fixed = 3e-4 + 1e-5 + 80 * 2e-6
     ar = 2 * 80 * (2 * 1 / 2 * 2048 * 8192 * 2 / 450e9 + 5e-6)
     assert b.seconds == pytest.approx((a.seconds - fixed) / 2 + fixed + ar, rel=1e-9)
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+def test_decode_fast_paths_equal_the_general_step_exactly(tp: int) -> None:
+    """The fast-forward's vector and scalar decode costs are bit-for-bit `step` (same ops)."""
+    c = _cost("llama-3-70b", "H100-SXM", tp)
+    n, sp0, k = 37, 51_234, 300
+    sec, fl, by = c.decode_stretch(n, sp0, k)
+    one = c.decode_step_fn(n)
+    for j in range(k):
+        sp = sp0 + j * n
+        want = c.step(n, n, float(sp + n), float(sp), n)
+        assert (sec[j], fl[j], by[j]) == tuple(want)
+        assert one(sp) == tuple(want)

@@ -236,31 +236,32 @@ class Cluster:
         """`_stretch` for short stretches: the same arithmetic, one step at a time, no events."""
         n, sp, s, bs, ph = st.n_dec, st.sum_p, st.step_idx, st.bs, st.phase
         free = st.free_blocks()
-        step_bw, bw = st.cost.step_bw, st.cost.bandwidth
+        step = st.cost.decode_step_fn(n)
         t = t0
         ends: list[int] = []
         flops: list[float] = []
         nbytes: list[float] = []
         needs: list[int] = []
-        c = cost
+        sec, fl, by = cost
         for j in range(k - 1):
-            end = t + max(1, round(c.seconds * 1e9))
+            d = round(sec * 1e9)
+            end = t + (d if d > 1 else 1)
             need = ph[(s + 1 + j) % bs]
             if end >= t_next or need > free:
                 break
             free -= need
             ends.append(end)
-            flops.append(c.flops)
-            nbytes.append(c.bytes)
+            flops.append(fl)
+            nbytes.append(by)
             needs.append(need)
             t = end
             sp += n
-            c = step_bw(n, n, float(sp + n), float(sp), n, bw)
+            sec, fl, by = step(sp)
         if not ends:
             return t0, cost
         st.commit_stretch(ends, t0, flops, nbytes, needs)
         self.stretch_steps += len(ends)
-        return t, c
+        return t, StepCost(sec, fl, by)
 
     def _stretch(
         self, st: EngineState, k: int, t0: int, t_next: int, cost: StepCost

@@ -18,6 +18,7 @@ Formulas (notes/simulator.md), for a step processing T tokens across B sequences
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -141,6 +142,37 @@ class EngineCost:
             t += self._ar_tok * tokens
             t += self._ar_fixed
         return StepCost(t, f_lin + f_att, b_lin + b_att)
+
+    def decode_step_fn(self, n: int) -> Callable[[int], tuple[float, float, float]]:
+        """`step` for decode-only steps of n sequences, as a function of Σp alone.
+
+        Everything that does not depend on the context is computed once; the remaining
+        arithmetic is `step_bw`'s, operation by operation, so results are identical.
+        """
+        p = self.params
+        f_lin = self._f_tok * n + self._f_samp * n
+        b_lin = self._b_lin
+        bw = self._bw_scale * self.bandwidth
+        t_lin = max(f_lin / self._peak_l, b_lin / bw)
+        fa, pa, kv_tok = self._f_att, self._peak_a, self._kv_tok
+        c0, cseq, fixed = p.step_overhead_s, p.per_seq_overhead_s * n, self._fixed
+        ar_n, ar_fixed, tp = self._ar_tok * n, self._ar_fixed, self.tp
+
+        def step(sp: int) -> tuple[float, float, float]:
+            f_att = fa * float(sp + n)
+            b_att = kv_tok * (float(sp) + n)
+            t_att = f_att / pa
+            tb = b_att / bw
+            if tb > t_att:
+                t_att = tb
+            t = t_lin + t_att + c0 + cseq
+            t += fixed
+            if tp > 1:
+                t += ar_n
+                t += ar_fixed
+            return t, f_lin + f_att, b_lin + b_att
+
+        return step
 
     def decode_stretch(self, n: int, sum_p0: int, k: int) -> tuple[F64, F64, F64]:
         """Seconds, FLOPs and bytes of k decode-only steps of n sequences, Σp starting at sum_p0.
