@@ -98,11 +98,6 @@ def _col(df: pl.DataFrame, c: str) -> F64:
     return out
 
 
-def _med(v: F64) -> float | None:
-    v = v[~np.isnan(v)]
-    return float(np.median(v)) if v.size else None
-
-
 def _span(mask: Any, bins: Any) -> tuple[int | None, int | None]:
     idx = np.asarray(bins)[np.asarray(mask, dtype=bool)]
     if idx.size == 0:

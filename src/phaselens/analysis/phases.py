@@ -97,11 +97,6 @@ def run_end_ns(
     return max(cands, default=0)
 
 
-def sample_bins(t_ns: pl.Expr) -> pl.Expr:
-    """Bin of a telemetry sample (it describes the window ending at its stamp)."""
-    return ((t_ns - 1) // BIN_NS).clip(lower_bound=0).cast(pl.Int64)
-
-
 _EMPTY_TEL = pl.DataFrame(
     schema={
         "t_ns": pl.Int64,

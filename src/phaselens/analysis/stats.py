@@ -99,13 +99,6 @@ def describe(values: F64, weights: I64 | None = None) -> dict[str, float | int |
     return res
 
 
-def percentile_of(values: F64, pkey: str, weights: I64 | None = None) -> float | None:
-    """One percentile named like an SLO key ("p90", "p99.9", "mean", "max")."""
-    d = describe(values, weights)
-    out = d.get(pkey)
-    return None if out is None else float(out)
-
-
 def pkey_to_q(pkey: str) -> float | None:
     """ "p90" -> 90.0, "p99.9" -> 99.9; None for keys that are not percentiles."""
     if not pkey.startswith("p"):
