@@ -170,3 +170,13 @@ def test_missing_data_is_listed_not_fired() -> None:
     assert s["findings"] == []
     assert s["phases"]["source"] is None
     assert s["phases"]["work_source"] == "records"
+
+
+def test_client_bound_trusts_the_drivers_self_check() -> None:
+    # --max-inflight: requests wait in the client queue on purpose, so sent - scheduled is large,
+    # but the driver's own check (took-up - scheduled) found the client on time
+    queued = [rec(i, i * 10, send_ms=i * 10 + 40, chunks_ms=[i * 10 + 90]) for i in range(50)]
+    assert "client-bound" not in codes(make_run(queued, manifest={"valid": True}))
+    bad = {"valid": False, "invalid_reasons": ["client-bound: send lag p99 3.2 ms > 1 ms"]}
+    f = finding(make_run(queued, manifest=bad), "client-bound")
+    assert f["evidence"]["invalid_reasons"] == bad["invalid_reasons"]
