@@ -11,10 +11,11 @@ Checks:
 - the per-interval generated-token increments summed over the run equal the tokens the client
   received, exactly: scraping starts before the burst and ends after the engine went idle, so
   both edges are quiet and no token can fall outside;
-- along the run, the engine's cumulative count at each scrape is within one interval's worth of
-  tokens of what the client had received by then ("within one interval at the edges" of each
-  scrape). llama.cpp adds a request's tokens to its counter when the request finishes, so for it
-  the client side is counted per finished request.
+- along the run, the engine's cumulative count at each scrape lies between what the client had
+  received one interval earlier and what it received shortly after the next scrape (tokens are
+  counted by the engine before they travel to the client). llama.cpp adds a request's tokens to
+  its counter when the request finishes, so for it the client side is counted per finished
+  request.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ pytestmark = pytest.mark.e2e
 INTERVAL_S = 0.1
 N_REQ = 2 * PARALLEL + 8  # more than the slots: some must wait
 MAX_TOKENS = 96
+DELIVERY_S = 0.5  # longest engine-count -> client-receipt delay tolerated (see the end)
 
 
 def _series(samples: list[TelemetrySample], metric: str) -> list[tuple[int, float]]:
@@ -49,7 +51,12 @@ def test_sampler_tracks_load_and_token_counts(engine: Any) -> None:
     run_start = time.perf_counter_ns()
     handle = start_telemetry("engine", [engine.url], INTERVAL_S, run_start, samples.extend)
     try:
-        time.sleep(0.6)  # idle scrapes first: a baseline before any token
+        # idle scrapes first, a baseline before any token (the sampler is a child process
+        # whose start takes seconds on a busy machine: wait for its first scrapes)
+        deadline = time.monotonic() + 60
+        while sum(1 for s in list(samples) if s.metric == "engine.running") < 3:
+            assert time.monotonic() < deadline, f"no engine samples after 60 s: {handle.statuses()}"
+            time.sleep(0.05)
         t_load = time.perf_counter_ns() - run_start
         res: list[Streamed] = asyncio.run(
             open_loop(
@@ -110,11 +117,15 @@ def test_sampler_tracks_load_and_token_counts(engine: Any) -> None:
     def client_by(t: int) -> int:
         return cum[bisect.bisect_right(times, t)]
 
+    # Lower bound: whatever the client had received by the previous scrape, the engine had
+    # counted by this one (scrape stamps are request/response midpoints: one interval of slack).
+    # Upper bound: what the engine counted reaches the client within DELIVERY_S of the next
+    # scrape (API-server output processing and HTTP, on the same 2 busy cores).
     engine_cum = 0.0
     scrape_t = [t for t, _ in decode]
     for i, (t, v) in enumerate(decode):
         engine_cum += v
-        lo = scrape_t[i - 1] if i else t - int(INTERVAL_S * 1e9)
-        hi = scrape_t[i + 1] if i + 1 < len(scrape_t) else t + int(INTERVAL_S * 1e9)
-        slack = client_by(hi) - client_by(lo)  # tokens in the intervals either side
-        assert abs(engine_cum - client_by(t)) <= slack, (i, t, engine_cum, client_by(t), slack)
+        prev_t = scrape_t[i - 1] if i else t - int(INTERVAL_S * 1e9)
+        next_t = scrape_t[i + 1] if i + 1 < len(scrape_t) else t + int(INTERVAL_S * 1e9)
+        lo, hi = client_by(prev_t), client_by(next_t + int(DELIVERY_S * 1e9))
+        assert lo <= engine_cum <= hi, (i, t, lo, engine_cum, hi)
