@@ -468,12 +468,16 @@ def calibrate(
     source: Annotated[
         str, typer.Option("--from", help="auto (steps when recorded), steps or client.")
     ] = "auto",
+    allow_invalid: Annotated[
+        bool,
+        typer.Option("--allow-invalid", help="Use a run whose client self-check said INVALID."),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Fit the simulator's cost constants to a measured run; report error per load regime."""
     from phaselens.whatif.commands import calibrate_cmd
 
-    calibrate_cmd(run_dir, deploy, output, check_runs or [], source, as_json)
+    calibrate_cmd(run_dir, deploy, output, check_runs or [], source, as_json, allow_invalid)
 
 
 @app.command()

@@ -23,7 +23,7 @@ import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-SIZE = "m"
+SIZE = "tiny"
 MODEL = "val-llama"  # served name = spec model name (no mapping needed)
 CTX = 2048  # per slot
 
@@ -49,8 +49,8 @@ def spec_for(rate: float, duration_s: float, seed: int) -> dict[str, Any]:
                 "name": MODEL,
                 "rate": rate,
                 "arrival": {"type": "poisson"},
-                "input_tokens": {"type": "uniform", "min": 32, "max": 384},
-                "output_tokens": {"type": "uniform", "min": 16, "max": 96},
+                "input_tokens": {"type": "uniform", "min": 16, "max": 128},
+                "output_tokens": {"type": "uniform", "min": 8, "max": 48},
             }
         ],
     }
@@ -166,13 +166,15 @@ def predict(
     np_cal = _np_of(calib_on)
     dmap = deployment(np_cal, tflops, bandwidth_gbs)
     (out / "deploy.yaml").write_text(yaml.safe_dump(dmap, sort_keys=False))
-    c = calibrate(load_run(runs[calib_on]), dmap, str(out / "deploy.yaml"), prefer=source)
+    c = calibrate(
+        load_run(runs[calib_on]), dmap, str(out / "deploy.yaml"), prefer=source, allow_invalid=True
+    )
     write_calibration(c, out / "calib.yaml")
     result: dict[str, Any] = {"calibrated_on": calib_on, "calibration": c.to_dict(), "runs": {}}
     for key, path in runs.items():
         np_k = _np_of(key)
         combo = {} if np_k == np_cal else {"policy.max_num_seqs": np_k}
-        result["runs"][key] = check(c, load_run(path), combo)
+        result["runs"][key] = check(c, load_run(path), combo, allow_invalid=True)
     (out / "validation.json").write_text(json.dumps(result, indent=1, default=str))
     cal = result["calibration"]
     print("fitted:", {k: f"{v:.4g}" for k, v in cal["cost"].items()}, end=" ")
@@ -219,7 +221,7 @@ def pick_rates(out: Path, light_key: str, tflops: float, bw: float) -> tuple[flo
     runs = _runs(out)
     run = load_run(runs[light_key])
     rate0 = float(run.manifest["validation"]["rate"])
-    c = calibrate(run, deployment(_np_of(light_key), tflops, bw), "deploy")
+    c = calibrate(run, deployment(_np_of(light_key), tflops, bw), "deploy", allow_invalid=True)
     job = Job(
         schedule=schedule_from_run(run),
         deployment=with_cost(c.deployment, c.cost),

@@ -184,6 +184,8 @@ def test_invalid_client_run_is_refused(light: Run, tmp_path: Path) -> None:
     bad = replace(light, manifest={**light.manifest, "valid": False, "invalid_reasons": ["lag"]})
     with pytest.raises(InputError, match="INVALID"):
         calibrate(bad, deploy_map(), "deploy.yaml")
+    c = calibrate(bad, deploy_map(), "deploy.yaml", prefer="steps", allow_invalid=True)
+    assert any("INVALID, used anyway" in n and "lag" in n for n in c.notes)
 
 
 def test_deploy_not_serving_the_runs_model(light: Run) -> None:

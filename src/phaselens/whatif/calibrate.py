@@ -187,12 +187,19 @@ def load_deploy_mapping(path: Path | str) -> dict[str, Any]:
 
 
 # ---- checks on the run -------------------------------------------------------------------------
-def check_run(run: Run, deploy: Deployment) -> None:
-    """Refuse what cannot be calibrated on, each with one line saying why."""
+def check_run(run: Run, deploy: Deployment, allow_invalid: bool = False) -> list[str]:
+    """Refuse what cannot be calibrated on, each with one line saying why; returns notes."""
     m = run.manifest
-    if m.get("valid") is False:
+    notes: list[str] = []
+    if m.get("valid") is False and allow_invalid:
+        why = "; ".join(str(x) for x in m.get("invalid_reasons") or [])
+        notes.append(f"run INVALID, used anyway (--allow-invalid): {why}")
+    elif m.get("valid") is False:
         why = "; ".join(str(x) for x in m.get("invalid_reasons") or []) or "client self-check"
-        raise InputError(f"{run.path}: the run is INVALID ({why}); its timings measure the client")
+        raise InputError(
+            f"{run.path}: the run is INVALID ({why}); its timings measure the client "
+            "(--allow-invalid to use it anyway)"
+        )
     ok = int((run.requests["status"] == "ok").sum()) if run.requests.height else 0
     if ok < MIN_OK:
         raise InputError(f"{run.path}: only {ok} ok requests; calibration needs at least {MIN_OK}")
@@ -204,6 +211,7 @@ def check_run(run: Run, deploy: Deployment) -> None:
             f"{deploy.source}: the run's model {missing[0]!r} is served by no engine "
             f"(served: {', '.join(sorted(served)) or 'none'}; the run has: {', '.join(models)})"
         )
+    return notes
 
 
 # ---- KV capacity from the engine's own usage gauge ----------------------------------------------
@@ -426,15 +434,19 @@ class _Replay:
 
 
 def calibrate(
-    run: Run, deploy_map: Mapping[str, Any], source: str, prefer: str = "auto"
+    run: Run,
+    deploy_map: Mapping[str, Any],
+    source: str,
+    prefer: str = "auto",
+    allow_invalid: bool = False,
 ) -> Calibration:
     """Fit the cost constants to `run` on the deployment `deploy_map` (see the module doc)."""
     deploy = parse_deployment(dict(deploy_map), source)
-    check_run(run, deploy)
+    invalid_notes = check_run(run, deploy, allow_invalid)
     sched = schedule_from_run(run)
     ids = sched.ids if sched.ids is not None else np.arange(len(sched))
     meas = measured_rows(run.requests, ids)
-    notes: list[str] = []
+    notes: list[str] = list(invalid_notes)
     fit_info: dict[str, Any] = {"requests_ok": len(sched)}
     rp = _Replay(sched, meas, deploy_map, source, {})
     kv = fit_kv_capacity(run, deploy)
@@ -528,7 +540,12 @@ def calibrate(
     )
 
 
-def check(c: Calibration, run: Run, combo: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def check(
+    c: Calibration,
+    run: Run,
+    combo: Mapping[str, Any] | None = None,
+    allow_invalid: bool = False,
+) -> dict[str, Any]:
     """Held-out error: predict another run with the fitted constants.
 
     `combo` holds the knobs (`whatif` names) that differ between the calibration run's
@@ -538,7 +555,7 @@ def check(c: Calibration, run: Run, combo: Mapping[str, Any] | None = None) -> d
 
     dmap = apply_deploy(with_cost(c.deployment, c.cost), combo or {})
     deploy = with_kv(parse_deployment(dmap, c.deployment_source), c.kv_capacity_tokens)
-    check_run(run, deploy)
+    check_run(run, deploy, allow_invalid)
     sched = schedule_from_run(run)
     ids = sched.ids if sched.ids is not None else np.arange(len(sched))
     meas = measured_rows(run.requests, ids)

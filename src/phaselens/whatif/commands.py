@@ -43,16 +43,17 @@ def calibrate_cmd(
     checks: Sequence[Path] = (),
     prefer: str = "auto",
     as_json: bool = False,
+    allow_invalid: bool = False,
 ) -> dict[str, Any]:
     """Fit, write calib.yaml, print the per-regime error (and held-out errors of `checks`)."""
     if prefer not in ("auto", "steps", "client"):
         raise InputError(f"--from: expected auto, steps or client, got {prefer!r}")
     run = load_run(run_dir)
     dmap = load_deploy_mapping(deploy)
-    c = calibrate(run, dmap, str(deploy.resolve()), prefer=prefer)
+    c = calibrate(run, dmap, str(deploy.resolve()), prefer=prefer, allow_invalid=allow_invalid)
     out = output or Path("calib.yaml")
     write_calibration(c, out)
-    held = [check(c, load_run(p)) for p in checks]
+    held = [check(c, load_run(p), allow_invalid=allow_invalid) for p in checks]
     result = {"calibration": c.to_dict(), "path": str(out), "checks": held}
     if as_json:
         print(_json(result))
