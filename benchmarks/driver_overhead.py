@@ -250,7 +250,12 @@ def _guidellm() -> Client:
         }
 
     def available() -> str:
-        return "" if exe.exists() else f"{exe} missing (bash benchmarks/install_peers.sh guidellm)"
+        if not exe.exists():
+            return f"{exe} missing (bash benchmarks/install_peers.sh guidellm)"
+        # 0.8.1 replaced `guidellm benchmark --target ... --rate-type ...` with
+        # `guidellm run --backend kind=...,... --profile kind=constant,... --data kind=...`;
+        # the arguments above are the old form and have not been mapped to the new one yet.
+        return "guidellm 0.8.1 CLI (`guidellm run --backend kind=...`) not mapped by this harness"
 
     return Client("guidellm", argv, parse, available)
 
