@@ -328,8 +328,7 @@ def demo(
 ) -> None:
     """Simulate the seed's two-model bursty scenario, explain it, and write its HTML report."""
     from phaselens.analysis.render import render
-    from phaselens.analysis.summary import analyze as _analyze
-    from phaselens.report.html import write_report
+    from phaselens.report.html import report_from_run
     from phaselens.sim.run import run_sim
     from phaselens.spec import demo_spec_path, load_spec
     from phaselens.store import load_run
@@ -346,10 +345,8 @@ def demo(
         f"({', '.join(schedule.models)}) on target {target} ..."
     )
     path = run_sim(schedule, target, out, _sim_manifest(ws))
-    run = load_run(path)
-    summary = _analyze(run)
+    report, summary = report_from_run(load_run(path), path / "report.html")
     render(summary)
-    report = write_report(run, path / "report.html", summary)
     typer.echo(f"Run:    {path}")
     typer.echo(f"Report: {report}")
     typer.echo(f"Next:   phaselens analyze {path}   |   phaselens trace {path} -o trace.json")
