@@ -1,12 +1,15 @@
 """The validation experiment, small: real llama.cpp, calibrate on one run, predict another.
 
-llama-server on the `m` model (13.4M params, F32: the engine, not the client, dominates) with
-2 slots. Two light Poisson runs with different seeds; calibrate on the first from client
-timings only, predict the second (held out). The bound is loose on purpose — this box has 2
-cores shared with other work, and timing noise on it is real — but it fails when the fit is
-wrong by more than timing noise: a calibration that ignores prefill (TTFT) or decode (TPOT)
-cost, or misses the request overhead, is off by far more. docs/validation.md has the full
-experiment (three rates, two -np settings) with its table.
+llama-server on the `tiny` model with 2 slots; two light Poisson runs with different seeds;
+calibrate on the first from client timings only, predict the second (held out).
+
+What is asserted depends on whether the measurement can be trusted, which the driver's own
+self-check decides (send lag and event-loop lag): on a VALID pair the held-out p50s must be
+within TOLERANCE_PCT. On an INVALID pair (a CPU shared with other work: the client's timestamps
+are late by more than the engine's step time) no accuracy is asserted — that would test the
+neighbours, not phaselens — and the test checks the refusal path on real data instead:
+`calibrate` refuses the INVALID run with one line, and with allow_invalid it fits, says so in
+its notes, and predicts finite numbers. docs/validation.md has the full experiment.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from phaselens.errors import InputError
 from phaselens.store import load_run
 from phaselens.whatif.calibrate import calibrate, check
 
@@ -37,14 +42,24 @@ def test_calibrate_on_one_llamacpp_run_predict_another(tmp_path: Path) -> None:
         )
     runs = []
     for seed in (21, 22):
-        paths = ex.measure(2, [0.5], 40.0, tmp_path / f"s{seed}", seed=seed, threads=2)
+        paths = ex.measure(2, [0.5], 60.0, tmp_path / f"s{seed}", seed=seed, threads=2)
         runs.append(load_run(paths[0]))
     dmap = ex.deployment(2, 0.157, 20.0)
-    c = calibrate(runs[0], dmap, "validation-deploy")
+    valid = all(r.manifest.get("valid") is not False for r in runs)
+    if not valid:
+        with pytest.raises(InputError, match="INVALID"):
+            calibrate(runs[0] if runs[0].manifest.get("valid") is False else runs[1], dmap, "d")
+    c = calibrate(runs[0], dmap, "validation-deploy", allow_invalid=True)
     assert c.method == "client"
-    assert c.fit["lone_requests"] >= 8, c.fit
-    res = check(c, runs[1])
+    res = check(c, runs[1], allow_invalid=True)
     e = res["all"]
     assert e["measured"], res
+    for key in ("ttft_p50", "tpot_p50"):
+        assert np.isfinite(e[key]["predicted_ms"]) and e[key]["predicted_ms"] > 0
+    if runs[0].manifest.get("valid") is False:
+        assert any("INVALID" in n for n in c.notes)
+    if not valid:
+        return
+    assert c.fit["lone_requests"] >= 8, c.fit
     for key in ("ttft_p50", "tpot_p50"):
         assert abs(e[key]["error_pct"]) < TOLERANCE_PCT, (key, e[key], c.to_dict()["cost"])
