@@ -91,7 +91,8 @@ def run_client(c: Client, url: str, n: int, rate: float, timeout_s: float) -> Ou
     """Run the client pinned to CLIENT_CORE; CPU of its whole reaped process tree via wait4."""
     work = Path(tempfile.mkdtemp(prefix=f"ovh-{c.name}-"))
     argv = ["taskset", "-c", str(CLIENT_CORE), *c.argv(url, n, rate, work)]
-    env = {**os.environ, **c.env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **c.env}
+    env = {k: v for k, v in env.items() if v != ""}  # "" in Client.env: unset it
     t0 = time.perf_counter()
     with open(work / "stdout.txt", "wb") as out, open(work / "stderr.txt", "wb") as err:
         proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env, start_new_session=True)
@@ -305,7 +306,11 @@ def _aiperf() -> Client:
     def available() -> str:
         return "" if exe.exists() else f"{exe} missing (bash benchmarks/install_peers.sh aiperf)"
 
-    return Client("aiperf", argv, parse, available)
+    # aiperf rejects a local tokenizer path as a "repo id" when HF_HUB_OFFLINE=1 (a path is
+    # still a path: nothing is downloaded either way, the machine has no route out)
+    return Client(
+        "aiperf", argv, parse, available, {"HF_HUB_OFFLINE": "", "TRANSFORMERS_OFFLINE": ""}
+    )
 
 
 CLIENTS: dict[str, Callable[[], Client]] = {
