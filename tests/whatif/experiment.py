@@ -1,10 +1,11 @@
 """The documented validation experiment (docs/validation.md): real llama.cpp, calibrate, predict.
 
-    .venv/bin/python tests/whatif/experiment.py measure --np 4 --rates 0.5,2,4 --out runs/val
-    .venv/bin/python tests/whatif/experiment.py predict --out runs/val --calib-on llamacpp-np4-r0.5
+    .venv/bin/python tests/whatif/experiment.py auto --out runs/val
+    .venv/bin/python tests/whatif/experiment.py measure --np 4 --rates 0.3,0.9,1.8 --out runs/val
+    .venv/bin/python tests/whatif/experiment.py predict --out runs/val --calib-on llamacpp-np4-r0.3
 
-`measure` starts llama-server (the `m` model: the engine, not the client, dominates) with `-np`
-slots, drives one Poisson run per rate with phaselens' own driver, and stops it. `predict`
+`measure` starts llama-server (the `tiny` model; `m` was too slow on the shared 2-core box) with
+`-np` slots, drives one Poisson run per rate with phaselens' own driver, and stops it. `predict`
 calibrates on one run and predicts every other run — other rates, and the other `-np` setting
 through the `policy.max_num_seqs` knob — printing the markdown table of docs/validation.md.
 Not a test module (no test_ prefix); the small e2e version is test_validation_e2e.py.
