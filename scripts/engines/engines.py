@@ -204,8 +204,12 @@ def start(
     kv_cache_gib: int = 1,
     timeout_s: float = 240.0,
     log_dir: Path | None = None,
+    extra_args: tuple[str, ...] = (),
+    cpus: str | None = None,
 ) -> Engine:
-    """Start an engine in the background and return once it serves `model` (or raise)."""
+    """Start an engine in the background and return once it serves `model` (or raise).
+    `extra_args` are appended to the engine's command line; `cpus` (a taskset list, "0" or
+    "0-1") pins the engine to those cores."""
     if kind not in KINDS:
         raise ValueError(f"unknown engine {kind!r}; one of {KINDS}")
     gone = missing((kind,), size)
@@ -227,6 +231,9 @@ def start(
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))  # GiB of KV cache
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # share 2 cores with the client
         cmd = vllm_cmd(port, model, size, parallel, ctx)
+    cmd = cmd + list(extra_args)
+    if cpus is not None:
+        cmd = ["taskset", "-c", cpus, *cmd]
     log_dir = log_dir or engines_dir() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{kind}-{model}-{port}.log"

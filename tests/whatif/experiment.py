@@ -4,6 +4,9 @@
     .venv/bin/python tests/whatif/experiment.py measure --np 4 --rates 0.3,0.9,1.8 --out runs/val
     .venv/bin/python tests/whatif/experiment.py predict --out runs/val --calib-on llamacpp-np4-r0.3
 
+On a 2-core machine, give the engine and the driver a core each (docs/validation.md, third
+series): `--engine-threads 1 --engine-poll 0 --engine-cpus 0 --client-cpus 1`.
+
 `measure` starts llama-server (the `tiny` model; `m` was too slow on the shared 2-core box) with
 `-np` slots, drives one Poisson run per rate with phaselens' own driver, and stops it. `predict`
 calibrates on one run and predicts every other run — other rates, and the other `-np` setting
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -96,6 +100,8 @@ def measure(
     seed: int,
     threads: int,
     kind: str = "llamacpp",
+    poll: int | None = None,
+    engine_cpus: str | None = None,
 ) -> list[Path]:
     from phaselens.driver.drive import drive
     from phaselens.driver.runner import DriverOptions
@@ -104,19 +110,23 @@ def measure(
 
     eng_mod = _engines()
     out.mkdir(parents=True, exist_ok=True)
-    eng = eng_mod.start(
-        kind,
-        model=MODEL,
-        size=SIZE,
-        parallel=np_slots,
-        ctx=CTX,
-        threads=threads,
-        timeout_s=300.0,
-        log_dir=out,
-    )
     paths = []
-    try:
-        for rate in rates:
+    for rate in rates:
+        # A fresh engine per rate: the same seed gives every rate the same prompts, and a
+        # server that had served them would hit its prompt cache (seen at 10:47 on 2026-11-29).
+        eng = eng_mod.start(
+            kind,
+            model=MODEL,
+            size=SIZE,
+            parallel=np_slots,
+            ctx=CTX,
+            threads=threads,
+            timeout_s=300.0,
+            log_dir=out,
+            extra_args=_engine_args(kind, threads, poll),
+            cpus=engine_cpus,
+        )
+        try:
             data = spec_for(rate, duration_s, seed)
             data["name"] = f"{kind}-np{np_slots}-r{rate:g}"
             ws = parse_spec(data, "validation", Path("."))
@@ -136,9 +146,28 @@ def measure(
             )
             print(f"{res.path}: {res.status}, {dict(res.by_status)}", flush=True)
             paths.append(Path(res.path))
-    finally:
-        eng.stop()
+        finally:
+            eng.stop()
     return paths
+
+
+def _engine_args(kind: str, threads: int, poll: int | None) -> tuple[str, ...]:
+    """llama.cpp: the prompt-batch threads follow -t; `--poll 0` stops its workers spin-waiting."""
+    if kind != "llamacpp":
+        return ()
+    args: tuple[str, ...] = ("--threads-batch", str(threads))
+    return args if poll is None else (*args, "--poll", str(poll))
+
+
+def pin_client(cpus: str | None) -> None:
+    """Pin this process (the driver) to a taskset-style list of cores, e.g. "1" or "0-1"."""
+    if cpus is None:
+        return
+    cores: set[int] = set()
+    for part in cpus.split(","):
+        lo, _, hi = part.partition("-")
+        cores.update(range(int(lo), int(hi or lo) + 1))
+    os.sched_setaffinity(0, cores)
 
 
 def _runs(out: Path) -> dict[str, Path]:
@@ -244,16 +273,29 @@ def pick_rates(out: Path, light_key: str, tflops: float, bw: float) -> tuple[flo
     raise SystemExit("no knee below 40x the light rate")
 
 
-def auto(out: Path, light: float, tflops: float, bw: float, seed: int) -> None:
+def auto(
+    out: Path,
+    light: float,
+    tflops: float,
+    bw: float,
+    seed: int,
+    threads: int = 2,
+    poll: int | None = None,
+    engine_cpus: str | None = None,
+    light_s: float = 90.0,
+    duration_s: float = 45.0,
+) -> None:
     """The whole experiment: light run at -np 4, model-chosen knee and overload rates, the same
     three rates at -np 2, then `predict` calibrated on the light -np 4 run."""
-    measure(4, [light], 90.0, out, seed, 2)
+    eng = {"poll": poll, "engine_cpus": engine_cpus}
+    measure(4, [light], light_s, out, seed, threads, **eng)
     key = f"llamacpp-np4-r{light:g}"
     knee, over = pick_rates(out, key, tflops, bw)
     knee, over = round(knee, 2), round(over, 2)
     print(f"knee {knee} r/s, overloaded {over} r/s", flush=True)
-    measure(4, [knee, over], 45.0, out, seed, 2)
-    measure(2, [light, knee, over], 45.0, out, seed, 2)
+    measure(4, [knee, over], duration_s, out, seed, threads, **eng)
+    measure(2, [light], light_s, out, seed, threads, **eng)
+    measure(2, [knee, over], duration_s, out, seed, threads, **eng)
     predict(out, key, tflops, bw)
 
 
@@ -265,7 +307,6 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--rates", required=True)
     m.add_argument("--duration", type=float, default=60.0)
     m.add_argument("--seed", type=int, default=7)
-    m.add_argument("--threads", type=int, default=2)
     m.add_argument("--out", type=Path, required=True)
     m.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp")
     au = sub.add_parser("auto")
@@ -274,17 +315,47 @@ def main(argv: list[str] | None = None) -> int:
     au.add_argument("--seed", type=int, default=7)
     au.add_argument("--tflops", type=float, default=0.157)
     au.add_argument("--bandwidth-gbs", type=float, default=20.0)
+    au.add_argument("--light-duration", type=float, default=90.0)
+    au.add_argument("--duration", type=float, default=45.0)
+    for sp in (m, au):
+        sp.add_argument("--engine-threads", "--threads", dest="threads", type=int, default=2)
+        sp.add_argument("--engine-poll", type=int, default=None, help="llama.cpp --poll (0-100)")
+        sp.add_argument("--engine-cpus", default=None, help="taskset cores for the engine")
+        sp.add_argument("--client-cpus", default=None, help="cores for the driver (this process)")
     p = sub.add_parser("predict")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--calib-on", required=True)
     p.add_argument("--tflops", type=float, default=0.157)
     p.add_argument("--bandwidth-gbs", type=float, default=20.0)
     a = ap.parse_args(argv)
+    if a.cmd in ("auto", "measure"):
+        pin_client(a.client_cpus)
     if a.cmd == "auto":
-        auto(a.out, a.light, a.tflops, a.bandwidth_gbs, a.seed)
+        auto(
+            a.out,
+            a.light,
+            a.tflops,
+            a.bandwidth_gbs,
+            a.seed,
+            a.threads,
+            a.engine_poll,
+            a.engine_cpus,
+            a.light_duration,
+            a.duration,
+        )
     elif a.cmd == "measure":
         rates = [float(x) for x in a.rates.split(",")]
-        measure(a.np, rates, a.duration, a.out, a.seed, a.threads, a.engine)
+        measure(
+            a.np,
+            rates,
+            a.duration,
+            a.out,
+            a.seed,
+            a.threads,
+            a.engine,
+            a.engine_poll,
+            a.engine_cpus,
+        )
     else:
         predict(a.out, a.calib_on, a.tflops, a.bandwidth_gbs)
     return 0
