@@ -32,29 +32,10 @@ def make(root: Path, n: int, scale: float) -> Path:
     assert spec is not None and spec.loader is not None
     sim_speed = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sim_speed)
-    from phaselens.sim.deploy import parse_deployment
     from phaselens.sim.run import simulate
     from phaselens.store import write_run
 
-    deploy = parse_deployment(
-        {
-            "gpus": [{"name": "g0", "type": "H100-SXM"}],
-            "engines": [
-                {
-                    "name": "conv",
-                    "model": "llama-3-8b",
-                    "serves": ["conv"],
-                    "gpus": ["g0"],
-                    "policy": {
-                        "type": "continuous",
-                        "max_num_seqs": 256,
-                        "max_num_batched_tokens": 2048,
-                    },
-                },
-            ],
-        },
-        "<bench>",
-    )
+    deploy = sim_speed.bench_deployment()
     t0 = time.perf_counter()
     sched = sim_speed.azure_schedule(sim_speed.TRACE, n, scale)
     res = simulate(sched, deploy)

@@ -25,7 +25,7 @@ import numpy as np
 import polars as pl
 
 from phaselens.sim.cluster import Cluster
-from phaselens.sim.deploy import parse_deployment
+from phaselens.sim.deploy import Deployment, parse_deployment
 from phaselens.sim.run import simulate
 from phaselens.types import Schedule, StageInfo
 
@@ -61,14 +61,9 @@ def azure_schedule(path: Path, n: int, scale: float) -> Schedule:
     )
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=1_000_000)
-    ap.add_argument("--scale", type=float, default=4.0, help="time compression of the trace")
-    ap.add_argument("--frames", action="store_true", help="also build the output frames")
-    ap.add_argument("--json", type=Path, default=None)
-    a = ap.parse_args()
-    deploy = parse_deployment(
+def bench_deployment() -> Deployment:
+    """Llama-3-8B on one H100-SXM, continuous batching: the engine both speed benchmarks use."""
+    return parse_deployment(
         {
             "gpus": [{"name": "g0", "type": "H100-SXM"}],
             "engines": [
@@ -87,6 +82,16 @@ def main() -> None:
         },
         "<bench>",
     )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=1_000_000)
+    ap.add_argument("--scale", type=float, default=4.0, help="time compression of the trace")
+    ap.add_argument("--frames", action="store_true", help="also build the output frames")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    deploy = bench_deployment()
     t0 = time.perf_counter()
     sched = azure_schedule(TRACE, a.requests, a.scale)
     t_plan = time.perf_counter() - t0
