@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import polars as pl
 
 from phaselens.analysis.itl import ItlResult, compute_itl, describe_itl
@@ -223,6 +224,26 @@ def slo_targets(slo: Mapping[str, Any] | None) -> list[tuple[str, str, float]]:
     return out
 
 
+def attain_exprs(slo: Mapping[str, Any] | None) -> dict[str, pl.Expr]:
+    """Per SLO metric, the per-request rule: succeeded and its value ≤ the tightest threshold."""
+    tight: dict[str, float] = {}
+    for metric, _, thr in slo_targets(slo):
+        tight[metric] = min(thr, tight.get(metric, thr))
+    return {
+        metric: pl.col("ok") & (pl.col(_SLO_COLUMN[metric]).fill_null(float("inf")) <= thr)
+        for metric, thr in tight.items()
+    }
+
+
+def good_mask(rt: RequestTable, slo: Mapping[str, Any] | None) -> npt.NDArray[np.bool_]:
+    """Per planned request: succeeded and attained every SLO metric (what goodput counts)."""
+    cond = pl.col("ok")
+    for c in attain_exprs(slo).values():
+        cond = cond & c
+    out: npt.NDArray[np.bool_] = rt.frame.select(cond.alias("g"))["g"].to_numpy().astype(bool)
+    return out
+
+
 def slo_block(
     rt: RequestTable,
     slo: Mapping[str, Any] | None,
@@ -253,14 +274,10 @@ def slo_block(
                 "met": obs is not None and float(obs) <= thr,
             }
         )
-    tight: dict[str, float] = {}
-    for metric, _, thr in targets:
-        tight[metric] = min(thr, tight.get(metric, thr))
     planned = max(f.height, 1)
     attain: dict[str, Any] = {}
     all_ok = pl.col("ok")
-    for metric, thr in tight.items():
-        cond = pl.col("ok") & (pl.col(_SLO_COLUMN[metric]).fill_null(float("inf")) <= thr)
+    for metric, cond in attain_exprs(slo).items():
         attain[metric] = fnum(100.0 * int(f.select(cond.sum()).item()) / planned)
         all_ok = all_ok & cond
     n_good = int(f.select(all_ok.sum()).item())

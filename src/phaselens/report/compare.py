@@ -35,6 +35,7 @@ from plotly.subplots import make_subplots
 
 from phaselens.analysis.latency import (
     RequestTable,
+    good_mask,
     latency_block,
     request_table,
     slo_block,
@@ -92,29 +93,6 @@ class RunStats:
     window_s: float | None = None
 
 
-def _good_mask(rt: RequestTable, slo: Mapping[str, Any] | None) -> npt.NDArray[np.bool_]:
-    """Per planned request: succeeded and met every SLO metric's tightest threshold.
-
-    Mirrors latency.slo_block's per-request rule (checked against its count below); the
-    analysis module does not expose the per-request mask yet.
-    """
-    col = {
-        "ttft_ms": "ttft_ms",
-        "ttft_from_send_ms": "ttft_from_send_ms",
-        "itl_ms": "itl_mean_ms",
-        "tpot_ms": "tpot_ms",
-        "e2e_ms": "e2e_ms",
-    }
-    tight: dict[str, float] = {}
-    for metric, _, thr in slo_targets(slo):
-        tight[metric] = min(thr, tight.get(metric, thr))
-    cond = pl.col("ok")
-    for metric, thr in tight.items():
-        cond = cond & (pl.col(col[metric]).fill_null(float("inf")) <= thr)
-    out: npt.NDArray[np.bool_] = rt.frame.select(cond.alias("g"))["g"].to_numpy().astype(bool)
-    return out
-
-
 def run_stats(run: Run, slo: Mapping[str, Any] | None) -> RunStats:
     """Point estimates from the analysis functions, plus what the bootstrap resamples."""
     rt = request_table(run.requests)
@@ -130,9 +108,7 @@ def run_stats(run: Run, slo: Mapping[str, Any] | None) -> RunStats:
         else:
             v = lat[src][stat]
             point[key] = None if v is None else float(v)
-    good = _good_mask(rt, slo)
-    if sb is not None and int(good.sum()) != int(sb.get("good_requests") or 0):
-        raise AssertionError("per-request SLO mask disagrees with analysis.slo_block")
+    good = good_mask(rt, slo)
     window = tp.get("window_s") or None
     return RunStats(
         name=run.path.name,
