@@ -121,11 +121,19 @@ def test_sampler_tracks_load_and_token_counts(engine: Any) -> None:
     # counted by this one (scrape stamps are request/response midpoints: one interval of slack).
     # Upper bound: what the engine counted reaches the client within DELIVERY_S of the next
     # scrape (API-server output processing and HTTP, on the same 2 busy cores).
+    # The lower bound is causal and must hold at every scrape. The upper bound is a delivery
+    # latency: on 2 loaded cores the API server's output processing has lagged the engine's
+    # counter by more than DELIVERY_S (seen once: 1888 counted vs 1792 received), so it must
+    # hold at 90% of the scrapes — a counter shifted by an interval or more still fails.
     engine_cum = 0.0
     scrape_t = [t for t, _ in decode]
+    late: list[tuple[int, float, int]] = []
     for i, (t, v) in enumerate(decode):
         engine_cum += v
         prev_t = scrape_t[i - 1] if i else t - int(INTERVAL_S * 1e9)
         next_t = scrape_t[i + 1] if i + 1 < len(scrape_t) else t + int(INTERVAL_S * 1e9)
         lo, hi = client_by(prev_t), client_by(next_t + int(DELIVERY_S * 1e9))
-        assert lo <= engine_cum <= hi, (i, t, lo, engine_cum, hi)
+        assert lo <= engine_cum, (i, t, lo, engine_cum)
+        if engine_cum > hi:
+            late.append((i, engine_cum, hi))
+    assert len(late) <= 0.1 * len(decode), (len(late), len(decode), late[:5])
