@@ -13,7 +13,8 @@ Formulas (notes/simulator.md), for a step processing T tokens across B sequences
 - tensor parallel: FLOPs and bytes split over TP GPUs, plus 2 all-reduces per layer of `T·d·2`
   bytes: `2(TP−1)/TP·size/link + α` each;
 - time = `max(F_lin/(η_lin·peak), B_lin/(η_mem·BW)) + max(F_att/(η_att·peak), B_att/(η_mem·BW))
-  + all-reduce + c0 + c_seq·B + c_layer·L`.
+  + all-reduce + c0 + c_seq·B + c_layer·L + c_req·N + c_first·D + c_multi·(B−1)` (N: requests
+  whose prefill starts in the step; D: sequences in their first decode step).
 """
 
 from __future__ import annotations
@@ -43,6 +44,16 @@ class CostParams:
     step_overhead_s: float = 3e-4  # c0: scheduler + launch per step (CUDA graphs for decode)
     per_seq_overhead_s: float = 1e-5  # c_seq: per sequence in the batch (sampling, bookkeeping)
     per_layer_overhead_s: float = 2e-6  # c_layer: kernel launches per layer
+    # c_req: engine time per newly admitted request, paid in the step that starts its prefill
+    # (request parsing and tokenization where they share the engine's CPU, e.g. llama-server on
+    # one core); 0 = that work runs beside the engine (the calibration's request overhead)
+    per_request_overhead_s: float = 0.0
+    # c_first: extra engine time per sequence in its first decode step (measured on llama.cpp on
+    # one CPU core: the first decode steps after a prefill are slower); 0 = none
+    first_decode_overhead_s: float = 0.0
+    # c_multi: extra engine time per sequence beyond the first in a step (llama.cpp's CPU backend
+    # on one core: a lone sequence decodes in ~0.6 ms, each further one adds ~0.85 ms); 0 = none
+    extra_seq_overhead_s: float = 0.0
     allreduce_latency_s: float = 5e-6  # α of one all-reduce
     switch_overhead_s: float = 5e-5  # time-slicing: switching the GPU to another engine
     reserve_gb: float = 1.5  # activations + CUDA context/graphs per engine per GPU
@@ -126,8 +137,12 @@ class EngineCost:
         kv_read_tokens: float,
         seqs: int,
         bandwidth: float,
+        new_requests: int = 0,
+        first_decodes: int = 0,
     ) -> StepCost:
-        """As `step`, with an explicit per-GPU bandwidth (spatial sharing under contention)."""
+        """As `step`, with an explicit per-GPU bandwidth (spatial sharing under contention), and
+        the requests whose prefill starts in the step and the sequences in their first decode
+        step (their overheads are 0 unless fitted)."""
         p = self.params
         f_lin = self._f_tok * tokens + self._f_samp * sampled
         b_lin = self._b_lin
@@ -138,6 +153,12 @@ class EngineCost:
         t_att = max(f_att / self._peak_a, b_att / bw)
         t = t_lin + t_att + p.step_overhead_s + p.per_seq_overhead_s * seqs
         t += self._fixed
+        if seqs > 1 and p.extra_seq_overhead_s:
+            t += p.extra_seq_overhead_s * (seqs - 1)
+        if new_requests:
+            t += p.per_request_overhead_s * new_requests
+        if first_decodes:
+            t += p.first_decode_overhead_s * first_decodes
         if self.tp > 1:
             t += self._ar_tok * tokens
             t += self._ar_fixed
@@ -156,6 +177,7 @@ class EngineCost:
         t_lin = max(f_lin / self._peak_l, b_lin / bw)
         fa, pa, kv_tok = self._f_att, self._peak_a, self._kv_tok
         c0, cseq, fixed = p.step_overhead_s, p.per_seq_overhead_s * n, self._fixed
+        multi = p.extra_seq_overhead_s * (n - 1) if n > 1 else 0.0
         ar_n, ar_fixed, tp = self._ar_tok * n, self._ar_fixed, self.tp
 
         def step(sp: int) -> tuple[float, float, float]:
@@ -167,6 +189,8 @@ class EngineCost:
                 t_att = tb
             t = t_lin + t_att + c0 + cseq
             t += fixed
+            if multi:
+                t += multi
             if tp > 1:
                 t += ar_n
                 t += ar_fixed
@@ -194,6 +218,8 @@ class EngineCost:
         t_att = np.maximum(f_att / self._peak_a, b_att / bw)
         t = t_lin + t_att + p.step_overhead_s + p.per_seq_overhead_s * n
         t += self._fixed
+        if n > 1 and p.extra_seq_overhead_s:
+            t += p.extra_seq_overhead_s * (n - 1)
         if self.tp > 1:
             t += self._ar_tok * n
             t += self._ar_fixed

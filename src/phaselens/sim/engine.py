@@ -127,6 +127,9 @@ class EngineState:
         self.cur_chunks: list[tuple[Seq, int]] = []
         self.cur_dec = 0
         self.cur_preempt = 0
+        self.cur_new = 0  # requests whose prefill starts in the planned step
+        self.cur_first = 0  # sequences in their first decode step in the planned step
+        self.pending_first: list[tuple[Seq, int]] = []  # (seq, epoch) that decode next step
         self.cur_pad = False
         # request-level batching (dynamic/static)
         self.batch_pmax = 0
@@ -283,6 +286,8 @@ class EngineState:
         s = self.step_idx
         self.cur_chunks = []
         self.cur_preempt = 0
+        self.cur_new = 0
+        self.cur_first = 0
         # 1. new KV blocks for decoding sequences crossing a block boundary this step
         need = self.phase[s % self.bs]
         if need and not self._ensure_free(need):
@@ -294,6 +299,12 @@ class EngineState:
         # 2. handed-off sequences (P/D decode engine) join decoding directly
         if self.decode_admits:
             self._admit_handoffs(s)
+        if self.pending_first:  # sequences whose prefill ended last step, unless preempted
+            run = self.running
+            self.cur_first += sum(
+                1 for q, ep in self.pending_first if q.epoch == ep and q.rid in run
+            )
+            self.pending_first = []
         # 3. partial prefills continue, then the policy admits waiting requests
         budget = self.policy.max_num_batched_tokens - self.n_dec
         for seq in list(self.prefilling) if self.prefilling else ():
@@ -331,6 +342,7 @@ class EngineState:
             # registered one step early so that this step's boundary check is already paid
             seq.target = seq.computed
             self._start_decode(seq, s, s)
+            self.cur_first += 1
         self.decode_admits = keep
 
     def step_cost(self, bandwidth: float | None = None) -> StepCost:
@@ -359,7 +371,9 @@ class EngineState:
                 tokens, attn, kv_read = slots, float(slots * (ctx + 1)), float(slots * ctx)
             sampled = seqs = slots
         bw = self.cost.bandwidth if bandwidth is None else bandwidth
-        return self.cost.step_bw(tokens, sampled, attn, kv_read, seqs, bw)
+        return self.cost.step_bw(
+            tokens, sampled, attn, kv_read, seqs, bw, self.cur_new, self.cur_first
+        )
 
     def end_step(self, t0_ns: int, t1_ns: int, cost: StepCost) -> None:
         """Apply the planned step: prefill progress, one token per decoding sequence, finishes."""
@@ -407,6 +421,8 @@ class EngineState:
         for seq in started:
             # the token sampled at the end of the prefill opens the segment at this step
             self._start_decode(seq, s, s + 1)
+        if started:
+            self.pending_first = [(q, q.epoch) for q in started]
         if self.request_level:
             self.batch_k += 1
         self.ilog.extend(
@@ -435,6 +451,7 @@ class EngineState:
             self.policy.type != "continuous"
             or self.cur_chunks
             or self.cur_preempt
+            or self.cur_first
             or self.decode_admits
             or not self.n_dec
             or (self.waiting and len(self.running) < self.policy.max_num_seqs)
@@ -518,6 +535,7 @@ def _admit_one(st: EngineState, seq_budget: int | None) -> int | None:
         return None
     st._pop_waiting()
     if fresh:
+        st.cur_new += 1
         st.sink.prefill_start(seq.rid)
         st.prefix_hit_tokens += seq.computed
         st.prefix_query_tokens += seq.prompt

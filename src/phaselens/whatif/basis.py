@@ -2,10 +2,13 @@
 
 Why: `sim/cost.py` prices a step as
 `max(F_lin/(η_lin·P), B_lin/(η_mem·BW)) + max(F_att/(η_att·P), B_att/(η_mem·BW)) + c0 + c_seq·B`
-(+ per-layer launches and all-reduces). With inverse efficiencies `u = 1/η` and the side of each
-max() fixed, the step time is linear in θ = (u_lin, u_att, u_mem, c0, c_seq, c_layer) — c_layer
-multiplies the layer count, separable from c0 only with several models — plus a per-request
-overhead `r` (HTTP, tokenization) that only TTFT pays. Non-negative least squares on that basis,
+(+ per-layer launches, all-reduces, and three terms that are 0 unless fitted: c_req per request
+whose prefill starts in the step, c_first per sequence in its first decode step, c_multi per
+sequence beyond the first). With inverse efficiencies `u = 1/η` and the side of each max()
+fixed, the step time is linear in θ = (u_lin, u_att, u_mem, c0, c_seq, c_layer, c_req, c_first,
+c_multi) — c_layer multiplies the layer count, separable from c0 only with several models —
+plus a per-request overhead `r` (HTTP, tokenization) that only TTFT pays, outside the engine
+(for a request served alone, r and c_req are twins). Non-negative least squares on that basis,
 re-solved until no step changes side, is the whole fit: every coefficient has a physical meaning
 and a unit, and a column no row exercises is reported as not identified instead of guessed.
 """
@@ -21,7 +24,7 @@ from phaselens.sim.cost import CostParams, prefill_attn_units
 from phaselens.sim.deploy import Deployment, Engine
 
 F64 = npt.NDArray[np.float64]
-NAMES = ("u_lin", "u_att", "u_mem", "c0", "c_seq", "c_layer", "r")
+NAMES = ("u_lin", "u_att", "u_mem", "c0", "c_seq", "c_layer", "r", "c_req", "c_first", "c_multi")
 K = len(NAMES)
 
 
@@ -36,10 +39,24 @@ class Theta:
     c_seq: float
     c_layer: float = 0.0
     r: float = 0.0
+    c_req: float = 0.0
+    c_first: float = 0.0
+    c_multi: float = 0.0
 
     def vec(self) -> F64:
         return np.array(
-            [self.u_lin, self.u_att, self.u_mem, self.c0, self.c_seq, self.c_layer, self.r]
+            [
+                self.u_lin,
+                self.u_att,
+                self.u_mem,
+                self.c0,
+                self.c_seq,
+                self.c_layer,
+                self.r,
+                self.c_req,
+                self.c_first,
+                self.c_multi,
+            ]
         )
 
     @staticmethod
@@ -56,6 +73,9 @@ class Theta:
             c.per_seq_overhead_s,
             c.per_layer_overhead_s,
             r,
+            c.per_request_overhead_s,
+            c.first_decode_overhead_s,
+            c.extra_seq_overhead_s,
         )
 
     def folded(self, layers: int) -> Theta:
@@ -72,6 +92,9 @@ class Theta:
             step_overhead_s=self.c0,
             per_seq_overhead_s=self.c_seq,
             per_layer_overhead_s=self.c_layer,
+            per_request_overhead_s=self.c_req,
+            first_decode_overhead_s=self.c_first,
+            extra_seq_overhead_s=self.c_multi,
         )
 
 
@@ -106,6 +129,8 @@ class Steps:
     seqs: F64
     layers: F64
     fixed: F64  # all-reduces and anything not fitted
+    new: F64  # requests whose prefill starts in the step
+    first: F64  # sequences in their first decode step
 
 
 def step_features(
@@ -117,6 +142,8 @@ def step_features(
     kv_read: F64,
     seqs: F64,
     allreduce_latency_s: float,
+    new: F64 | None = None,
+    first: F64 | None = None,
 ) -> Steps:
     """Roofline features of steps on engine `e` (mirrors `EngineCost.step_bw`)."""
     m = e.model
@@ -137,6 +164,8 @@ def step_features(
         seqs=np.asarray(seqs, dtype=np.float64),
         layers=np.full_like(f_lin, float(m.layers)),
         fixed=fixed,
+        new=np.zeros_like(f_lin) if new is None else np.asarray(new, dtype=np.float64),
+        first=np.zeros_like(f_lin) if first is None else np.asarray(first, dtype=np.float64),
     )
 
 
@@ -148,6 +177,8 @@ def step_time(s: Steps, th: Theta) -> F64:
     t_lin = np.maximum(th.u_lin * s.a1, th.u_mem * s.a2)
     t_att = np.maximum(th.u_att * s.a3, th.u_mem * s.a4)
     out: F64 = t_lin + t_att + th.c0 + th.c_seq * s.seqs + th.c_layer * s.layers + s.fixed
+    out = out + th.c_req * s.new + th.c_first * s.first
+    out = out + th.c_multi * np.maximum(s.seqs - 1.0, 0.0)
     return out
 
 
@@ -162,6 +193,9 @@ def linear_rows(s: Steps, th: Theta) -> F64:
     rows[:, 3] = 1.0
     rows[:, 4] = s.seqs
     rows[:, 5] = s.layers
+    rows[:, 7] = s.new
+    rows[:, 8] = s.first
+    rows[:, 9] = np.maximum(s.seqs - 1.0, 0.0)
     return rows
 
 
@@ -221,7 +255,9 @@ def isolated_basis(
         sampled = np.zeros_like(cs)
         sampled[-1] = 1.0
         units = np.array([prefill_attn_units(int(c), int(d)) for c, d in chunks])
-        feats.append(step_features(e, hw, cs, sampled, units, cached, np.ones_like(cs), ar))
+        new = np.zeros_like(cs)
+        new[0] = 1.0
+        feats.append(step_features(e, hw, cs, sampled, units, cached, np.ones_like(cs), ar, new))
         group.append(np.full(cs.shape[0], 2 * k, dtype=np.int64))
         weight.append(np.ones_like(cs))
         if pol.type != "continuous":
@@ -236,7 +272,10 @@ def isolated_basis(
             js = np.unique(np.linspace(1, o - 1, min(o - 1, max_decode_steps)).round())
             ctx = p + js - 1  # KV holds p + j - 1 tokens before decode step j
             one = np.ones_like(ctx)
-            feats.append(step_features(e, hw, one, one, ctx + 1, ctx, one, ar))
+            # the first decode step (j = 1, always sampled) counts once in o - 1 steps, whatever
+            # the subsampling: TPOT is the mean over all of them
+            first = np.where(js == 1, js.shape[0] / (o - 1), 0.0)
+            feats.append(step_features(e, hw, one, one, ctx + 1, ctx, one, ar, first=first))
             group.append(np.full(ctx.shape[0], 2 * k + 1, dtype=np.int64))
             weight.append(one / ctx.shape[0])
     return Isolated(

@@ -46,6 +46,7 @@ from phaselens.whatif.basis import (
     step_time,
 )
 from phaselens.whatif.fit import LinFit, fit_robust, scan_golden
+from phaselens.whatif.gaps import DecodeGaps, decode_gaps
 from phaselens.whatif.predict import (
     compare,
     iso_times,
@@ -384,9 +385,17 @@ def _engine_of(deploy: Deployment, sched: Schedule) -> np.ndarray:
 
 
 def fit_lone(
-    sched: Schedule, meas: pl.DataFrame, deploy: Deployment, lone: np.ndarray
+    sched: Schedule,
+    meas: pl.DataFrame,
+    deploy: Deployment,
+    lone: np.ndarray,
+    gaps: DecodeGaps | None = None,
 ) -> tuple[LinFit, int, int]:
-    """NNLS on the exact equations of requests served alone (TTFT and TPOT rows)."""
+    """NNLS on the exact equations of requests served alone (TTFT and TPOT rows), plus the
+    clean decode gaps of the other requests (`gaps.py`) when given.
+
+    Without gaps of two or more sequences c_seq is c0's twin (one sequence per step) and is
+    held at 0 here; the caller splits it off by replay. With them it is fitted here."""
     rows = np.flatnonzero(np.isin(sched.ids if sched.ids is not None else [], lone))
     eng = _engine_of(deploy, sched)[rows]
     b = isolated_basis(
@@ -399,15 +408,32 @@ def fit_lone(
     target[1::2] = tpot
     present = np.bincount(b.group, minlength=target.shape[0]) > 0
     use = present & np.isfinite(target) & (target > 0)
+    batched = gaps is not None and bool((gaps.batch > 1).any())
 
     def rows_at(th: Theta) -> tuple[F64, F64]:
         a, fx = isolated_rows(b, th)
-        return a[use], fx[use]
+        a, fx = a[use], fx[use]
+        if gaps is not None:
+            ag, fg = isolated_rows(gaps.basis, th)
+            a, fx = np.vstack([a, ag]), np.concatenate([fx, fg])
+        return a, fx
 
-    # one sequence per step: c_seq is c0's twin here; it is split off later by the replay
+    goal = target[use] if gaps is None else np.concatenate([target[use], gaps.target])
     base = replace(Theta.from_cost(deploy.cost), c_seq=0.0, r=0.0)
-    prior, cols = _prior_and_use(base, b.steps.layers, ("r",))
-    lf, dropped = fit_robust(rows_at, target[use], prior, cols)
+    if not batched:
+        prior, cols = _prior_and_use(base, b.steps.layers, ("r", "c_first"))
+        lf, dropped = fit_robust(rows_at, goal, prior, cols)
+        return lf, int(rows.shape[0]), dropped
+    # Batched gaps price each further sequence of a step. Two ways to write a step linear in
+    # its sequences B with non-negative terms: c0 + c_seq·B (GPU engines: the per-step part is
+    # the larger) or c0 + c_multi·(B − 1) (llama.cpp on a CPU core: each further sequence costs
+    # more than the first one's overhead, so c0 + c_seq·B would need c0 < 0). On B ≥ 1 they are
+    # one model; the one with the lower residual is kept and the other term is held at 0.
+    fits = []
+    for per_seq in ("c_seq", "c_multi"):
+        prior, cols = _prior_and_use(base, b.steps.layers, ("r", "c_first", per_seq))
+        fits.append(fit_robust(rows_at, goal, prior, cols))
+    lf, dropped = min(fits, key=lambda f: f[0].rms_rel - (1e-9 if f is fits[0] else 0.0))
     return lf, int(rows.shape[0]), dropped
 
 
@@ -431,6 +457,23 @@ class _Replay:
 
     def loss(self, th: Theta) -> float:
         return request_loss(self.meas, self.predict(th))
+
+
+def split_request_overhead(th: Theta, rp: _Replay, conc: int) -> tuple[Theta, float | None]:
+    """Split the request overhead r (fitted on lone requests, where the two are twins) into the
+    part outside the engine (r) and engine time per admitted request (c_req), by replaying the
+    run: only requests that overlap can tell them apart — engine time delays the requests being
+    served; time outside does not. Returns θ and the share on the engine (None: not fitted).
+    """
+    total = th.r + th.c_req
+    if conc <= 1 or total <= 0:
+        return th, None
+
+    def at(s: float) -> Theta:
+        return replace(th, r=total * (1 - s), c_req=total * s)
+
+    s = scan_golden(lambda x: rp.loss(at(x)), np.linspace(0.0, 1.0, 11).tolist())
+    return at(s), s
 
 
 def calibrate(
@@ -475,13 +518,26 @@ def calibrate(
         identified["r"] = False
         notes.append("request overhead not fitted from steps (0 s): TTFT is engine time only")
     elif lone.shape[0] >= MIN_ISOLATED:
-        lf, used, dropped = fit_lone(sched, meas, deploy, lone)
+        gaps = decode_gaps(run.requests, sched, deploy, lone)
+        lf, used, dropped = fit_lone(sched, meas, deploy, lone, gaps)
         fit_info["lone_outliers_dropped"] = dropped
         th = lf.theta
         identified = dict(lf.identified)
         fit_info["lone_rms_rel_pct"] = 100.0 * lf.rms_rel
         fit_info["lone_used"] = used
-        if conc > 1:
+        if gaps is not None:
+            fit_info["decode_gap_obs"] = int(gaps.target.shape[0])
+            fit_info["decode_gaps"] = int(gaps.gaps.sum())
+            fit_info["decode_gap_max_batch"] = int(gaps.batch.max())
+        if gaps is not None and (identified.get("c_multi") or identified.get("c_seq")):
+            which = "extra_seq_overhead_s" if identified.get("c_multi") else "per_seq_overhead_s"
+            other = "per_seq_overhead_s" if identified.get("c_multi") else "extra_seq_overhead_s"
+            notes.append(
+                f"{which} fitted from {int(gaps.gaps.sum())} decode gaps of batches up to "
+                f"{int(gaps.batch.max())} sequences (client token times); {other} held at 0 "
+                "(its twin)"
+            )
+        elif conc > 1:
             c0 = th.c0
 
             def split_loss(s: float) -> float:
@@ -494,6 +550,10 @@ def calibrate(
         else:
             identified["c_seq"] = False
             notes.append("never more than one request in flight: per-sequence overhead not fitted")
+        th, share = split_request_overhead(th, rp, conc)
+        identified["c_req"] = share is not None
+        if share is not None:
+            fit_info["request_overhead_share_on_engine"] = share
     else:
         th0 = Theta.from_cost(deploy.cost)
         v0 = th0.vec()

@@ -15,6 +15,19 @@ import numpy as np
 from phaselens.whatif.basis import F64, NAMES, Theta
 
 MAX_SIDE_ITER = 30
+U_FLOOR = 1e-3  # an inverse efficiency the data never bound: a thousand times the peak
+# starts besides the prior, as factors on (u_lin, u_att, u_mem): compute-heavy, memory-heavy, and
+# each of linear and attention alone made cheap or dear (a prompt's cost can be priced as linear
+# or as attention work; which side of each max() binds depends on where the search starts)
+STARTS = (
+    (0.1, 0.1, 1.0),
+    (1.0, 1.0, 0.1),
+    (0.1, 1.0, 1.0),
+    (1.0, 0.1, 1.0),
+    (10.0, 1.0, 1.0),
+    (1.0, 10.0, 1.0),
+    (1.0, 1.0, 10.0),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,20 +70,22 @@ def fit_linear(
     w = 1.0 / np.maximum(target, 1e-9)
     starts = [prior]
     pv = prior.vec()
-    for f_compute, f_mem in ((0.1, 1.0), (1.0, 0.1)):
+    for f_lin, f_att, f_mem in STARTS:
         v = pv.copy()
-        v[0] *= f_compute
-        v[1] *= f_compute
+        v[0] *= f_lin
+        v[1] *= f_att
         v[2] *= f_mem
         starts.append(Theta.of(v))
     best: LinFit | None = None
     for start in starts:
         th = start
         last_sides: bytes | None = None
-        it = 0
-        for it in range(1, MAX_SIDE_ITER + 1):  # noqa: B007 - reported
+        for it in range(1, MAX_SIDE_ITER + 1):
             a, fixed = rows_at(th)
             sides = (a[:, :3] > 0).tobytes()
+            if sides == last_sides:
+                break
+            last_sides = sides
             free = [NAMES.index(n) for n in use]
             # columns nothing exercises stay at the prior
             cols = [j for j in free if np.any(a[:, j] != 0)]
@@ -79,23 +94,32 @@ def fit_linear(
             x = _solve(a * w[:, None], rhs * w, cols)
             v = pv.copy()
             v[cols] = x[cols]
-            th = _bound_unused(Theta.of(v), a, cols, prior)
-            if sides == last_sides:
-                break
-            last_sides = sides
-        a, fixed = rows_at(th)
-        pred = a @ th.vec() + fixed
-        rel = (pred - target) * w
-        rms = float(np.sqrt(np.mean(rel * rel))) if rel.size else float("nan")
-        ident = {n: bool(n in use and np.any(a[:, i] != 0)) for i, n in enumerate(NAMES)}
-        for i, n in enumerate(NAMES[:3]):
-            if ident[n] and th.vec()[i] <= 0:
-                ident[n] = False
-        cand = LinFit(th, ident, rms, int(target.shape[0]), it)
-        if best is None or cand.rms_rel < best.rms_rel - 1e-12:
-            best = cand
+            th = _bound_unused(Theta.of(v))
+            # every iterate is scored at its own sides: a solve can flip a side (a coefficient
+            # held at the prior starts to bind), and the iteration need not improve monotonically
+            cand = _score(rows_at, target, w, th, use, it)
+            if best is None or cand.rms_rel < best.rms_rel - 1e-12:
+                best = cand
     assert best is not None
     return best
+
+
+def _score(
+    rows_at: Callable[[Theta], tuple[F64, F64]],
+    target: F64,
+    w: F64,
+    th: Theta,
+    use: tuple[str, ...],
+    it: int,
+) -> LinFit:
+    a, fixed = rows_at(th)
+    rel = (a @ th.vec() + fixed - target) * w
+    rms = float(np.sqrt(np.mean(rel * rel))) if rel.size else float("nan")
+    ident = {n: bool(n in use and np.any(a[:, i] != 0)) for i, n in enumerate(NAMES)}
+    for i, n in enumerate(NAMES[:3]):
+        if ident[n] and th.vec()[i] <= 0:
+            ident[n] = False
+    return LinFit(th, ident, rms, int(target.shape[0]), it)
 
 
 def fit_robust(
@@ -126,17 +150,18 @@ def fit_robust(
     return fit_linear(rows_kept, target[keep], prior, use), int((~keep).sum())
 
 
-def _bound_unused(th: Theta, a: F64, cols: list[int], prior: Theta) -> Theta:
+def _bound_unused(th: Theta) -> Theta:
     """An inverse efficiency fitted as 0 means its side never mattered; keep it finite.
 
-    u = 0 would claim infinite speed. The prior is kept (clamped to at least 1e-3, a thousand
-    times the peak) — the data says only that the true value is small enough never to bind.
+    u = 0 would claim infinite speed. It is set to U_FLOOR (a thousand times the peak): the data
+    says only that the true value is small enough never to bind. Not the prior: where another
+    coefficient took the same cost (a memory-bound decode's weight read is a constant per step,
+    like c0), restoring the prior would add that cost a second time.
     """
     v = th.vec()
-    pv = prior.vec()
     for i in range(3):
         if v[i] <= 0:
-            v[i] = max(pv[i], 1e-3)
+            v[i] = U_FLOOR
     return Theta.of(v)
 
 
