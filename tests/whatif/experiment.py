@@ -218,24 +218,32 @@ def _cell(e: dict[str, Any], key: str) -> str:
     v = e.get(key)
     if not isinstance(v, dict) or v.get("measured_ms") is None:
         return "–"
-    return f"{v['measured_ms']:.0f} / {v['predicted_ms']:.0f} ({v['error_pct']:+.0f}%)"
+    nd = 2 if v["measured_ms"] < 10 else 0  # sub-10 ms TPOTs need two decimals
+    return f"{v['measured_ms']:.{nd}f} / {v['predicted_ms']:.{nd}f} ({v['error_pct']:+.0f}%)"
+
+
+def _rate_of(key: str) -> float:
+    return float(key.rsplit("-r", 1)[1])
 
 
 def table(result: dict[str, Any]) -> str:
+    """One row per run and measured load regime (a regime needs 20 requests, as `compare`)."""
     lines = [
         "| run (np, rate r/s) | regime | n | TTFT p50 | TTFT p90 | TPOT p50 | TPOT p90 |",
         "|---|---|---|---|---|---|---|",
     ]
-    for key, res in result["runs"].items():
-        e = res["all"]
-        shares = {r: res[r]["n"] for r in ("light", "near_saturation", "overloaded")}
-        regime = max(shares, key=lambda r: shares[r])
+    keys = sorted(result["runs"], key=lambda k: (-_np_of(k), _rate_of(k)))
+    for key in keys:
+        res = result["runs"][key]
         mark = " (calibration run)" if key == result["calibrated_on"] else ""
-        lines.append(
-            f"| {key}{mark} | {regime} | {e['n']} | "
-            + " | ".join(_cell(e, k) for k in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"))
-            + " |"
-        )
+        regs = [r for r in ("light", "near_saturation", "overloaded") if res[r]["measured"]]
+        for reg in regs or ["all"]:
+            e = res[reg]
+            lines.append(
+                f"| {key}{mark} | {reg.replace('_', ' ')} | {e['n']} | "
+                + " | ".join(_cell(e, k) for k in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"))
+                + " |"
+            )
     return "\n".join(lines)
 
 

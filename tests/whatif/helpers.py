@@ -36,15 +36,49 @@ BASE_DEPLOY: dict[str, Any] = {
 }
 
 
-def deploy_map(cost: dict[str, float] | None = None, **policy: Any) -> dict[str, Any]:
-    d = copy.deepcopy(BASE_DEPLOY)
+# llama.cpp on one CPU core as the validation experiment saw it (docs/validation.md, fourth
+# series): the catalog's tiny-llama (F32, 1.6M parameters) on a "device" with the nominal peak
+# of two Zen 3 cores; decode is dominated by overheads the roofline does not see.
+CPU_DEPLOY: dict[str, Any] = {
+    "gpus": [{"name": "cpu0", "tflops": 0.157, "bandwidth_gbs": 20.0, "memory_gb": 8.0}],
+    "engines": [
+        {
+            "name": "e0",
+            "model": "tiny-llama",
+            "serves": ["chat"],
+            "gpus": ["cpu0"],
+            "policy": {"max_num_seqs": 4, "max_num_batched_tokens": 2048},
+        }
+    ],
+    "cost": {"reserve_gb": 0.5},
+}
+CPU_TRUE_COST = {
+    "eta_linear": 0.35,
+    "eta_attention": 0.05,
+    "eta_memory": 0.5,
+    "step_overhead_s": 0.0001,
+    "per_seq_overhead_s": 0.0,
+    "per_layer_overhead_s": 0.0,
+    "per_request_overhead_s": 0.005,
+    "first_decode_overhead_s": 0.0009,
+    "extra_seq_overhead_s": 0.0008,
+    "reserve_gb": 0.5,
+}
+
+
+def deploy_map(
+    cost: dict[str, float] | None = None, base: dict[str, Any] | None = None, **policy: Any
+) -> dict[str, Any]:
+    d = copy.deepcopy(BASE_DEPLOY if base is None else base)
     d["engines"][0]["policy"].update(policy)
     if cost is not None:
         d["cost"] = dict(cost)
     return d
 
 
-def spec(rate: float, duration_s: float, seed: int = 3, out_max: int = 60) -> dict[str, Any]:
+def spec(
+    rate: float, duration_s: float, seed: int = 3, out_max: int = 60, in_max: int = 1500
+) -> dict[str, Any]:
     return {
         "name": f"truth-r{rate:g}",
         "seed": seed,
@@ -55,7 +89,7 @@ def spec(rate: float, duration_s: float, seed: int = 3, out_max: int = 60) -> di
                 "name": "chat",
                 "rate": rate,
                 "arrival": {"type": "poisson"},
-                "input_tokens": {"type": "uniform", "min": 50, "max": 1500},
+                "input_tokens": {"type": "uniform", "min": 50, "max": in_max},
                 "output_tokens": {"type": "uniform", "min": 10, "max": out_max},
             }
         ],
@@ -70,16 +104,19 @@ def truth_run(
     seed: int = 3,
     cost: dict[str, float] | None = None,
     steps: bool = True,
+    base: dict[str, Any] | None = None,
+    in_max: int = 1500,
     **policy: Any,
 ) -> Run:
     """Simulate the spec on the deployment with the true constants and write it as a run.
 
     `overhead_s` delays every request's arrival at the engine (the per-request HTTP cost the
-    client sees in TTFT); `steps=False` drops steps.parquet, as a real engine's run has none.
+    client sees in TTFT); `steps=False` drops steps.parquet, as a real engine's run has none;
+    `base` is another deployment mapping (CPU_DEPLOY) and `in_max` the longest prompt.
     """
-    ws = parse_spec(spec(rate, duration_s, seed), "truth", Path("."))
+    ws = parse_spec(spec(rate, duration_s, seed, in_max=in_max), "truth", Path("."))
     sched = build_schedule(ws)
-    d = parse_deployment(deploy_map(cost or TRUE_COST, **policy), "truth")
+    d = parse_deployment(deploy_map(cost or TRUE_COST, base, **policy), "truth")
     pred = simulate_with(sched, d, overhead_s)
     manifest = {
         "name": ws.name,

@@ -1,7 +1,9 @@
 """The validation experiment, small: real llama.cpp, calibrate on one run, predict another.
 
-llama-server on the `tiny` model with 2 slots; two light Poisson runs with different seeds;
-calibrate on the first from client timings only, predict the second (held out).
+llama-server on the `tiny` model with 2 slots; two light Poisson runs (2 r/s, 40 s: most
+requests alone, some overlapping, so the decode-gap equations and the request-overhead split
+are exercised) with different seeds; calibrate on the first from client timings only, predict
+the second (held out).
 
 What is asserted depends on whether the measurement can be trusted, which the driver's own
 self-check decides (send lag and event-loop lag): on a VALID pair the held-out p50s must be
@@ -42,7 +44,7 @@ def test_calibrate_on_one_llamacpp_run_predict_another(tmp_path: Path) -> None:
         )
     runs = []
     for seed in (21, 22):
-        paths = ex.measure(2, [0.5], 60.0, tmp_path / f"s{seed}", seed=seed, threads=2)
+        paths = ex.measure(2, [2.0], 40.0, tmp_path / f"s{seed}", seed=seed, threads=2)
         runs.append(load_run(paths[0]))
     dmap = ex.deployment(2, 0.157, 20.0)
     valid = all(r.manifest.get("valid") is not False for r in runs)
@@ -61,5 +63,6 @@ def test_calibrate_on_one_llamacpp_run_predict_another(tmp_path: Path) -> None:
     if not valid:
         return
     assert c.fit["lone_requests"] >= 8, c.fit
+    assert c.fit.get("decode_gap_obs", 0) > 0, c.fit  # overlapping requests were used too
     for key in ("ttft_p50", "tpot_p50"):
         assert abs(e[key]["error_pct"]) < TOLERANCE_PCT, (key, e[key], c.to_dict()["cost"])

@@ -236,7 +236,7 @@ class Cluster:
         """`_stretch` for short stretches: the same arithmetic, one step at a time, no events."""
         n, sp, s, bs, ph = st.n_dec, st.sum_p, st.step_idx, st.bs, st.phase
         free = st.free_blocks()
-        step = st.cost.decode_step_fn(n)
+        step = st.cost.decode_step_fn(n, len(st.waiting))
         t = t0
         ends: list[int] = []
         flops: list[float] = []
@@ -273,7 +273,7 @@ class Cluster:
         (its end < the next event) and the KV blocks it needs are free. Returns the start and
         cost of the step left in flight.
         """
-        sec, flops, nbytes = st.cost.decode_stretch(st.n_dec, st.sum_p, k)
+        sec, flops, nbytes = st.cost.decode_stretch(st.n_dec, st.sum_p, k, len(st.waiting))
         dur = np.maximum(1, np.rint(sec * 1e9)).astype(np.int64)
         ends = t0 + np.cumsum(dur)
         b = int(np.searchsorted(ends[: k - 1], t_next, side="left"))

@@ -13,8 +13,9 @@ Formulas (notes/simulator.md), for a step processing T tokens across B sequences
 - tensor parallel: FLOPs and bytes split over TP GPUs, plus 2 all-reduces per layer of `T·d·2`
   bytes: `2(TP−1)/TP·size/link + α` each;
 - time = `max(F_lin/(η_lin·peak), B_lin/(η_mem·BW)) + max(F_att/(η_att·peak), B_att/(η_mem·BW))
-  + all-reduce + c0 + c_seq·B + c_layer·L + c_req·N + c_first·D + c_multi·(B−1)` (N: requests
-  whose prefill starts in the step; D: sequences in their first decode step).
+  + all-reduce + c0 + c_seq·B + c_layer·L + c_req·N + c_first·D + c_multi·(B−1) + c_wait·W` (N:
+  requests whose prefill starts in the step; D: sequences in their first decode step; W:
+  requests waiting for a slot).
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ class CostParams:
     # c_multi: extra engine time per sequence beyond the first in a step (llama.cpp's CPU backend
     # on one core: a lone sequence decodes in ~0.6 ms, each further one adds ~0.85 ms); 0 = none
     extra_seq_overhead_s: float = 0.0
+    # c_wait: engine time per step per request waiting for a slot (llama-server on one core: a
+    # queue of waiting requests slows every step by ~0.05 ms each); 0 = waiting costs nothing
+    wait_overhead_s: float = 0.0
     allreduce_latency_s: float = 5e-6  # α of one all-reduce
     switch_overhead_s: float = 5e-5  # time-slicing: switching the GPU to another engine
     reserve_gb: float = 1.5  # activations + CUDA context/graphs per engine per GPU
@@ -139,10 +143,11 @@ class EngineCost:
         bandwidth: float,
         new_requests: int = 0,
         first_decodes: int = 0,
+        waiting: int = 0,
     ) -> StepCost:
         """As `step`, with an explicit per-GPU bandwidth (spatial sharing under contention), and
-        the requests whose prefill starts in the step and the sequences in their first decode
-        step (their overheads are 0 unless fitted)."""
+        the requests whose prefill starts in the step, the sequences in their first decode step
+        and the requests waiting for a slot (their overheads are 0 unless fitted)."""
         p = self.params
         f_lin = self._f_tok * tokens + self._f_samp * sampled
         b_lin = self._b_lin
@@ -159,13 +164,18 @@ class EngineCost:
             t += p.per_request_overhead_s * new_requests
         if first_decodes:
             t += p.first_decode_overhead_s * first_decodes
+        if waiting and p.wait_overhead_s:
+            t += p.wait_overhead_s * waiting
         if self.tp > 1:
             t += self._ar_tok * tokens
             t += self._ar_fixed
         return StepCost(t, f_lin + f_att, b_lin + b_att)
 
-    def decode_step_fn(self, n: int) -> Callable[[int], tuple[float, float, float]]:
-        """`step` for decode-only steps of n sequences, as a function of Σp alone.
+    def decode_step_fn(
+        self, n: int, waiting: int = 0
+    ) -> Callable[[int], tuple[float, float, float]]:
+        """`step` for decode-only steps of n sequences (`waiting` requests queued), as a
+        function of Σp alone.
 
         Everything that does not depend on the context is computed once; the remaining
         arithmetic is `step_bw`'s, operation by operation, so results are identical.
@@ -178,6 +188,7 @@ class EngineCost:
         fa, pa, kv_tok = self._f_att, self._peak_a, self._kv_tok
         c0, cseq, fixed = p.step_overhead_s, p.per_seq_overhead_s * n, self._fixed
         multi = p.extra_seq_overhead_s * (n - 1) if n > 1 else 0.0
+        wait = p.wait_overhead_s * waiting if waiting and p.wait_overhead_s else 0.0
         ar_n, ar_fixed, tp = self._ar_tok * n, self._ar_fixed, self.tp
 
         def step(sp: int) -> tuple[float, float, float]:
@@ -191,6 +202,8 @@ class EngineCost:
             t += fixed
             if multi:
                 t += multi
+            if wait:
+                t += wait
             if tp > 1:
                 t += ar_n
                 t += ar_fixed
@@ -198,7 +211,7 @@ class EngineCost:
 
         return step
 
-    def decode_stretch(self, n: int, sum_p0: int, k: int) -> tuple[F64, F64, F64]:
+    def decode_stretch(self, n: int, sum_p0: int, k: int, waiting: int = 0) -> tuple[F64, F64, F64]:
         """Seconds, FLOPs and bytes of k decode-only steps of n sequences, Σp starting at sum_p0.
 
         Context grows by n tokens per step, so attention work is an arithmetic series. The
@@ -220,6 +233,8 @@ class EngineCost:
         t += self._fixed
         if n > 1 and p.extra_seq_overhead_s:
             t += p.extra_seq_overhead_s * (n - 1)
+        if waiting and p.wait_overhead_s:
+            t += p.wait_overhead_s * waiting
         if self.tp > 1:
             t += self._ar_tok * n
             t += self._ar_fixed

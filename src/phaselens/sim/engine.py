@@ -372,7 +372,15 @@ class EngineState:
             sampled = seqs = slots
         bw = self.cost.bandwidth if bandwidth is None else bandwidth
         return self.cost.step_bw(
-            tokens, sampled, attn, kv_read, seqs, bw, self.cur_new, self.cur_first
+            tokens,
+            sampled,
+            attn,
+            kv_read,
+            seqs,
+            bw,
+            self.cur_new,
+            self.cur_first,
+            len(self.waiting),
         )
 
     def end_step(self, t0_ns: int, t1_ns: int, cost: StepCost) -> None:

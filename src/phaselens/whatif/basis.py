@@ -2,11 +2,12 @@
 
 Why: `sim/cost.py` prices a step as
 `max(F_lin/(η_lin·P), B_lin/(η_mem·BW)) + max(F_att/(η_att·P), B_att/(η_mem·BW)) + c0 + c_seq·B`
-(+ per-layer launches, all-reduces, and three terms that are 0 unless fitted: c_req per request
+(+ per-layer launches, all-reduces, and four terms that are 0 unless fitted: c_req per request
 whose prefill starts in the step, c_first per sequence in its first decode step, c_multi per
-sequence beyond the first). With inverse efficiencies `u = 1/η` and the side of each max()
-fixed, the step time is linear in θ = (u_lin, u_att, u_mem, c0, c_seq, c_layer, c_req, c_first,
-c_multi) — c_layer multiplies the layer count, separable from c0 only with several models —
+sequence beyond the first, c_wait per request waiting for a slot). With inverse efficiencies
+`u = 1/η` and the side of each max() fixed, the step time is linear in θ = (u_lin, u_att, u_mem,
+c0, c_seq, c_layer, c_req, c_first, c_multi, c_wait) — c_layer multiplies the layer count,
+separable from c0 only with several models —
 plus a per-request overhead `r` (HTTP, tokenization) that only TTFT pays, outside the engine
 (for a request served alone, r and c_req are twins). Non-negative least squares on that basis,
 re-solved until no step changes side, is the whole fit: every coefficient has a physical meaning
@@ -24,8 +25,34 @@ from phaselens.sim.cost import CostParams, prefill_attn_units
 from phaselens.sim.deploy import Deployment, Engine
 
 F64 = npt.NDArray[np.float64]
-NAMES = ("u_lin", "u_att", "u_mem", "c0", "c_seq", "c_layer", "r", "c_req", "c_first", "c_multi")
+NAMES = (
+    "u_lin",
+    "u_att",
+    "u_mem",
+    "c0",
+    "c_seq",
+    "c_layer",
+    "r",
+    "c_req",
+    "c_first",
+    "c_multi",
+    "c_wait",
+)
 K = len(NAMES)
+# what each coefficient is called in CostParams (and in calib.yaml's cost), for messages
+COST_NAME = {
+    "u_lin": "eta_linear",
+    "u_att": "eta_attention",
+    "u_mem": "eta_memory",
+    "c0": "step_overhead_s",
+    "c_seq": "per_seq_overhead_s",
+    "c_layer": "per_layer_overhead_s",
+    "r": "request_overhead_s",
+    "c_req": "per_request_overhead_s",
+    "c_first": "first_decode_overhead_s",
+    "c_multi": "extra_seq_overhead_s",
+    "c_wait": "wait_overhead_s",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +69,7 @@ class Theta:
     c_req: float = 0.0
     c_first: float = 0.0
     c_multi: float = 0.0
+    c_wait: float = 0.0
 
     def vec(self) -> F64:
         return np.array(
@@ -56,6 +84,7 @@ class Theta:
                 self.c_req,
                 self.c_first,
                 self.c_multi,
+                self.c_wait,
             ]
         )
 
@@ -76,6 +105,7 @@ class Theta:
             c.per_request_overhead_s,
             c.first_decode_overhead_s,
             c.extra_seq_overhead_s,
+            c.wait_overhead_s,
         )
 
     def folded(self, layers: int) -> Theta:
@@ -95,6 +125,7 @@ class Theta:
             per_request_overhead_s=self.c_req,
             first_decode_overhead_s=self.c_first,
             extra_seq_overhead_s=self.c_multi,
+            wait_overhead_s=self.c_wait,
         )
 
 
@@ -131,6 +162,7 @@ class Steps:
     fixed: F64  # all-reduces and anything not fitted
     new: F64  # requests whose prefill starts in the step
     first: F64  # sequences in their first decode step
+    waiting: F64  # requests waiting for a slot during the step
 
 
 def step_features(
@@ -144,6 +176,7 @@ def step_features(
     allreduce_latency_s: float,
     new: F64 | None = None,
     first: F64 | None = None,
+    waiting: F64 | None = None,
 ) -> Steps:
     """Roofline features of steps on engine `e` (mirrors `EngineCost.step_bw`)."""
     m = e.model
@@ -166,6 +199,7 @@ def step_features(
         fixed=fixed,
         new=np.zeros_like(f_lin) if new is None else np.asarray(new, dtype=np.float64),
         first=np.zeros_like(f_lin) if first is None else np.asarray(first, dtype=np.float64),
+        waiting=np.zeros_like(f_lin) if waiting is None else np.asarray(waiting, dtype=np.float64),
     )
 
 
@@ -178,7 +212,7 @@ def step_time(s: Steps, th: Theta) -> F64:
     t_att = np.maximum(th.u_att * s.a3, th.u_mem * s.a4)
     out: F64 = t_lin + t_att + th.c0 + th.c_seq * s.seqs + th.c_layer * s.layers + s.fixed
     out = out + th.c_req * s.new + th.c_first * s.first
-    out = out + th.c_multi * np.maximum(s.seqs - 1.0, 0.0)
+    out = out + th.c_multi * np.maximum(s.seqs - 1.0, 0.0) + th.c_wait * s.waiting
     return out
 
 
@@ -196,6 +230,7 @@ def linear_rows(s: Steps, th: Theta) -> F64:
     rows[:, 7] = s.new
     rows[:, 8] = s.first
     rows[:, 9] = np.maximum(s.seqs - 1.0, 0.0)
+    rows[:, 10] = s.waiting
     return rows
 
 

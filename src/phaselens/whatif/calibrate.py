@@ -409,6 +409,8 @@ def fit_lone(
     present = np.bincount(b.group, minlength=target.shape[0]) > 0
     use = present & np.isfinite(target) & (target > 0)
     batched = gaps is not None and bool((gaps.batch > 1).any())
+    queued = gaps is not None and bool(gaps.basis.steps.waiting.any())
+    wait_col: tuple[str, ...] = ("c_wait",) if queued else ()
 
     def rows_at(th: Theta) -> tuple[F64, F64]:
         a, fx = isolated_rows(b, th)
@@ -431,7 +433,7 @@ def fit_lone(
     # one model; the one with the lower residual is kept and the other term is held at 0.
     fits = []
     for per_seq in ("c_seq", "c_multi"):
-        prior, cols = _prior_and_use(base, b.steps.layers, ("r", "c_first", per_seq))
+        prior, cols = _prior_and_use(base, b.steps.layers, ("r", "c_first", per_seq, *wait_col))
         fits.append(fit_robust(rows_at, goal, prior, cols))
     lf, dropped = min(fits, key=lambda f: f[0].rms_rel - (1e-9 if f is fits[0] else 0.0))
     return lf, int(rows.shape[0]), dropped

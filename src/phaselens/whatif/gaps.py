@@ -56,8 +56,11 @@ def decode_gaps(
     """Clean decode gaps of every ok request not in `skip` (e.g. the lone ones, already used).
 
     A gap (t[j-1], t[j]) of request k is clean when each request decoding at any moment of it
-    (first token ≤ t < end) decodes throughout it, no request is sent but without its first
-    token during it, and the token arrived alone (one token in the chunk). Request q's KV
+    (first token ≤ t < end) decodes throughout it, each request sent but without its first
+    token at any moment of it is so throughout (it waits: no arrival, no first token inside),
+    requests wait only while every slot decodes (else one could be prefilling in this step),
+    and the token arrived alone (one token in the chunk). The waiting count is a feature:
+    engines that spend time on queued requests (c_wait) show it in these gaps. Request q's KV
     before the step holds its prompt plus the tokens it received by t[j-1], minus one (the
     token the step consumes is already counted in the prompt-plus-generated context).
     """
@@ -65,6 +68,7 @@ def decode_gaps(
         return None
     e = deploy.engines[0]
     hw = engine_hw(deploy, e)
+    slots = e.policy.max_num_seqs
     ar = deploy.cost.allreduce_latency_s
     f = requests.filter(pl.col("sent_ns").is_not_null())
     ids = f["id"].to_numpy().astype(np.int64)
@@ -95,11 +99,21 @@ def decode_gaps(
         single = c[1:] == 1 if c.shape[0] == t.shape[0] else np.ones(a.shape[0], dtype=bool)
         dec_all = (first[None, :] <= a[:, None]) & (end[None, :] >= b[:, None])
         dec_any = (first[None, :] < b[:, None]) & (end[None, :] > a[:, None])
-        waiting = (sent[None, :] < b[:, None]) & (first[None, :] > a[:, None])
-        clean = single & (dec_all == dec_any).all(axis=1) & ~waiting.any(axis=1)
+        wait_any = (sent[None, :] < b[:, None]) & (first[None, :] > a[:, None])
+        wait_all = (sent[None, :] <= a[:, None]) & (first[None, :] >= b[:, None])
+        n_all = dec_all.sum(axis=1)
+        n_wait = wait_all.sum(axis=1)
+        # waiting requests cannot be prefilling only when every slot is decoding
+        clean = (
+            single
+            & (dec_all == dec_any).all(axis=1)
+            & (wait_all == wait_any).all(axis=1)
+            & ((n_wait == 0) | (n_all >= slots))
+        )
         if not clean.any():
             continue
         dec = dec_all[clean]
+        waits = n_wait[clean].astype(np.float64)
         a_c, gap = a[clean], (b[clean] - a[clean]).astype(np.float64) / 1e9
         n = dec.sum(axis=1).astype(np.int64)
         sum_ctx = np.zeros(a_c.shape[0])
@@ -115,7 +129,16 @@ def decode_gaps(
             obs = len(target)
             feats.append(
                 step_features(
-                    e, hw, ones, ones, sum_ctx[sel] + nb, sum_ctx[sel], ones, ar, first=firsts[sel]
+                    e,
+                    hw,
+                    ones,
+                    ones,
+                    sum_ctx[sel] + nb,
+                    sum_ctx[sel],
+                    ones,
+                    ar,
+                    first=firsts[sel],
+                    waiting=waits[sel],
                 )
             )
             group.append(np.full(m, obs, dtype=np.int64))

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from phaselens.errors import InputError
+from phaselens.whatif.basis import COST_NAME
 from phaselens.whatif.calibrate import Calibration, summary_rows
 
 
@@ -43,7 +44,18 @@ def print_calibration(c: Calibration, console: Console) -> None:
         f"per-sequence {p.per_seq_overhead_s * 1e3:.3g} ms, request overhead "
         f"{c.request_overhead_s * 1e3:.3g} ms"
     )
-    not_id = [k for k, v in c.identified.items() if not v]
+    extra = [
+        f"{label} {v * 1e3:.3g} ms"
+        for label, v in (
+            ("engine time per request", p.per_request_overhead_s),
+            ("first decode step", p.first_decode_overhead_s),
+            ("each further sequence", p.extra_seq_overhead_s),
+        )
+        if v
+    ]
+    if extra:
+        console.print("engine overheads: " + ", ".join(extra))
+    not_id = [COST_NAME.get(k, k) for k, v in c.identified.items() if not v]
     if not_id:
         console.print(f"not identified by this run (kept from the deployment): {', '.join(not_id)}")
     console.print(

@@ -1,0 +1,132 @@
+"""Decode gaps from client token times, and the CPU-engine overheads they identify.
+
+Ground truth: runs simulated with KNOWN constants, including the three overheads that are 0 on
+a GPU engine and large on llama.cpp on one CPU core (helpers.CPU_TRUE_COST): engine time per
+admitted request, a first decode step that costs more, and each further sequence of a step
+costing more than the first. Calibration sees only client timings, as with a real engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from phaselens.sim.deploy import parse_deployment
+from phaselens.store import Run
+from phaselens.whatif.basis import Theta, isolated_predict
+from phaselens.whatif.calibrate import calibrate, check
+from phaselens.whatif.gaps import decode_gaps, gaps_usable
+from phaselens.whatif.render import print_calibration
+from phaselens.whatif.replay import schedule_from_run
+
+from .helpers import CPU_DEPLOY, CPU_TRUE_COST, deploy_map, truth_run
+
+R_OUT = 0.001  # request overhead outside the engine (s)
+
+
+def cpu_truth(root: Path, rate: float, duration_s: float, **kw: Any) -> Run:
+    """A client-only run (no steps) of the CPU-like deployment with the true constants."""
+    args: dict[str, Any] = {"overhead_s": R_OUT, "cost": CPU_TRUE_COST, "steps": False}
+    return truth_run(root, rate, duration_s, base=CPU_DEPLOY, in_max=400, **{**args, **kw})
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """4 r/s for 60 s on the CPU-like deployment: mostly lone requests, batches up to ~4."""
+    return cpu_truth(tmp_path_factory.mktemp("cpu"), 4.0, 60)
+
+
+def test_clean_gaps_are_exactly_the_simulators_decode_steps(cpu_run: Run) -> None:
+    """Every observation (mean clean gap of one request at one batch size) equals the step
+    times the basis predicts at the true constants: batch size, contexts and first-decode
+    counts read from client token times are the simulator's own."""
+    d = parse_deployment(deploy_map(CPU_TRUE_COST, CPU_DEPLOY), "t")
+    sched = schedule_from_run(cpu_run)
+    g = decode_gaps(cpu_run.requests, sched, d, np.zeros(0, dtype=np.int64))
+    assert g is not None
+    assert set(np.unique(g.batch).tolist()) >= {1, 2, 3}
+    assert g.basis.steps.first.sum() > 0  # some gaps are a sequence's first decode step
+    pred = isolated_predict(g.basis, Theta.from_cost(d.cost))
+    np.testing.assert_allclose(pred, g.target, rtol=1e-5)
+
+
+def test_gaps_are_used_only_where_a_gap_is_one_step() -> None:
+    """Request-level batching or a second engine interleave steps the client cannot see."""
+    assert gaps_usable(parse_deployment(deploy_map(None, CPU_DEPLOY), "t"))
+    d = deploy_map(None, CPU_DEPLOY)
+    d["engines"][0]["policy"]["type"] = "dynamic"
+    assert not gaps_usable(parse_deployment(d, "t"))
+    d = deploy_map(None, CPU_DEPLOY)
+    d["engines"].append({**d["engines"][0], "name": "e1", "serves": ["other"]})
+    assert not gaps_usable(parse_deployment(d, "t"))
+
+
+def test_client_fit_recovers_cpu_engine_overheads(cpu_run: Run, tmp_path: Path) -> None:
+    """From client timings only: the extra cost of further sequences (not the per-sequence
+    twin), the first decode step, and the request overhead split between engine and outside."""
+    c = calibrate(cpu_run, deploy_map(None, CPU_DEPLOY), "deploy.yaml")
+    assert c.method == "client"
+    t = CPU_TRUE_COST
+    assert c.identified["c_multi"] and not c.identified["c_seq"]
+    assert c.cost.per_seq_overhead_s == 0.0
+    assert c.cost.extra_seq_overhead_s == pytest.approx(t["extra_seq_overhead_s"], rel=0.03)
+    assert c.cost.first_decode_overhead_s == pytest.approx(t["first_decode_overhead_s"], rel=0.05)
+    # a step's own overhead c0 is the twin of the weight read of a memory-bound decode step
+    # (both once per step) and, in TTFT, of c_req: only their sums are determined
+    d = parse_deployment(deploy_map(None, CPU_DEPLOY), "t")
+    m, bw = d.engines[0].model, 20e9
+    read = m.weight_read_bytes / bw
+    got_decode = c.cost.step_overhead_s + read / c.cost.eta_memory
+    want_decode = t["step_overhead_s"] + read / t["eta_memory"]
+    assert got_decode == pytest.approx(want_decode, rel=0.01)
+    got_req = c.cost.step_overhead_s + c.cost.per_request_overhead_s
+    assert got_req == pytest.approx(t["step_overhead_s"] + t["per_request_overhead_s"], rel=0.01)
+    assert c.request_overhead_s == pytest.approx(R_OUT, rel=0.05)
+    assert c.fit["request_overhead_share_on_engine"] > 0.75
+    assert any("extra_seq_overhead_s fitted from" in n for n in c.notes)
+    e = c.errors["all"]
+    for key in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"):
+        assert abs(e[key]["error_pct"]) < 2.0, (key, e[key])
+    # held out: three times the load, where a queue forms
+    heavy = cpu_truth(tmp_path, 12.0, 30)
+    res = check(c, heavy)
+    for key in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"):
+        assert abs(res["all"][key]["error_pct"]) < 5.0, (key, res["all"][key])
+
+
+def test_client_fit_recovers_the_cost_of_waiting_requests(tmp_path: Path) -> None:
+    """Two slots at 8 r/s: batches fill and requests queue, so the gaps of full batches with
+    a queue price each waiting request (c_wait), beside the other overheads."""
+    cost = {**CPU_TRUE_COST, "wait_overhead_s": 0.0002}
+    run = cpu_truth(tmp_path, 8.0, 30, cost=cost, max_num_seqs=2)
+    c = calibrate(run, deploy_map(None, CPU_DEPLOY, max_num_seqs=2), "deploy.yaml")
+    assert c.identified["c_wait"]
+    assert c.cost.wait_overhead_s == pytest.approx(0.0002, rel=0.05)
+    assert c.cost.extra_seq_overhead_s == pytest.approx(cost["extra_seq_overhead_s"], rel=0.03)
+    e = c.errors["all"]
+    for key in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"):
+        assert abs(e[key]["error_pct"]) < 2.0, (key, e[key])
+
+
+def test_not_identified_constants_are_printed_by_their_names(cpu_run: Run, tmp_path: Path) -> None:
+    """`calibrate` names what it could not fit as calib.yaml's cost does (no bare `r`)."""
+    c = calibrate(cpu_run, deploy_map(None, CPU_DEPLOY), "deploy.yaml")
+    con = Console(record=True, width=300)
+    print_calibration(c, con)
+    text = con.export_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("not identified"))
+    assert "per_seq_overhead_s" in line and "per_layer_overhead_s" in line
+    assert "c_seq" not in line
+    assert "each further sequence" in text
+    stepped = cpu_truth(tmp_path, 4.0, 20, steps=True)
+    c2 = calibrate(stepped, deploy_map(None, CPU_DEPLOY), "deploy.yaml", prefer="steps")
+    assert c2.identified["r"] is False
+    con2 = Console(record=True, width=300)
+    print_calibration(c2, con2)
+    line2 = next(ln for ln in con2.export_text().splitlines() if ln.startswith("not identified"))
+    names = [x.strip() for x in line2.split(":", 1)[1].split(",")]
+    assert "request_overhead_s" in names and "r" not in names
