@@ -5,10 +5,13 @@ Two sources, best first:
    step durations on the roofline basis (`basis.py`);
 2. client timings only: the requests that ran *alone* (no other request in flight from send to
    end) give exact equations — TTFT = Σ prefill chunk steps + request overhead, TPOT = mean
-   decode step — solved by NNLS; then the whole run is replayed with its exact arrivals and
-   lengths to split the step overhead into a per-step and a per-sequence part (golden-section
-   search; only batching can tell them apart). A run with no lone requests starts from the
-   deployment's constants and fits one common time scale instead.
+   decode step — and the other requests' clean decode gaps (`gaps.py`) give one decode step
+   each, of a batch the client knows; all solved by NNLS, which prices further sequences of a
+   step when requests overlapped. The whole run is then replayed with its exact arrivals and
+   lengths to split the request overhead between the engine and outside it, and, when no gap
+   had two sequences, the step overhead into a per-step and a per-sequence part (bounded
+   searches; only overlapping requests can tell them apart). A run with no lone requests
+   starts from the deployment's constants and fits one common time scale instead.
 
 The error is then measured by replaying the run and comparing TTFT/TPOT p50/p90 per load regime
 (`predict.regimes`). Regimes with too few requests are reported as not measured: the fit claims
