@@ -1,11 +1,13 @@
 """The documented validation experiment (docs/validation.md): real llama.cpp, calibrate, predict.
 
     .venv/bin/python tests/whatif/experiment.py auto --out runs/val
-    .venv/bin/python tests/whatif/experiment.py measure --np 4 --rates 0.3,0.9,1.8 --out runs/val
-    .venv/bin/python tests/whatif/experiment.py predict --out runs/val --calib-on llamacpp-np4-r0.3
+    .venv/bin/python tests/whatif/experiment.py measure --np 4 --rates 4,16,24 --out runs/val
+    .venv/bin/python tests/whatif/experiment.py predict --out runs/val --calib-on llamacpp-np4-r4
 
 On a 2-core machine, give the engine and the driver a core each (docs/validation.md, third
-series): `--engine-threads 1 --engine-poll 0 --engine-cpus 0 --client-cpus 1`.
+series): `--engine-threads 1 --engine-poll 0 --engine-cpus 0 --client-cpus 1`. Calibrate on a
+light run in which some requests overlap (4 r/s for the tiny model; fourth series): a run where
+nothing overlaps cannot price a step's further sequences.
 
 `measure` starts llama-server (the `tiny` model; `m` was too slow on the shared 2-core box) with
 `-np` slots, drives one Poisson run per rate with phaselens' own driver, and stops it. `predict`
@@ -319,11 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp")
     au = sub.add_parser("auto")
     au.add_argument("--out", type=Path, required=True)
-    au.add_argument("--light", type=float, default=0.3)
+    au.add_argument("--light", type=float, default=4.0)
     au.add_argument("--seed", type=int, default=7)
     au.add_argument("--tflops", type=float, default=0.157)
     au.add_argument("--bandwidth-gbs", type=float, default=20.0)
-    au.add_argument("--light-duration", type=float, default=90.0)
+    au.add_argument("--light-duration", type=float, default=30.0)
     au.add_argument("--duration", type=float, default=45.0)
     for sp in (m, au):
         sp.add_argument("--engine-threads", "--threads", dest="threads", type=int, default=2)
