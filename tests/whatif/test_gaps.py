@@ -112,6 +112,22 @@ def test_client_fit_recovers_the_cost_of_waiting_requests(tmp_path: Path) -> Non
         assert abs(e[key]["error_pct"]) < 2.0, (key, e[key])
 
 
+def test_a_weight_read_that_never_binds_is_not_added_back(tmp_path: Path) -> None:
+    """Weights in cache (η_mem 1000: decode is compute plus overheads). The fit must report
+    the memory side as unbound and keep it from binding — a weight read priced at the
+    deployment's η_mem (~0.4 ms) on every decode step would double-count what c0 pays."""
+    cost = {**CPU_TRUE_COST, "eta_memory": 1000.0, "step_overhead_s": 0.0005}
+    c = calibrate(cpu_truth(tmp_path, 4.0, 30, cost=cost), deploy_map(None, CPU_DEPLOY), "d")
+    assert not c.identified["u_mem"]
+    d = parse_deployment(deploy_map(None, CPU_DEPLOY), "t")
+    assert d.engines[0].model.weight_read_bytes / (20e9 * c.cost.eta_memory) < 1e-4
+    for k in ("step_overhead_s", "extra_seq_overhead_s", "first_decode_overhead_s"):
+        assert getattr(c.cost, k) == pytest.approx(cost[k], rel=0.01), k
+    e = c.errors["all"]
+    for key in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"):
+        assert abs(e[key]["error_pct"]) < 1.0, (key, e[key])
+
+
 def test_not_identified_constants_are_printed_by_their_names(cpu_run: Run, tmp_path: Path) -> None:
     """`calibrate` names what it could not fit as calib.yaml's cost does (no bare `r`)."""
     c = calibrate(cpu_run, deploy_map(None, CPU_DEPLOY), "deploy.yaml")
