@@ -99,3 +99,47 @@ def test_bulk_write(tmp_path: Path) -> None:
 def test_not_a_run(tmp_path: Path) -> None:
     with pytest.raises(RunFormatError, match="not a phaselens run"):
         load_run(tmp_path)
+
+
+def test_close_from_memory_equals_rebuild_from_the_event_log(tmp_path: Path) -> None:
+    """close() builds the frames from what it kept in memory; recovery re-reads events.jsonl.
+    Both must give the same Parquet, value for value and type for type."""
+    recs = [
+        RequestRecord(
+            id=k,
+            model="m" if k % 2 else "μ-model",
+            stage=k % 3,
+            scheduled_ns=1000 * k,
+            status="ok" if k % 4 else "timeout",
+            priority=k % 2,
+            input_tokens=10 + k,
+            sent_ns=None if k == 3 else 1000 * k + 5,
+            first_token_ns=None if k % 4 == 0 else 1000 * k + 50,
+            end_ns=None if k == 3 else 1000 * k + 500,
+            output_tokens=k,
+            token_ns=tuple(1000 * k + 50 + 7 * j for j in range(k)),
+            token_counts=tuple(1 + (j % 3) for j in range(k)),
+            http_status=None if k == 3 else 200,
+            error="" if k % 4 else "timeout: ✗ no data",
+        )
+        for k in range(9)
+    ]
+    samples = [TelemetrySample(100 * j, "gpu", "gpu.util", 0.5 * j, {"gpu": "0"}) for j in range(5)]
+    w = RunWriter.create(tmp_path, "mem", {"name": "mem"})
+    for r in recs:
+        w.add_record(r)
+    w.add_samples(samples)
+    w.flush()
+    events = (w.path / "events.jsonl").read_text(encoding="utf-8")
+    closed = load_run(w.close())
+    again = tmp_path / "again"
+    again.mkdir()
+    (again / "manifest.json").write_text(json.dumps({"name": "mem", "status": "running"}))
+    (again / "events.jsonl").write_text(events, encoding="utf-8")
+    rebuilt = load_run(again)
+    assert rebuilt.manifest["status"] == "partial"
+    for a, b in ((closed.requests, rebuilt.requests), (closed.telemetry, rebuilt.telemetry)):
+        assert a.schema == b.schema
+        assert a.to_dicts() == b.to_dicts()
+    assert closed.requests["token_ns"][5].to_list() == [5050 + 7 * j for j in range(5)]
+    assert records_frame(recs).to_dicts() == closed.requests.sort("id").to_dicts()

@@ -270,3 +270,55 @@ def test_error_text(status: int, body: bytes, want: str) -> None:
         502: "Bad Gateway",
     }[status]
     assert error_text(status, reason, body) == want
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(chunks(), min_size=1, max_size=80),
+    st.lists(chunks(), min_size=1, max_size=3),
+    st.booleans(),
+)
+def test_bulk_counting_path_agrees_with_one_event_per_read(
+    warm: list[dict[str, Any]], objs: list[dict[str, Any]], spaced: bool
+) -> None:
+    """Reads over 4 KiB take the counting path (`_bulk`); the same events fed one per read
+    take the per-event path. Token counts, prompt/final usage and events must agree."""
+    sep = (", ", ": ") if spaced else (",", ":")
+    text = {"id": "x", "choices": [{"index": 0, "text": "ab", "logprobs": None}]}
+    # a run of plain content events long enough for the counting path, then the drawn ones
+    body = [text] * 40 + warm + [text] * 30 + objs
+    raws = [b"data: " + json.dumps(o, separators=sep).encode() + b"\n\n" for o in body]
+    one, bulk = StreamParser(), StreamParser()
+    for r in raws[:2]:  # both learn the text key first
+        one.feed(r, 0)
+        bulk.feed(r, 0)
+    for r in raws[2:]:
+        one.feed(r, 1)
+    stream = b"".join(raws[2:])
+    assert len(stream) > 4096
+    bulk.feed(stream, 1)
+    assert bulk.token_ns == one.token_ns and bulk.token_counts == one.token_counts
+    assert (bulk.events, bulk.prompt_tokens, bulk.final_tokens) == (
+        one.events,
+        one.prompt_tokens,
+        one.final_tokens,
+    )
+
+
+def test_bulk_counting_path_is_taken_on_a_plain_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    consumed: list[int] = []
+    real = StreamParser._bulk
+
+    def spy(self: StreamParser, data: bytes, t_ns: int, key: bytes) -> bytes:
+        rest = real(self, data, t_ns, key)
+        consumed.append(len(data) - len(rest))
+        return rest
+
+    monkeypatch.setattr(StreamParser, "_bulk", spy)
+    ev = b'data: {"id":"x","choices":[{"index":0,"text":"ab"}]}\n\n'
+    tail = b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":101}}\n\n'
+    p = StreamParser()
+    p.feed(ev, 0)
+    assert p.feed(ev * 100 + tail + b"data: [DONE]\n\n", 7) == DONE
+    assert consumed == [100 * len(ev)]  # the whole run before the usage event was counted
+    assert p.token_ns == [0] + [7] * 100 and p.output_tokens == 101 and p.prompt_tokens == 3

@@ -103,12 +103,9 @@ class _WriterThread:
 
 
 def _versions() -> dict[str, str]:
-    import aiohttp
-
     return {
         "phaselens": __version__,
         "python": sys.version.split()[0],
-        "aiohttp": aiohttp.__version__,
         "numpy": np.__version__,
     }
 

@@ -6,38 +6,37 @@ omission). TTFT and E2E are measured from the *scheduled* instant. With `max_inf
 wait in a client queue, and that wait stays inside TTFT. Closed loop (`concurrency`) models N
 users, each sending the next request when its previous one ends (scheduled = that moment).
 
-Timing: every instant is `time.perf_counter_ns()` minus the run start. A chunk is stamped right
-after the read that delivered its bytes returns, before any parsing. Timeouts are enforced by
-one watchdog task that scans in-flight requests (no timer per read on the hot path).
+Timing: every instant is `time.perf_counter_ns()` minus the run start. A chunk is stamped when
+the read that delivered its bytes returns, before any parsing (`http.Conn.data_received`). Sends
+are woken by a timerfd at their planned instant (`pacer.py`). Timeouts are enforced by one
+watchdog task that scans in-flight requests (no timer per read on the hot path).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-import aiohttp
 import numpy as np
 import numpy.typing as npt
 
+from phaselens.driver import http
 from phaselens.driver.openai import (
-    CONTINUE,
-    DONE,
     ENDPOINTS,
-    FAILED,
     Endpoint,
     StreamParser,
     build_body,
     error_text,
 )
+from phaselens.driver.pacer import make_pacer
 from phaselens.driver.prompts import PromptMaker
 from phaselens.driver.selfcheck import LoopLagMonitor, cpu_seconds, raise_fd_limit
 from phaselens.errors import InputError
@@ -45,6 +44,39 @@ from phaselens.types import RequestRecord, Schedule, Status, TelemetrySample
 
 RecordSink = Callable[[RequestRecord], None]
 _ERR_BODY_MAX = 4096
+# Request headers the driver sets itself (a user's --header of the same name is left out).
+_OWN_HEADERS = frozenset(
+    (
+        "host",
+        "content-length",
+        "content-type",
+        "accept",
+        "accept-encoding",
+        "authorization",
+        "transfer-encoding",
+        "connection",
+        "x-request-id",
+    )
+)
+PACINGS = ("auto", "timerfd", "spin")
+
+
+@contextlib.contextmanager
+def _light_gc() -> Iterator[None]:
+    """Freeze what the process holds and collect young objects less often, for the run.
+
+    Why: a run allocates millions of short-lived objects, and every few thousand the cyclic
+    collector walked all the long-lived ones (numpy, polars, the schedule): ~15 % of the
+    client's CPU per streamed chunk, measured. Frozen objects are never scanned again.
+    """
+    old = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(max(old[0], 20_000), max(old[1], 20), max(old[2], 100))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +96,8 @@ class DriverOptions:
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     tokenizer: str | None = None
     prompt_seed: int = 0
-    pacing: str = "spin"  # the last `pace_window_ns` before a send: "spin" or "thread"
-    pace_window_ns: int = 1_000_000
+    pacing: str = "auto"  # how sends wake up: auto (timerfd where Linux has it) | timerfd | spin
+    pace_window_ns: int = 1_000_000  # spin: the last stretch before a send spent spinning
     max_event_bytes: int = 64 << 20
     event_loop: str = "auto"  # auto (uvloop when installed) | asyncio | uvloop
 
@@ -78,8 +110,12 @@ class DriverOptions:
                 raise InputError(f"{name}: expected an integer >= 1, got {v}")
         if not self.timeout_s > 0 or not self.idle_timeout_s > 0:
             raise InputError("--timeout/--idle-timeout: expected seconds > 0")
-        if self.pacing not in ("thread", "spin"):
-            raise InputError(f"pacing: expected thread or spin, got {self.pacing!r}")
+        if self.pacing not in PACINGS:
+            raise InputError(f"pacing: expected one of {', '.join(PACINGS)}, got {self.pacing!r}")
+        for hk, hv in self.headers.items():
+            bad = http.check_header(hk, hv)
+            if bad is not None:
+                raise InputError(f"--header: {bad}")
         if self.endpoint not in ENDPOINTS:
             raise InputError(f"--endpoint: expected completions or chat, got {self.endpoint!r}")
 
@@ -135,18 +171,49 @@ class RunSummary:
 class _Flight:
     """One in-flight request as the watchdog sees it."""
 
-    __slots__ = ("body_armed", "deadline_ns", "last_ns", "reason", "task")
+    __slots__ = ("conn", "deadline_ns", "reason", "task")
 
     def __init__(self, task: asyncio.Task[None] | None, deadline_ns: int) -> None:
         self.task = task
         self.deadline_ns = deadline_ns
-        self.last_ns = 0
-        self.body_armed = False  # the idle timeout applies once response headers came
+        self.conn: http.Conn | None = None  # set once response headers came: idle timeout
         self.reason = ""
 
 
+def _failure(e: Exception) -> tuple[Status, str]:
+    """The record's status and error text for an exception out of one request."""
+    if isinstance(e, http.HttpError):
+        return "http_error", str(e)
+    if isinstance(e, http.ConnectionLost):
+        return "disconnected", str(e)
+    if isinstance(e, OSError):
+        return "disconnected", f"{type(e).__name__}: {e}"
+    return "client_error", f"{type(e).__name__}: {e}"
+
+
+class _ErrorBody:
+    """Collects the first bytes of an error response (for the record's error text)."""
+
+    __slots__ = ("chunks", "n")
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.n = 0
+
+    def data(self, payload: bytes, t_ns: int) -> int:
+        self.chunks.append(payload)
+        self.n += len(payload)
+        return http.DRAIN if self.n >= _ERR_BODY_MAX else http.MORE
+
+    def end(self, t_ns: int) -> None:
+        pass
+
+    def bytes(self) -> bytes:
+        return b"".join(self.chunks)[:_ERR_BODY_MAX]
+
+
 class _Driver:
-    """State of one run_schedule call; one aiohttp session, one watchdog."""
+    """State of one run_schedule call; one connection pool, one watchdog."""
 
     def __init__(
         self,
@@ -163,16 +230,12 @@ class _Driver:
         self.sink = sink
         self.t0 = t0
         self.stats = stats
+        check_targets(schedule, targets, options)
         self.urls = _route(schedule.models, targets, options.endpoint)
+        self.targets = [http.Target.of(u) for u in self.urls]
         self.served = [options.model_map.get(m, m) for m in schedule.models]
         self.prompts = prompts or PromptMaker(options.prompt_seed, options.tokenizer)
-        base = dict(options.headers)
-        base["Content-Type"] = "application/json"
-        base["Accept"] = "text/event-stream"
-        if options.api_key:
-            base["Authorization"] = f"Bearer {options.api_key}"
-        self.headers = base
-        check_targets(schedule, targets, options)
+        self.heads = [self._head(u, t) for u, t in zip(self.urls, self.targets, strict=True)]
         self.plain_idx = {k for k, m in enumerate(schedule.models) if m in options.plain_models}
         self.no_optional: set[str] = set() if options.optional_fields else set(self.urls)
         self.rejected: set[str] = set()  # targets that answered 400/422 to the optional fields
@@ -185,8 +248,21 @@ class _Driver:
         self.idle_ns = int(options.idle_timeout_s * 1e9)
         self.sem = asyncio.Semaphore(options.max_inflight) if options.max_inflight else None
         self.stop = asyncio.Event()
-        self.session: aiohttp.ClientSession | None = None
+        self.pool: http.Pool | None = None
         self.run_tag = f"{t0 & 0xFFFFFFFF:08x}"
+
+    def _head(self, url: str, target: http.Target) -> bytes:
+        """The fixed part of every request head to `url` (built once; the key never on disk)."""
+        h = {k: v for k, v in self.o.headers.items() if k.lower() not in _OWN_HEADERS}
+        h["Content-Type"] = "application/json"
+        h["Accept"] = "text/event-stream"
+        auth = f"Bearer {self.o.api_key}" if self.o.api_key else http.basic_auth(url)
+        if auth is None:
+            given = (v for k, v in self.o.headers.items() if k.lower() == "authorization")
+            auth = next(given, None)
+        if auth is not None:
+            h["Authorization"] = auth
+        return http.request_head(target, h)
 
     # ------------------------------------------------------------------ records
     def optional(self, i: int, url: str) -> bool:
@@ -246,7 +322,8 @@ class _Driver:
         clock = time.perf_counter_ns
         t0 = self.t0
         ready = clock()
-        url = self.urls[int(self.s.model_idx[i])]
+        m = int(self.s.model_idx[i])
+        url = self.urls[m]
         flight = _Flight(asyncio.current_task(), 0)
         sent: int | None = None
         parser = StreamParser(self.o.max_event_bytes)
@@ -262,8 +339,9 @@ class _Driver:
                     body = self.body(i, optional)
                 else:
                     body = prompt_body
-                headers = {**self.headers, "X-Request-Id": f"pl-{self.run_tag}-{self.rid(i)}"}
-                assert self.session is not None
+                tail = f"X-Request-Id: pl-{self.run_tag}-{self.rid(i)}\r\nContent-Length: "
+                pool = self.pool
+                assert pool is not None
                 sent_abs = clock()
                 sent = sent_abs - t0
                 flight.deadline_ns = sent_abs + self.timeout_ns
@@ -272,13 +350,17 @@ class _Driver:
                 self.stats.inflight += 1
                 try:
                     for attempt in (0, 1):
-                        resp = await self.session.post(url, data=body, headers=headers)
+                        data = b"".join(
+                            (self.heads[m], f"{tail}{len(body)}\r\n\r\n".encode(), body)
+                        )
+                        conn, head = await http.exchange(pool, self.targets[m], data)
                         try:
-                            http_status = resp.status
-                            ctype = resp.headers.get("Content-Type", "?")
-                            if resp.status >= 300:
-                                raw = await resp.content.read(_ERR_BODY_MAX)
-                                if resp.status in (400, 422) and attempt == 0 and optional:
+                            http_status = head.status
+                            ctype = head.headers.get("content-type", "?")
+                            if head.status >= 300:
+                                eb = _ErrorBody()
+                                await conn.read_body(eb)
+                                if head.status in (400, 422) and attempt == 0 and optional:
                                     body = self.body(i, False)
                                     optional = False
                                     continue  # retry once without the optional fields
@@ -289,8 +371,8 @@ class _Driver:
                                         "http_error",
                                         sent_ns=sent,
                                         end_ns=clock() - t0,
-                                        http_status=resp.status,
-                                        error=error_text(resp.status, resp.reason, raw),
+                                        http_status=head.status,
+                                        error=error_text(head.status, head.reason, eb.bytes()),
                                     ),
                                     i,
                                 )
@@ -298,9 +380,11 @@ class _Driver:
                             if attempt == 1:
                                 self.no_optional.add(url)  # remember: this target rejects them
                                 self.rejected.add(url)
-                            await self._stream(resp, parser, flight)
+                            conn.last_ns = clock()
+                            flight.conn = conn
+                            await conn.read_body(parser)
                         finally:
-                            resp.close()
+                            conn.finish()
                         break
                 finally:
                     self.flights.discard(flight)
@@ -326,75 +410,9 @@ class _Driver:
             else:
                 err = "cancelled: run interrupted"
                 self._finish(i, scheduled, "cancelled", sent, now, parser, http_status, err)
-        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as e:
-            self._finish(
-                i,
-                scheduled,
-                "disconnected",
-                sent,
-                clock() - t0,
-                parser,
-                http_status,
-                f"{type(e).__name__}: {e}",
-            )
-        except (aiohttp.ClientPayloadError, aiohttp.ClientOSError, ConnectionError) as e:
-            self._finish(
-                i,
-                scheduled,
-                "disconnected",
-                sent,
-                clock() - t0,
-                parser,
-                http_status,
-                f"{type(e).__name__}: {e}",
-            )
-        except aiohttp.ClientResponseError as e:
-            self._finish(
-                i,
-                scheduled,
-                "http_error",
-                sent,
-                clock() - t0,
-                parser,
-                http_status,
-                f"{type(e).__name__}: {e.message}",
-            )
-        except Exception as e:  # a bug or an unforeseen library error: keep the run going
-            self._finish(
-                i,
-                scheduled,
-                "client_error",
-                sent,
-                clock() - t0,
-                parser,
-                http_status,
-                f"{type(e).__name__}: {e}",
-            )
-
-    async def _stream(self, resp: aiohttp.ClientResponse, p: StreamParser, f: _Flight) -> None:
-        """Read the body, stamping each read before it is parsed. Hot path: keep it lean."""
-        read = resp.content.readany
-        clock = time.perf_counter_ns
-        feed = p.feed
-        f.last_ns = clock()
-        f.body_armed = True
-        while True:
-            data = await read()
-            t = clock()
-            f.last_ns = t
-            if not data:
-                if not p.done and not p.error:
-                    p.close(t)
-                    p.end_ns = t
-                return
-            if p.done:
-                continue  # drain to EOF after [DONE] so the connection can be reused
-            rc = feed(data, t)
-            if rc != CONTINUE:
-                p.end_ns = t
-                if rc == FAILED:
-                    return
-                assert rc == DONE
+        except Exception as e:  # a broken server, or a bug: the record says which; go on
+            status, why = _failure(e)
+            self._finish(i, scheduled, status, sent, clock() - t0, parser, http_status, why)
 
     def _finish(
         self,
@@ -446,59 +464,36 @@ class _Driver:
                 if f.reason or f.task is None:
                     continue
                 if now > f.deadline_ns:
-                    what = "no response headers" if not f.body_armed else "request not finished"
+                    what = "no response headers" if f.conn is None else "request not finished"
                     f.reason = f"timeout: {what} within --timeout {self.o.timeout_s:g} s"
-                elif f.body_armed and now - f.last_ns > self.idle_ns:
+                elif f.conn is not None and now - f.conn.last_ns > self.idle_ns:
                     f.reason = f"timeout: no data for --idle-timeout {self.o.idle_timeout_s:g} s"
                 else:
                     continue
                 f.task.cancel()
 
     async def open_loop(self, order: Sequence[int] | npt.NDArray[np.int64]) -> None:
-        """Send each request at its scheduled time.
-
-        asyncio timers fire on a 1 ms grid (the selector rounds timeouts up to whole ms), so
-        the loop sleeps until `pace_window_ns` before the send time, then either spins on the
-        loop (`asyncio.sleep(0)`: precise, still serving reads, but it burns up to the window in
-        CPU; the default) or hands the last stretch to a pacer thread (`time.sleep`: ~15 % less
-        CPU here, but waking it costs a GIL hand-off, up to the 5 ms switch interval when the
-        loop is busy, so sends can be later under load).
-        """
-        clock = time.perf_counter_ns
+        """Send each request at its scheduled time, woken by the pacer (see `pacer.py`)."""
         t_ns = self.s.t_ns
-        window = self.o.pace_window_ns
         loop = asyncio.get_running_loop()
-        pacer = (
-            ThreadPoolExecutor(1, thread_name_prefix="phaselens-pacer")
-            if self.o.pacing == "thread"
-            else None
-        )
+        pacer = make_pacer(self.o.pacing, self.o.pace_window_ns)
         tasks: set[asyncio.Task[None]] = set()
         stop = self.stop
         try:
             for row in order:
                 i = int(row)
                 sched = int(t_ns[i])
-                due = self.t0 + sched
                 url = self.urls[int(self.s.model_idx[i])]
                 optional = self.optional(i, url)
                 body = self.body(i, optional)  # built before the send time
-                wait = due - clock() - window
-                if wait > 0:
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(stop.wait(), wait / 1e9)
-                if pacer is not None and due > clock() and not stop.is_set():
-                    await loop.run_in_executor(pacer, _sleep_until, due)
-                while clock() < due and not stop.is_set():
-                    await asyncio.sleep(0)
+                await pacer.until(self.t0 + sched, stop)
                 if stop.is_set():
                     break
                 t = loop.create_task(self.one(i, sched, body, optional))
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
         finally:
-            if pacer is not None:
-                pacer.shutdown(wait=False)
+            pacer.close()
         if tasks:
             await asyncio.wait(tasks)
 
@@ -525,12 +520,6 @@ class _Driver:
 
 
 CLIENT_PERIOD_S = 0.5
-
-
-def _sleep_until(due_ns: int) -> None:
-    """Block this (pacer) thread until perf_counter_ns() >= due_ns."""
-    while (left := due_ns - time.perf_counter_ns()) > 0:
-        time.sleep(left / 1e9)
 
 
 async def _client_samples(
@@ -702,41 +691,34 @@ async def run_schedule(
             d.stop.set()
 
         watch_stop = asyncio.get_running_loop().create_task(relay())
-    n_conn = options.max_inflight or options.concurrency or 0
-    connector = aiohttp.TCPConnector(limit=n_conn, limit_per_host=0, ttl_dns_cache=300)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=options.timeout_s)
     cpu0, wall0 = cpu_seconds(), time.perf_counter()
     lag = LoopLagMonitor()
     lag.start()
-    wd = asyncio.get_running_loop().create_task(d.watchdog())
-    cs = (
-        asyncio.get_running_loop().create_task(_client_samples(d, lag, samples, worker))
-        if samples is not None
-        else None
-    )
+    loop = asyncio.get_running_loop()
+    wd = loop.create_task(d.watchdog())
+    cs = loop.create_task(_client_samples(d, lag, samples, worker)) if samples is not None else None
     main: asyncio.Task[None] | None = None
+    d.pool = pool = http.Pool(loop)
+    light_gc = _light_gc()
+    light_gc.__enter__()
     try:
-        async with aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=True
-        ) as session:
-            d.session = session
-            if options.concurrency:
-                main = asyncio.get_running_loop().create_task(
-                    d.closed_loop(order, options.concurrency)
-                )
-            else:
-                main = asyncio.get_running_loop().create_task(d.open_loop(order))
-            stopper = asyncio.get_running_loop().create_task(d.stop.wait())
-            await asyncio.wait({main, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            if not main.done():
-                # Interrupted: stop sending; cancel what is on the wire (recorded as cancelled).
-                await asyncio.sleep(0)
-                for f in list(d.flights):
-                    if f.task is not None:
-                        f.task.cancel()
-                await main
-            stopper.cancel()
+        if options.concurrency:
+            main = loop.create_task(d.closed_loop(order, options.concurrency))
+        else:
+            main = loop.create_task(d.open_loop(order))
+        stopper = loop.create_task(d.stop.wait())
+        await asyncio.wait({main, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if not main.done():
+            # Interrupted: stop sending; cancel what is on the wire (recorded as cancelled).
+            await asyncio.sleep(0)
+            for f in list(d.flights):
+                if f.task is not None:
+                    f.task.cancel()
+            await main
+        stopper.cancel()
     finally:
+        light_gc.__exit__(None, None, None)
+        pool.close()
         wd.cancel()
         if cs is not None:
             cs.cancel()
