@@ -19,6 +19,7 @@ from phaselens.sim.deploy import parse_deployment
 from phaselens.store import Run
 from phaselens.whatif.basis import Theta, isolated_predict
 from phaselens.whatif.calibrate import calibrate, check
+from phaselens.whatif.fit import U_FLOOR, _bound_unused
 from phaselens.whatif.gaps import decode_gaps, gaps_usable
 from phaselens.whatif.render import print_calibration
 from phaselens.whatif.replay import schedule_from_run
@@ -126,6 +127,11 @@ def test_a_weight_read_that_never_binds_is_not_added_back(tmp_path: Path) -> Non
     e = c.errors["all"]
     for key in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"):
         assert abs(e[key]["error_pct"]) < 1.0, (key, e[key])
+
+
+def test_an_inverse_efficiency_fitted_zero_goes_to_the_floor_not_the_prior() -> None:
+    th = _bound_unused(Theta(0.0, 2.0, 0.0, 1e-3, 0.0))
+    assert (th.u_lin, th.u_att, th.u_mem, th.c0) == (U_FLOOR, 2.0, U_FLOOR, 1e-3)
 
 
 def test_not_identified_constants_are_printed_by_their_names(cpu_run: Run, tmp_path: Path) -> None:
