@@ -1,6 +1,7 @@
-"""The four engine overheads that are 0 unless calibrated: per admitted request (c_req), per
+"""The five engine overheads that are 0 unless calibrated: per admitted request (c_req), per
 sequence in its first decode step (c_first), per sequence beyond the first in a step (c_multi),
-per request waiting for a slot, each step (c_wait).
+per request waiting for a slot, each step (c_wait), and per step while any request waits
+(c_queue).
 
 Each must add exactly its constant where it is defined and nowhere else, defaults must leave
 every step unchanged, and the fast-forward must stay bit-identical with them.
@@ -43,7 +44,8 @@ def test_defaults_are_zero_and_change_no_step() -> None:
         p.first_decode_overhead_s,
         p.extra_seq_overhead_s,
         p.wait_overhead_s,
-    ) == (0.0, 0.0, 0.0, 0.0)
+        p.queue_overhead_s,
+    ) == (0.0, 0.0, 0.0, 0.0, 0.0)
     g = GPUS["L4"]
     c = EngineCost(MODELS["llama-3-8b"], p, 1, g.peak_flops, g.bandwidth, g.link_gbs * 1e9)
     plain = c.step(700, 5, 1e6, 3e4, 5)
@@ -127,6 +129,29 @@ def test_waiting_requests_slow_every_step_of_a_full_batch() -> None:
     assert np.all(np.abs(grew[tok[1:] <= t_b]) <= TOL)  # steps before anyone waited
 
 
+def test_a_queue_slows_every_step_once_whatever_its_length() -> None:
+    """One slot: A decodes while first B, then B and C wait; each of A's steps with anyone
+    waiting costs c_queue once (not per waiter), the steps before B arrived nothing."""
+    s = make_schedule([0.0, 0.05, 1.0], [300, 300, 300], [100, 5, 5])
+    d = one_engine(gpu="L4", max_num_seqs=1)
+    base = _row(d, s, 0)
+    got = _row(_with(d, queue_overhead_s=0.001), s, 0)
+    t_b, t_c = (int(_row(d, s, i)["sent_ns"]) for i in (1, 2))
+    tok = np.asarray(got["token_ns"])
+    gaps_got, gaps_base = np.diff(got["token_ns"]), np.diff(base["token_ns"])
+    # steps are the same decode steps of A (contexts equal); compare step by step
+    one = (tok[:-1] >= t_b) & (tok[1:] <= t_c)
+    both = tok[:-1] >= t_c
+    assert one.sum() > 10 and both.sum() > 50
+    assert np.all(np.abs(gaps_got[one | both] - gaps_base[one | both] - MS) <= TOL)
+    before = np.asarray(base["token_ns"])[1:] <= t_b
+    assert np.all(np.abs(gaps_got[before] - gaps_base[before]) <= TOL)
+    both_w = _row(_with(d, queue_overhead_s=0.001, wait_overhead_s=0.0005), s, 0)
+    grew = np.diff(both_w["token_ns"]) - gaps_base
+    t2 = np.asarray(both_w["token_ns"])
+    assert np.all(np.abs(grew[t2[:-1] >= t_c] - 2 * MS) <= TOL)  # 1 ms + 2 waiters x 0.5 ms
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_fast_forward_is_bit_identical_with_the_new_overheads(seed: int) -> None:
     rng = np.random.default_rng(seed)
@@ -140,6 +165,7 @@ def test_fast_forward_is_bit_identical_with_the_new_overheads(seed: int) -> None
         first_decode_overhead_s=0.001,
         extra_seq_overhead_s=2e-4,
         wait_overhead_s=1e-4,
+        queue_overhead_s=3e-4,
     )
     slow, fast = simulate(s, d, fast_forward=False), simulate(s, d)
     assert fast.manifest_extra["sim"]["fast_forward_steps"] > 100

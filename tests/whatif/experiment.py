@@ -2,12 +2,19 @@
 
     .venv/bin/python tests/whatif/experiment.py auto --out runs/val
     .venv/bin/python tests/whatif/experiment.py measure --np 4 --rates 4,16,24 --out runs/val
-    .venv/bin/python tests/whatif/experiment.py predict --out runs/val --calib-on llamacpp-np4-r4
+    .venv/bin/python tests/whatif/experiment.py measure-staged --np 4 --rate 16 \
+        --stages 0.25:20,0.75:15,1:15 --seed 8 --out runs/val
+    .venv/bin/python tests/whatif/experiment.py predict --out runs/val \
+        --calib-on llamacpp-np4-staged
 
 On a 2-core machine, give the engine and the driver a core each (docs/validation.md, third
 series): `--engine-threads 1 --engine-poll 0 --engine-cpus 0 --client-cpus 1`. Calibrate on a
 light run in which some requests overlap (4 r/s for the tiny model; fourth series): a run where
 nothing overlaps cannot price a step's further sequences.
+
+`measure-staged` drives ONE run whose rate steps through stages (light, then towards the knee:
+the seed's 30% → 70% → 100%), with its own seed so its prompts are not the held-out runs'; a
+calibration on it sees lone requests, batches up to `-np` and a queue (fifth series).
 
 `measure` starts llama-server (the `tiny` model; `m` was too slow on the shared 2-core box) with
 `-np` slots, drives one Poisson run per rate with phaselens' own driver, and stops it. `predict`
@@ -45,11 +52,23 @@ def _engines() -> Any:
     return mod
 
 
-def spec_for(rate: float, duration_s: float, seed: int) -> dict[str, Any]:
+def spec_for(
+    rate: float,
+    duration_s: float,
+    seed: int,
+    stages: list[tuple[float, float]] | None = None,
+) -> dict[str, Any]:
+    """The workload; with `stages` ((rate scale, seconds), ...) the rate steps through them
+    instead of staying at `rate` for `duration_s`."""
+    window: dict[str, Any] = (
+        {"duration_s": duration_s}
+        if stages is None
+        else {"stages": [{"rate_scale": k, "duration_s": d} for k, d in stages]}
+    )
     return {
         "name": f"val-r{rate:g}",
         "seed": seed,
-        "duration_s": duration_s,
+        **window,
         "slo": {"ttft_ms": {"p90": 1000}, "tpot_ms": {"p90": 100}},
         "models": [
             {
@@ -104,7 +123,10 @@ def measure(
     kind: str = "llamacpp",
     poll: int | None = None,
     engine_cpus: str | None = None,
+    stages: list[tuple[float, float]] | None = None,
 ) -> list[Path]:
+    """One run per rate, each on a fresh engine; with `stages`, each run steps through them
+    (named `...-staged`, manifest `validation.stages`)."""
     from phaselens.driver.drive import drive
     from phaselens.driver.runner import DriverOptions
     from phaselens.spec import parse_spec
@@ -129,8 +151,11 @@ def measure(
             cpus=engine_cpus,
         )
         try:
-            data = spec_for(rate, duration_s, seed)
-            data["name"] = f"{kind}-np{np_slots}-r{rate:g}"
+            data = spec_for(rate, duration_s, seed, stages)
+            data["name"] = f"{kind}-np{np_slots}-" + ("staged" if stages else f"r{rate:g}")
+            extra: dict[str, Any] = {"np": np_slots, "rate": rate, "engine": kind, "seed": seed}
+            if stages:
+                extra["stages"] = [list(x) for x in stages]
             ws = parse_spec(data, "validation", Path("."))
             res = drive(
                 build_schedule(ws),
@@ -144,7 +169,7 @@ def measure(
                 telemetry="engine",
                 telemetry_interval_s=0.1,
                 handle_sigint=False,
-                manifest_extra={"validation": {"np": np_slots, "rate": rate, "engine": kind}},
+                manifest_extra={"validation": extra},
             )
             print(f"{res.path}: {res.status}, {dict(res.by_status)}", flush=True)
             paths.append(Path(res.path))
@@ -178,7 +203,8 @@ def _runs(out: Path) -> dict[str, Path]:
         m = json.loads(mf.read_text())
         v = m.get("validation") or {}
         if v:
-            found[f"{v.get('engine', 'llamacpp')}-np{v['np']}-r{v['rate']:g}"] = mf.parent
+            what = "staged" if v.get("stages") else f"r{v['rate']:g}"
+            found[f"{v.get('engine', 'llamacpp')}-np{v['np']}-{what}"] = mf.parent
     return found
 
 
@@ -201,13 +227,13 @@ def predict(
     c = calibrate(
         load_run(runs[calib_on]), dmap, str(out / "deploy.yaml"), prefer=source, allow_invalid=True
     )
-    write_calibration(c, out / "calib.yaml")
+    write_calibration(c, out / f"calib-{calib_on}.yaml")
     result: dict[str, Any] = {"calibrated_on": calib_on, "calibration": c.to_dict(), "runs": {}}
     for key, path in runs.items():
         np_k = _np_of(key)
         combo = {} if np_k == np_cal else {"policy.max_num_seqs": np_k}
         result["runs"][key] = check(c, load_run(path), combo, allow_invalid=True)
-    (out / "validation.json").write_text(json.dumps(result, indent=1, default=str))
+    (out / f"validation-{calib_on}.json").write_text(json.dumps(result, indent=1, default=str))
     cal = result["calibration"]
     print("fitted:", {k: f"{v:.4g}" for k, v in cal["cost"].items()}, end=" ")
     print(f"request overhead {cal['request_overhead_s'] * 1e3:.3g} ms; fit {cal['fit']}")
@@ -225,7 +251,8 @@ def _cell(e: dict[str, Any], key: str) -> str:
 
 
 def _rate_of(key: str) -> float:
-    return float(key.rsplit("-r", 1)[1])
+    """The run's rate (r/s); a staged run sorts first."""
+    return 0.0 if key.endswith("-staged") else float(key.rsplit("-r", 1)[1])
 
 
 def table(result: dict[str, Any]) -> str:
@@ -319,6 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--seed", type=int, default=7)
     m.add_argument("--out", type=Path, required=True)
     m.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp")
+    ms = sub.add_parser("measure-staged", help="one run stepping through rate stages")
+    ms.add_argument("--np", type=int, required=True)
+    ms.add_argument("--rate", type=float, required=True, help="the rate that scale 1 means")
+    ms.add_argument("--stages", required=True, help="scale:seconds,... e.g. 0.25:20,0.75:15,1:15")
+    ms.add_argument("--seed", type=int, default=8)
+    ms.add_argument("--out", type=Path, required=True)
     au = sub.add_parser("auto")
     au.add_argument("--out", type=Path, required=True)
     au.add_argument("--light", type=float, default=4.0)
@@ -327,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     au.add_argument("--bandwidth-gbs", type=float, default=20.0)
     au.add_argument("--light-duration", type=float, default=30.0)
     au.add_argument("--duration", type=float, default=45.0)
-    for sp in (m, au):
+    for sp in (m, au, ms):
         sp.add_argument("--engine-threads", "--threads", dest="threads", type=int, default=2)
         sp.add_argument("--engine-poll", type=int, default=None, help="llama.cpp --poll (0-100)")
         sp.add_argument("--engine-cpus", default=None, help="taskset cores for the engine")
@@ -338,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tflops", type=float, default=0.157)
     p.add_argument("--bandwidth-gbs", type=float, default=20.0)
     a = ap.parse_args(argv)
-    if a.cmd in ("auto", "measure"):
+    if a.cmd in ("auto", "measure", "measure-staged"):
         pin_client(a.client_cpus)
     if a.cmd == "auto":
         auto(
@@ -365,6 +398,20 @@ def main(argv: list[str] | None = None) -> int:
             a.engine,
             a.engine_poll,
             a.engine_cpus,
+        )
+    elif a.cmd == "measure-staged":
+        stages = [(float(k), float(d)) for k, d in (x.split(":") for x in a.stages.split(","))]
+        measure(
+            a.np,
+            [a.rate],
+            0.0,
+            a.out,
+            a.seed,
+            a.threads,
+            "llamacpp",
+            a.engine_poll,
+            a.engine_cpus,
+            stages,
         )
     else:
         predict(a.out, a.calib_on, a.tflops, a.bandwidth_gbs)

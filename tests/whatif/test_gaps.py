@@ -107,6 +107,23 @@ def test_client_fit_recovers_the_cost_of_waiting_requests(tmp_path: Path) -> Non
     c = calibrate(run, deploy_map(None, CPU_DEPLOY, max_num_seqs=2), "deploy.yaml")
     assert c.identified["c_wait"]
     assert c.cost.wait_overhead_s == pytest.approx(0.0002, rel=0.05)
+    assert c.cost.queue_overhead_s < 0.05 * 0.0002  # none in the truth: not invented
+    assert c.cost.extra_seq_overhead_s == pytest.approx(cost["extra_seq_overhead_s"], rel=0.03)
+    e = c.errors["all"]
+    for key in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"):
+        assert abs(e[key]["error_pct"]) < 2.0, (key, e[key])
+
+
+def test_client_fit_separates_a_queue_from_its_length(tmp_path: Path) -> None:
+    """Two slots at 8 r/s with both queue costs: c_queue once per step while anyone waits (as
+    llama-server on one core: ~0.3 ms as soon as one request waits) and c_wait per waiter.
+    Gaps of full batches with 1, 2, 3... waiters separate the two."""
+    cost = {**CPU_TRUE_COST, "queue_overhead_s": 0.0003, "wait_overhead_s": 0.00005}
+    run = cpu_truth(tmp_path, 8.0, 30, cost=cost, max_num_seqs=2)
+    c = calibrate(run, deploy_map(None, CPU_DEPLOY, max_num_seqs=2), "deploy.yaml")
+    assert c.identified["c_queue"] and c.identified["c_wait"]
+    assert c.cost.queue_overhead_s == pytest.approx(0.0003, rel=0.05)
+    assert c.cost.wait_overhead_s == pytest.approx(0.00005, rel=0.1)
     assert c.cost.extra_seq_overhead_s == pytest.approx(cost["extra_seq_overhead_s"], rel=0.03)
     e = c.errors["all"]
     for key in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"):

@@ -13,9 +13,9 @@ Formulas (notes/simulator.md), for a step processing T tokens across B sequences
 - tensor parallel: FLOPs and bytes split over TP GPUs, plus 2 all-reduces per layer of `T·d·2`
   bytes: `2(TP−1)/TP·size/link + α` each;
 - time = `max(F_lin/(η_lin·peak), B_lin/(η_mem·BW)) + max(F_att/(η_att·peak), B_att/(η_mem·BW))
-  + all-reduce + c0 + c_seq·B + c_layer·L + c_req·N + c_first·D + c_multi·(B−1) + c_wait·W` (N:
-  requests whose prefill starts in the step; D: sequences in their first decode step; W:
-  requests waiting for a slot).
+  + all-reduce + c0 + c_seq·B + c_layer·L + c_req·N + c_first·D + c_multi·(B−1) + c_wait·W
+  + c_queue·[W > 0]` (N: requests whose prefill starts in the step; D: sequences in their first
+  decode step; W: requests waiting for a slot).
 """
 
 from __future__ import annotations
@@ -58,6 +58,10 @@ class CostParams:
     # c_wait: engine time per step per request waiting for a slot (llama-server on one core: a
     # queue of waiting requests slows every step by ~0.05 ms each); 0 = waiting costs nothing
     wait_overhead_s: float = 0.0
+    # c_queue: engine time per step while at least one request waits for a slot, whatever their
+    # number (llama-server on one core: a full batch's step is ~0.3 ms slower as soon as one
+    # request waits); 0 = a queue costs nothing by being there
+    queue_overhead_s: float = 0.0
     allreduce_latency_s: float = 5e-6  # α of one all-reduce
     switch_overhead_s: float = 5e-5  # time-slicing: switching the GPU to another engine
     reserve_gb: float = 1.5  # activations + CUDA context/graphs per engine per GPU
@@ -166,6 +170,8 @@ class EngineCost:
             t += p.first_decode_overhead_s * first_decodes
         if waiting and p.wait_overhead_s:
             t += p.wait_overhead_s * waiting
+        if waiting and p.queue_overhead_s:
+            t += p.queue_overhead_s
         if self.tp > 1:
             t += self._ar_tok * tokens
             t += self._ar_fixed
@@ -189,6 +195,7 @@ class EngineCost:
         c0, cseq, fixed = p.step_overhead_s, p.per_seq_overhead_s * n, self._fixed
         multi = p.extra_seq_overhead_s * (n - 1) if n > 1 else 0.0
         wait = p.wait_overhead_s * waiting if waiting and p.wait_overhead_s else 0.0
+        queue = p.queue_overhead_s if waiting and p.queue_overhead_s else 0.0
         ar_n, ar_fixed, tp = self._ar_tok * n, self._ar_fixed, self.tp
 
         def step(sp: int) -> tuple[float, float, float]:
@@ -204,6 +211,8 @@ class EngineCost:
                 t += multi
             if wait:
                 t += wait
+            if queue:
+                t += queue
             if tp > 1:
                 t += ar_n
                 t += ar_fixed
@@ -235,6 +244,8 @@ class EngineCost:
             t += p.extra_seq_overhead_s * (n - 1)
         if waiting and p.wait_overhead_s:
             t += p.wait_overhead_s * waiting
+        if waiting and p.queue_overhead_s:
+            t += p.queue_overhead_s
         if self.tp > 1:
             t += self._ar_tok * n
             t += self._ar_fixed

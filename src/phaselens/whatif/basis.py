@@ -2,11 +2,12 @@
 
 Why: `sim/cost.py` prices a step as
 `max(F_lin/(η_lin·P), B_lin/(η_mem·BW)) + max(F_att/(η_att·P), B_att/(η_mem·BW)) + c0 + c_seq·B`
-(+ per-layer launches, all-reduces, and four terms that are 0 unless fitted: c_req per request
+(+ per-layer launches, all-reduces, and five terms that are 0 unless fitted: c_req per request
 whose prefill starts in the step, c_first per sequence in its first decode step, c_multi per
-sequence beyond the first, c_wait per request waiting for a slot). With inverse efficiencies
-`u = 1/η` and the side of each max() fixed, the step time is linear in θ = (u_lin, u_att, u_mem,
-c0, c_seq, c_layer, c_req, c_first, c_multi, c_wait) — c_layer multiplies the layer count,
+sequence beyond the first, c_wait per request waiting for a slot, c_queue once per step while
+any request waits). With inverse efficiencies `u = 1/η` and the side of each max() fixed, the
+step time is linear in θ = (u_lin, u_att, u_mem, c0, c_seq, c_layer, c_req, c_first, c_multi,
+c_wait, c_queue) — c_layer multiplies the layer count,
 separable from c0 only with several models —
 plus a per-request overhead `r` (HTTP, tokenization) that only TTFT pays, outside the engine
 (for a request served alone, r and c_req are twins). Non-negative least squares on that basis,
@@ -37,6 +38,7 @@ NAMES = (
     "c_first",
     "c_multi",
     "c_wait",
+    "c_queue",
 )
 K = len(NAMES)
 # what each coefficient is called in CostParams (and in calib.yaml's cost), for messages
@@ -52,6 +54,7 @@ COST_NAME = {
     "c_first": "first_decode_overhead_s",
     "c_multi": "extra_seq_overhead_s",
     "c_wait": "wait_overhead_s",
+    "c_queue": "queue_overhead_s",
 }
 
 
@@ -70,6 +73,7 @@ class Theta:
     c_first: float = 0.0
     c_multi: float = 0.0
     c_wait: float = 0.0
+    c_queue: float = 0.0
 
     def vec(self) -> F64:
         return np.array(
@@ -85,6 +89,7 @@ class Theta:
                 self.c_first,
                 self.c_multi,
                 self.c_wait,
+                self.c_queue,
             ]
         )
 
@@ -106,6 +111,7 @@ class Theta:
             c.first_decode_overhead_s,
             c.extra_seq_overhead_s,
             c.wait_overhead_s,
+            c.queue_overhead_s,
         )
 
     def folded(self, layers: int) -> Theta:
@@ -126,6 +132,7 @@ class Theta:
             first_decode_overhead_s=self.c_first,
             extra_seq_overhead_s=self.c_multi,
             wait_overhead_s=self.c_wait,
+            queue_overhead_s=self.c_queue,
         )
 
 
@@ -213,6 +220,7 @@ def step_time(s: Steps, th: Theta) -> F64:
     out: F64 = t_lin + t_att + th.c0 + th.c_seq * s.seqs + th.c_layer * s.layers + s.fixed
     out = out + th.c_req * s.new + th.c_first * s.first
     out = out + th.c_multi * np.maximum(s.seqs - 1.0, 0.0) + th.c_wait * s.waiting
+    out = out + th.c_queue * (s.waiting > 0)
     return out
 
 
@@ -231,6 +239,7 @@ def linear_rows(s: Steps, th: Theta) -> F64:
     rows[:, 8] = s.first
     rows[:, 9] = np.maximum(s.seqs - 1.0, 0.0)
     rows[:, 10] = s.waiting
+    rows[:, 11] = (s.waiting > 0).astype(np.float64)
     return rows
 
 

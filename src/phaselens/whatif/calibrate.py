@@ -413,7 +413,7 @@ def fit_lone(
     use = present & np.isfinite(target) & (target > 0)
     batched = gaps is not None and bool((gaps.batch > 1).any())
     queued = gaps is not None and bool(gaps.basis.steps.waiting.any())
-    wait_col: tuple[str, ...] = ("c_wait",) if queued else ()
+    wait_col: tuple[str, ...] = ("c_wait", "c_queue") if queued else ()
 
     def rows_at(th: Theta) -> tuple[F64, F64]:
         a, fx = isolated_rows(b, th)

@@ -50,6 +50,8 @@ def print_calibration(c: Calibration, console: Console) -> None:
             ("engine time per request", p.per_request_overhead_s),
             ("first decode step", p.first_decode_overhead_s),
             ("each further sequence", p.extra_seq_overhead_s),
+            ("per step while any request waits", p.queue_overhead_s),
+            ("per waiting request per step", p.wait_overhead_s),
         )
         if v
     ]
