@@ -238,8 +238,32 @@ def predict(
     print("fitted:", {k: f"{v:.4g}" for k, v in cal["cost"].items()}, end=" ")
     print(f"request overhead {cal['request_overhead_s'] * 1e3:.3g} ms; fit {cal['fit']}")
     print("notes:", cal["notes"])
+    print(validity(out))
     print(table(result))
     return result
+
+
+def validity(out: Path) -> str:
+    """One row per run: the client self-check's verdict and the lags it judged, and statuses."""
+    from phaselens.store import load_run
+
+    lines = [
+        "| run | self-check | send lag p99 (ms) | loop lag p99 (ms) | requests (status) |",
+        "|---|---|---|---|---|",
+    ]
+    runs = _runs(out)
+    for key in sorted(runs, key=lambda k: (-_np_of(k), _rate_of(k))):
+        run = load_run(runs[key])
+        m, cl = run.manifest, run.manifest.get("client") or {}
+        st = run.requests["status"].value_counts(sort=True).rows() if run.requests.height else []
+        verdict = "VALID" if m.get("valid") is not False else "INVALID"
+        lines.append(
+            f"| {key} | {verdict} | {cl.get('send_lag_p99_ms', float('nan')):.2f} | "
+            f"{cl.get('loop_lag_p99_ms', float('nan')):.2f} | "
+            + ", ".join(f"{n} {s}" for s, n in st)
+            + " |"
+        )
+    return "\n".join(lines)
 
 
 def _cell(e: dict[str, Any], key: str) -> str:
