@@ -61,3 +61,32 @@ def test_stop_ends_a_long_wait(kind: str) -> None:
 
     took = asyncio.run(go())
     assert took < 5.0, "a stop must end the wait (within the pacer's 100 ms slice)"
+
+
+@pytest.mark.parametrize("kind", ["auto", "spin"])
+def test_on_due_runs_once_at_the_instant_and_its_result_is_returned(kind: str) -> None:
+    async def go() -> tuple[list[int], list[str | None], int]:
+        pacer = make_pacer(kind, 1_000_000)
+        stop = asyncio.Event()
+        calls: list[int] = []
+        got: list[str | None] = []
+        due0 = time.perf_counter_ns() + 20_000_000
+        try:
+            for k in range(5):
+                due = due0 + k * 2_000_000
+
+                def fire(k: int = k, due: int = due) -> str:
+                    calls.append(time.perf_counter_ns() - due)
+                    return f"sent {k}"
+
+                got.append(await pacer.until(due, stop, fire))
+            stop.set()
+            stopped = await pacer.until(time.perf_counter_ns() + 10**9, stop, lambda: "no")
+            got.append(stopped)
+        finally:
+            pacer.close()
+        return calls, got, len(calls)
+
+    calls, got, n = asyncio.run(go())
+    assert got == ["sent 0", "sent 1", "sent 2", "sent 3", "sent 4", None]
+    assert n == 5 and all(c >= 0 for c in calls), calls  # never before the instant

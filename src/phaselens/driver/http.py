@@ -504,13 +504,20 @@ class Pool:
         self._addrs: dict[tuple[str, int], list[tuple[str, int]]] = {}
         self._ssl: ssl.SSLContext | None = None
 
-    async def acquire(self, target: Target) -> tuple[Conn, bool]:
-        """An idle connection to `target` (reused: True) or a new one (False)."""
-        idle = self._idle.get(target.key)
+    def take_idle(self, key: tuple[str, str, int]) -> Conn | None:
+        """An idle keep-alive connection for `key`, or None."""
+        idle = self._idle.get(key)
         while idle:
             c = idle.pop()
             if c.state == _IDLE and c.transport is not None and not c.transport.is_closing():
-                return c, True
+                return c
+        return None
+
+    async def acquire(self, target: Target) -> tuple[Conn, bool]:
+        """An idle connection to `target` (reused: True) or a new one (False)."""
+        c = self.take_idle(target.key)
+        if c is not None:
+            return c, True
         return await self._connect(target), False
 
     async def _connect(self, target: Target) -> Conn:
@@ -562,16 +569,27 @@ class Pool:
         self._idle.clear()
 
 
-async def exchange(pool: Pool, target: Target, data: bytes) -> tuple[Conn, Head]:
+async def exchange(
+    pool: Pool,
+    target: Target,
+    data: bytes,
+    sent: tuple[Conn, asyncio.Future[Head]] | None = None,
+) -> tuple[Conn, Head]:
     """Send one request; the connection (now the caller's: call `finish`) and response head.
 
-    A reused keep-alive connection that the server closed just before our request (nothing of
-    a response received) is retried once on a new connection, as browsers and urllib3 do.
+    `sent`: the request was already written on a reused connection (`Conn.send` on one from
+    `Pool.take_idle`); wait for its head. A reused keep-alive connection that the server
+    closed just before our request (nothing of a response received) is retried once on a new
+    connection, as browsers and urllib3 do.
     """
     for attempt in (0, 1):
-        conn, reused = await pool.acquire(target)
+        if sent is not None and attempt == 0:
+            (conn, fut), reused = sent, True
+        else:
+            conn, reused = await pool.acquire(target)
+            fut = conn.send(data)
         try:
-            head = await conn.send(data)
+            head = await fut
         except ConnectionLost:
             conn.abort()
             if reused and not conn.received and attempt == 0:

@@ -20,6 +20,10 @@ import ctypes.util
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _CLOCK_MONOTONIC = 1
 _TFD_NONBLOCK = 0o4000
@@ -51,8 +55,10 @@ def _libc() -> ctypes.CDLL | None:
 
 
 class TimerFdPacer:
-    """`await until(due_ns, stop)`: returns at perf_counter_ns() >= due_ns, or once `stop` is
-    set (checked at least every 100 ms). One per event loop; not for concurrent waiters."""
+    """`await until(due_ns, stop, on_due)`: returns at perf_counter_ns() >= due_ns, or once
+    `stop` is set (checked at least every 100 ms). `on_due` runs inside the timer's callback,
+    the moment it fires, and `until` returns its result (None when stopped). One per event
+    loop; not for concurrent waiters."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, lib: ctypes.CDLL) -> None:
         self.loop = loop
@@ -62,15 +68,26 @@ class TimerFdPacer:
             raise OSError(ctypes.get_errno(), "timerfd_create failed")
         self.fd = int(fd)
         self._spec = _Itimerspec()
-        self._fut: asyncio.Future[None] | None = None
+        self._fut: asyncio.Future[Any] | None = None
+        self._due = 0
+        self._on_due: Callable[[], Any] | None = None
         loop.add_reader(self.fd, self._fired)
 
     def _fired(self) -> None:
         with contextlib.suppress(BlockingIOError, InterruptedError):
             os.read(self.fd, 8)
         f = self._fut
-        if f is not None and not f.done():
-            f.set_result(None)
+        if f is None or f.done():
+            return
+        on_due, result = self._on_due, None
+        if on_due is not None and time.perf_counter_ns() >= self._due:
+            self._on_due = None
+            try:
+                result = on_due()
+            except Exception as e:
+                f.set_exception(e)
+                return
+        f.set_result(result)
 
     def _arm(self, at_ns: int) -> None:
         v = self._spec.it_value
@@ -78,15 +95,25 @@ class TimerFdPacer:
         if self._lib.timerfd_settime(self.fd, _TFD_TIMER_ABSTIME, ctypes.byref(self._spec), None):
             raise OSError(ctypes.get_errno(), "timerfd_settime failed")
 
-    async def until(self, due_ns: int, stop: asyncio.Event) -> None:
+    async def until(
+        self, due_ns: int, stop: asyncio.Event, on_due: Callable[[], T] | None = None
+    ) -> T | None:
         clock = time.perf_counter_ns
-        while not stop.is_set():
-            now = clock()
-            if now >= due_ns:
-                return
-            self._fut = self.loop.create_future()
-            self._arm(min(due_ns, now + _SLICE_NS))
-            await self._fut
+        self._due, self._on_due = due_ns, on_due
+        try:
+            while not stop.is_set():
+                now = clock()
+                if now >= due_ns:
+                    fn, self._on_due = self._on_due, None
+                    return fn() if fn is not None else None
+                self._fut = self.loop.create_future()
+                self._arm(min(due_ns, now + _SLICE_NS))
+                result: T | None = await self._fut
+                if self._on_due is None and on_due is not None:
+                    return result  # on_due ran in the timer's callback
+            return None
+        finally:
+            self._on_due = None
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -101,7 +128,9 @@ class SpinPacer:
     def __init__(self, window_ns: int = 1_000_000) -> None:
         self.window_ns = window_ns
 
-    async def until(self, due_ns: int, stop: asyncio.Event) -> None:
+    async def until(
+        self, due_ns: int, stop: asyncio.Event, on_due: Callable[[], T] | None = None
+    ) -> T | None:
         clock = time.perf_counter_ns
         wait = due_ns - clock() - self.window_ns
         if wait > 0:
@@ -109,6 +138,9 @@ class SpinPacer:
                 await asyncio.wait_for(stop.wait(), wait / 1e9)
         while clock() < due_ns and not stop.is_set():
             await asyncio.sleep(0)
+        if stop.is_set() or on_due is None:
+            return None
+        return on_due()
 
     def close(self) -> None:
         pass

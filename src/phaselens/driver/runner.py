@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -191,6 +192,15 @@ def _failure(e: Exception) -> tuple[Status, str]:
     return "client_error", f"{type(e).__name__}: {e}"
 
 
+@dataclass(frozen=True, slots=True)
+class _Started:
+    """A request `send_now` wrote at its planned instant; its task takes over from here."""
+
+    conn: http.Conn
+    head: asyncio.Future[http.Head]
+    ready: int  # perf_counter_ns when it was written
+
+
 class _ErrorBody:
     """Collects the first bytes of an error response (for the record's error text)."""
 
@@ -315,13 +325,41 @@ class _Driver:
             extra=self.o.extra_body,
         )
 
+    def _wire(self, i: int, m: int, body: bytes) -> bytes:
+        """The request's bytes: the target's fixed head, its id and length, the body."""
+        tail = f"X-Request-Id: pl-{self.run_tag}-{self.rid(i)}\r\nContent-Length: {len(body)}"
+        return b"".join((self.heads[m], tail.encode(), b"\r\n\r\n", body))
+
+    def send_now(self, i: int, body: bytes, optional: bool) -> _Started | None:
+        """Called by the pacer at the planned instant: write request i at once on an idle
+        keep-alive connection, so the send does not wait for the loop to start its task (two
+        loop turns, each serving every pending read: most of the send lag under load).
+        None when it cannot (no idle connection, a --max-inflight cap, the body must change):
+        then the task sends as usual."""
+        if self.sem is not None or self.pool is None:
+            return None
+        m = int(self.s.model_idx[i])
+        if optional != self.optional(i, self.urls[m]):
+            return None
+        conn = self.pool.take_idle(self.targets[m].key)
+        if conn is None:
+            return None
+        ready = time.perf_counter_ns()
+        return _Started(conn, conn.send(self._wire(i, m, body)), ready)
+
     async def one(
-        self, i: int, scheduled: int, prompt_body: bytes | None, built_optional: bool = True
+        self,
+        i: int,
+        scheduled: int,
+        prompt_body: bytes | None,
+        built_optional: bool = True,
+        started: _Started | None = None,
     ) -> None:
-        """Send request i and emit its record; never raises (cancellation included)."""
+        """Send request i (or finish what `send_now` began) and emit its record; never raises
+        (cancellation included)."""
         clock = time.perf_counter_ns
         t0 = self.t0
-        ready = clock()
+        ready = clock() if started is None else started.ready
         m = int(self.s.model_idx[i])
         url = self.urls[m]
         flight = _Flight(asyncio.current_task(), 0)
@@ -339,10 +377,9 @@ class _Driver:
                     body = self.body(i, optional)
                 else:
                     body = prompt_body
-                tail = f"X-Request-Id: pl-{self.run_tag}-{self.rid(i)}\r\nContent-Length: "
                 pool = self.pool
                 assert pool is not None
-                sent_abs = clock()
+                sent_abs = clock() if started is None else started.ready
                 sent = sent_abs - t0
                 flight.deadline_ns = sent_abs + self.timeout_ns
                 self.flights.add(flight)
@@ -350,10 +387,12 @@ class _Driver:
                 self.stats.inflight += 1
                 try:
                     for attempt in (0, 1):
-                        data = b"".join(
-                            (self.heads[m], f"{tail}{len(body)}\r\n\r\n".encode(), body)
+                        conn, head = await http.exchange(
+                            pool,
+                            self.targets[m],
+                            self._wire(i, m, body),
+                            (started.conn, started.head) if started and not attempt else None,
                         )
-                        conn, head = await http.exchange(pool, self.targets[m], data)
                         try:
                             http_status = head.status
                             ctype = head.headers.get("content-type", "?")
@@ -486,10 +525,12 @@ class _Driver:
                 url = self.urls[int(self.s.model_idx[i])]
                 optional = self.optional(i, url)
                 body = self.body(i, optional)  # built before the send time
-                await pacer.until(self.t0 + sched, stop)
-                if stop.is_set():
+                started = await pacer.until(
+                    self.t0 + sched, stop, partial(self.send_now, i, body, optional)
+                )
+                if stop.is_set() and started is None:
                     break
-                t = loop.create_task(self.one(i, sched, body, optional))
+                t = loop.create_task(self.one(i, sched, body, optional, started))
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
         finally:
