@@ -348,15 +348,14 @@ def auto(
 ) -> None:
     """The whole experiment: light run at -np 4, model-chosen knee and overload rates, the same
     three rates at -np 2, then `predict` calibrated on the light -np 4 run."""
-    eng = {"poll": poll, "engine_cpus": engine_cpus}
-    measure(4, [light], light_s, out, seed, threads, **eng)
+    measure(4, [light], light_s, out, seed, threads, poll=poll, engine_cpus=engine_cpus)
     key = f"llamacpp-np4-r{light:g}"
     knee, over = pick_rates(out, key, tflops, bw)
     knee, over = round(knee, 2), round(over, 2)
     print(f"knee {knee} r/s, overloaded {over} r/s", flush=True)
-    measure(4, [knee, over], duration_s, out, seed, threads, **eng)
-    measure(2, [light], light_s, out, seed, threads, **eng)
-    measure(2, [knee, over], duration_s, out, seed, threads, **eng)
+    measure(4, [knee, over], duration_s, out, seed, threads, poll=poll, engine_cpus=engine_cpus)
+    measure(2, [light], light_s, out, seed, threads, poll=poll, engine_cpus=engine_cpus)
+    measure(2, [knee, over], duration_s, out, seed, threads, poll=poll, engine_cpus=engine_cpus)
     predict(out, key, tflops, bw)
 
 
