@@ -43,7 +43,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from overhead_servers import N_CHUNKS, Nginx, wait_http  # noqa: E402
+from overhead_servers import MODEL, N_CHUNKS, Nginx, wait_http  # noqa: E402
 
 ENGINES = Path(
     os.environ.get("PHASELENS_ENGINES_DIR", Path.home() / ".cache" / "phaselens" / "engines")
@@ -214,49 +214,41 @@ def _guidellm() -> Client:
     exe = PEERS / "venv-guidellm" / "bin" / "guidellm"
 
     def argv(url: str, n: int, rate: float, work: Path) -> list[str]:
+        # GuideLLM 0.8.1: `guidellm run`, each part a `kind=...,key=value` arg string (split
+        # on commas: the URL and paths must not hold one). It spawns up to 10 worker processes
+        # (settings.max_worker_processes), all reaped by the main one, so wait4 counts them.
         return [
             str(exe),
-            "benchmark",
-            "--target",
-            url,
-            "--model",
-            "bench-model",
-            "--processor",
-            str(TOKENIZER),
-            "--request-type",
-            "text_completions",
-            "--rate-type",
-            "constant",
-            "--rate",
-            str(rate),
-            "--max-requests",
-            str(n),
+            "run",
+            "--backend",
+            f"kind=openai_http,target={url},model={MODEL},request_format=/v1/completions",
+            "--profile",
+            f"kind=constant,rate={rate}",
+            "--constraint",
+            f"kind=max_requests,count={n}",
+            "--tokenizer",
+            f"kind=huggingface_auto,model={TOKENIZER}",
             "--data",
-            f"prompt_tokens=32,output_tokens={N_CHUNKS}",
-            "--output-path",
-            str(work / "result.json"),
+            f"kind=synthetic_text,prompt_tokens=32,output_tokens={N_CHUNKS}",
+            "--output",
+            f"kind=json,path={work / 'result.json'}",
+            "--disable-console-interactive",
         ]
 
     def parse(work: Path, stdout: str) -> dict[str, Any]:
+        # duration: first request's send to last completion (no warm-up/cool-down set);
+        # TTFT: first header write (httpcore trace) to the first SSE line with text
         d = json.loads((work / "result.json").read_text())
         b = d["benchmarks"][0]
         m = b["metrics"]
-        ttft = m["time_to_first_token_ms"]["successful"]["mean"]
-        totals = m["request_totals"] if "request_totals" in m else b["request_totals"]
-        dur = b.get("duration") or (b["end_time"] - b["start_time"])
         return {
-            "completed": int(totals["successful"]),
-            "duration_s": float(dur),
-            "ttft_mean_ms": float(ttft),
+            "completed": int(m["request_totals"]["successful"]),
+            "duration_s": float(b["duration"]),
+            "ttft_mean_ms": float(m["time_to_first_token_ms"]["successful"]["mean"]),
         }
 
     def available() -> str:
-        if not exe.exists():
-            return f"{exe} missing (bash benchmarks/install_peers.sh guidellm)"
-        # 0.8.1 replaced `guidellm benchmark --target ... --rate-type ...` with
-        # `guidellm run --backend kind=...,... --profile kind=constant,... --data kind=...`;
-        # the arguments above are the old form and have not been mapped to the new one yet.
-        return "guidellm 0.8.1 CLI (`guidellm run --backend kind=...`) not mapped by this harness"
+        return "" if exe.exists() else f"{exe} missing (bash benchmarks/install_peers.sh guidellm)"
 
     return Client("guidellm", argv, parse, available)
 
