@@ -142,11 +142,13 @@ def test_api_key_goes_to_the_target_only(tmp_path: Path) -> None:
 
 
 def _wait_for_records(run_root: Path, n: int, timeout: float = 30) -> Path:
-    """Wait until the run's event log holds n records (it is flushed every 0.5 s)."""
+    """Wait until the run's event log holds n request records (it is flushed every 0.5 s;
+    the client's own telemetry rows, also in the log, do not count)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         runs = [p for p in run_root.glob("*") if (p / EVENTS).exists()]
-        if runs and (runs[0] / EVENTS).read_text().count("\n") >= n:
+        lines = (runs[0] / EVENTS).read_text().splitlines() if runs else []
+        if sum(1 for line in lines if line.startswith('["r",')) >= n:
             return runs[0]
         time.sleep(0.05)
     raise AssertionError("no records appeared")
