@@ -147,9 +147,10 @@ def _wait_for_records(run_root: Path, n: int, timeout: float = 30) -> Path:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         runs = [p for p in run_root.glob("*") if (p / EVENTS).exists()]
-        lines = (runs[0] / EVENTS).read_text().splitlines() if runs else []
-        if sum(1 for line in lines if line.startswith('["r",')) >= n:
-            return runs[0]
+        if runs:
+            lines = (runs[0] / EVENTS).read_text().splitlines()
+            if sum(1 for line in lines if line.startswith('["r",')) >= n:
+                return runs[0]
         time.sleep(0.05)
     raise AssertionError("no records appeared")
 
