@@ -165,8 +165,13 @@ class StreamParser:
                 return CONTINUE
             data = b"".join((self._buf, *self._parts, data)) if self._parts else self._buf + data
             self._parts.clear()
-        if self._key is not None and len(data) > _BULK_BYTES:
-            data = self._bulk(data, t_ns, self._key)
+        if len(data) > _BULK_BYTES:
+            if self._key is None:  # a whole response in one read: learn the key from it
+                m = _TEXT.search(data, 0, _BULK_BYTES)
+                if m is not None and m.group(0).endswith(b'"'):
+                    self._key = m.group(0)
+            if self._key is not None:
+                data = self._bulk(data, t_ns, self._key)
         events = data.split(b"\n\n")
         self._buf = events.pop()  # the unfinished tail ("" when the read ended an event)
         self._held = len(self._buf)
@@ -232,12 +237,12 @@ class StreamParser:
         if q < 2:
             return data
         head = data[:q]
-        n = head.count(b"\n\n")
+        n = head.count(b"}\n\n")  # events ending with `}`
         if not (
-            head.startswith(b"data: {")
-            and head.count(b"\n") == 2 * n  # single-line events, no empty ones
+            n
+            and head.count(b"\n") == 2 * n  # ... and they are all: one line each, none empty
+            and head.startswith(b"data: {")
             and head.count(b"\n\ndata: {") == n - 1  # each starts with `data: {`
-            and head.count(b"}\n\n") == n  # ... and ends with `}`
             and head.count(key) == n  # one text key each
             and head.count(key + b'"') == 0  # ... none of them empty
         ):
