@@ -556,6 +556,15 @@ class Pool:
             return conn
         raise ConnectFailed(f"Cannot connect to host {where}: {_cause(err, 'no address')}")
 
+    async def warm(self, target: Target, n: int) -> int:
+        """Open up to n idle connections to `target` ahead of the run; how many opened."""
+        tries = (self._connect(target) for _ in range(n))
+        got = await asyncio.gather(*tries, return_exceptions=True)
+        opened = [c for c in got if isinstance(c, Conn)]
+        for c in opened:
+            self.release(c)
+        return len(opened)
+
     def release(self, conn: Conn) -> None:
         self._idle.setdefault(conn.key, []).append(conn)
 
