@@ -146,26 +146,6 @@ def steps_frame(steps: Iterable[StepRecord]) -> pl.DataFrame:
     return _rows_frame([tuple(asdict(s).values()) for s in steps], STEP_SCHEMA)
 
 
-def _record_row(r: RequestRecord) -> tuple[Any, ...]:
-    return (
-        r.id,
-        r.model,
-        r.stage,
-        r.priority,
-        r.scheduled_ns,
-        r.sent_ns,
-        r.first_token_ns,
-        r.end_ns,
-        r.input_tokens,
-        r.output_tokens,
-        r.status,
-        r.error,
-        r.http_status,
-        list(r.token_ns),
-        list(r.token_counts),
-    )
-
-
 def host_info() -> dict[str, Any]:
     return {
         "hostname": socket.gethostname(),
@@ -241,7 +221,7 @@ class RunWriter:
         return cls(new_run_dir(root, name), manifest)
 
     def add_record(self, r: RequestRecord) -> None:
-        row = _record_row(r)[:-2]
+        row = [getattr(r, k) for k in _SCALARS]  # schema order; the two lists come last
         self._push([_KIND_REQ, *row, _pack(r.token_ns), _pack(r.token_counts)])
         if self._mem is not None:
             self._mem[0].add(r)

@@ -768,26 +768,24 @@ async def run_schedule(
     cs = loop.create_task(_client_samples(d, lag, samples, worker)) if samples is not None else None
     main: asyncio.Task[None] | None = None
     d.pool = pool = http.Pool(loop)
-    await _warm_pool(d, pool, options, len(order), t0)
-    light_gc = _light_gc()
-    light_gc.__enter__()
     try:
-        if options.concurrency:
-            main = loop.create_task(d.closed_loop(order, options.concurrency))
-        else:
-            main = loop.create_task(d.open_loop(order))
-        stopper = loop.create_task(d.stop.wait())
-        await asyncio.wait({main, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        if not main.done():
-            # Interrupted: stop sending; cancel what is on the wire (recorded as cancelled).
-            await asyncio.sleep(0)
-            for f in list(d.flights):
-                if f.task is not None:
-                    f.task.cancel()
-            await main
-        stopper.cancel()
+        await _warm_pool(d, pool, options, len(order), t0)
+        with _light_gc():
+            if options.concurrency:
+                main = loop.create_task(d.closed_loop(order, options.concurrency))
+            else:
+                main = loop.create_task(d.open_loop(order))
+            stopper = loop.create_task(d.stop.wait())
+            await asyncio.wait({main, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if not main.done():
+                # Interrupted: stop sending; cancel what is on the wire (recorded as cancelled).
+                await asyncio.sleep(0)
+                for f in list(d.flights):
+                    if f.task is not None:
+                        f.task.cancel()
+                await main
+            stopper.cancel()
     finally:
-        light_gc.__exit__(None, None, None)
         pool.close()
         wd.cancel()
         if cs is not None:
