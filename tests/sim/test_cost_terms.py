@@ -1,7 +1,7 @@
-"""The five engine overheads that are 0 unless calibrated: per admitted request (c_req), per
+"""The six engine overheads that are 0 unless calibrated: per admitted request (c_req), per
 sequence in its first decode step (c_first), per sequence beyond the first in a step (c_multi),
-per request waiting for a slot, each step (c_wait), and per step while any request waits
-(c_queue).
+per request waiting for a slot, each step (c_wait), per step while any request waits
+(c_queue), and per waiting request per token the step samples (c_wake).
 
 Each must add exactly its constant where it is defined and nowhere else, defaults must leave
 every step unchanged, and the fast-forward must stay bit-identical with them.
@@ -45,7 +45,8 @@ def test_defaults_are_zero_and_change_no_step() -> None:
         p.extra_seq_overhead_s,
         p.wait_overhead_s,
         p.queue_overhead_s,
-    ) == (0.0, 0.0, 0.0, 0.0, 0.0)
+        p.wait_token_overhead_s,
+    ) == (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     g = GPUS["L4"]
     c = EngineCost(MODELS["llama-3-8b"], p, 1, g.peak_flops, g.bandwidth, g.link_gbs * 1e9)
     plain = c.step(700, 5, 1e6, 3e4, 5)
@@ -152,6 +153,38 @@ def test_a_queue_slows_every_step_once_whatever_its_length() -> None:
     assert np.all(np.abs(grew[t2[:-1] >= t_c] - 2 * MS) <= TOL)  # 1 ms + 2 waiters x 0.5 ms
 
 
+def test_waiting_requests_cost_each_sampled_token_of_a_step() -> None:
+    """Two slots: A and B decode while C and D wait; each step samples two tokens, so c_wake
+    costs 2 tokens x 2 waiters per step — twice what one slot's step would pay."""
+    s = make_schedule([0.0, 0.0, 0.3, 1.5], [300] * 4, [120, 120, 5, 5])
+    d = one_engine(gpu="L4", max_num_seqs=2)
+    base = _row(d, s, 0)
+    got = _row(_with(d, wait_token_overhead_s=0.001), s, 0)
+    t_c, t_d = (int(_row(d, s, i)["sent_ns"]) for i in (2, 3))
+    grew = np.diff(got["token_ns"]) - np.diff(base["token_ns"])
+    tok = np.asarray(base["token_ns"])
+    one = (tok[:-1] >= t_c) & (tok[1:] <= t_d)  # C waiting alone
+    both = tok[:-1] >= t_d
+    assert one.sum() > 5 and both.sum() > 50
+    assert np.all(np.abs(grew[one] - 2 * MS) <= TOL)  # 2 tokens x 1 waiter x 1 ms
+    assert np.all(np.abs(grew[both] - 4 * MS) <= TOL)  # 2 tokens x 2 waiters x 1 ms
+    assert np.all(np.abs(grew[tok[1:] <= t_c]) <= TOL)  # steps before anyone waited
+    g = GPUS["L4"]
+    c = EngineCost(
+        MODELS["llama-3-8b"],
+        CostParams(wait_token_overhead_s=1e-3),
+        1,
+        g.peak_flops,
+        g.bandwidth,
+        g.link_gbs * 1e9,
+    )
+    plain = replace(c, params=CostParams())
+    for n, w in ((1, 3), (4, 3), (4, 0)):
+        extra = c.step_bw(n, n, 9.0, 8.0, n, g.bandwidth, 0, 0, w).seconds
+        extra -= plain.step_bw(n, n, 9.0, 8.0, n, g.bandwidth, 0, 0, w).seconds
+        assert extra == pytest.approx(1e-3 * n * w, abs=1e-12)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_fast_forward_is_bit_identical_with_the_new_overheads(seed: int) -> None:
     rng = np.random.default_rng(seed)
@@ -166,6 +199,7 @@ def test_fast_forward_is_bit_identical_with_the_new_overheads(seed: int) -> None
         extra_seq_overhead_s=2e-4,
         wait_overhead_s=1e-4,
         queue_overhead_s=3e-4,
+        wait_token_overhead_s=2e-5,
     )
     slow, fast = simulate(s, d, fast_forward=False), simulate(s, d)
     assert fast.manifest_extra["sim"]["fast_forward_steps"] > 100

@@ -5,7 +5,7 @@
     .venv/bin/python tests/whatif/experiment.py measure-staged --np 4 --rate 16 \
         --stages 0.25:20,0.75:15,1:15 --seed 8 --out runs/val
     .venv/bin/python tests/whatif/experiment.py predict --out runs/val \
-        --calib-on llamacpp-np4-staged
+        --calib-on llamacpp-np4-staged-s8
 
 On a 2-core machine, give the engine and the driver a core each (docs/validation.md, third
 series): `--engine-threads 1 --engine-poll 0 --engine-cpus 0 --client-cpus 1`. Calibrate on a
@@ -152,7 +152,7 @@ def measure(
         )
         try:
             data = spec_for(rate, duration_s, seed, stages)
-            data["name"] = f"{kind}-np{np_slots}-" + ("staged" if stages else f"r{rate:g}")
+            data["name"] = f"{kind}-np{np_slots}-" + (f"staged-s{seed}" if stages else f"r{rate:g}")
             extra: dict[str, Any] = {"np": np_slots, "rate": rate, "engine": kind, "seed": seed}
             if stages:
                 extra["stages"] = [list(x) for x in stages]
@@ -203,7 +203,7 @@ def _runs(out: Path) -> dict[str, Path]:
         m = json.loads(mf.read_text())
         v = m.get("validation") or {}
         if v:
-            what = "staged" if v.get("stages") else f"r{v['rate']:g}"
+            what = f"staged-s{v.get('seed')}" if v.get("stages") else f"r{v['rate']:g}"
             found[f"{v.get('engine', 'llamacpp')}-np{v['np']}-{what}"] = mf.parent
     return found
 
@@ -276,7 +276,7 @@ def _cell(e: dict[str, Any], key: str) -> str:
 
 def _rate_of(key: str) -> float:
     """The run's rate (r/s); a staged run sorts first."""
-    return 0.0 if key.endswith("-staged") else float(key.rsplit("-r", 1)[1])
+    return 0.0 if "-staged" in key else float(key.rsplit("-r", 1)[1])
 
 
 def table(result: dict[str, Any]) -> str:

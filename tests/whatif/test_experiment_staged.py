@@ -29,14 +29,14 @@ def test_staged_workload_steps_through_its_rates() -> None:
 
 def test_staged_run_is_named_and_sorted_first(tmp_path: Path) -> None:
     for name, v in (
-        ("a", {"np": 4, "rate": 16.0, "engine": "llamacpp", "stages": [[0.25, 20.0]]}),
+        ("a", {"np": 4, "rate": 16.0, "engine": "llamacpp", "stages": [[0.25, 20.0]], "seed": 8}),
         ("b", {"np": 4, "rate": 4.0, "engine": "llamacpp"}),
         ("c", {"np": 2, "rate": 1.0, "engine": "llamacpp"}),
     ):
         (tmp_path / name).mkdir()
         (tmp_path / name / "manifest.json").write_text(json.dumps({"validation": v}))
     runs = ex._runs(tmp_path)
-    assert set(runs) == {"llamacpp-np4-staged", "llamacpp-np4-r4", "llamacpp-np2-r1"}
-    assert ex._np_of("llamacpp-np4-staged") == 4
+    assert set(runs) == {"llamacpp-np4-staged-s8", "llamacpp-np4-r4", "llamacpp-np2-r1"}
+    assert ex._np_of("llamacpp-np4-staged-s8") == 4
     order = sorted(runs, key=lambda k: (-ex._np_of(k), ex._rate_of(k)))
-    assert order == ["llamacpp-np4-staged", "llamacpp-np4-r4", "llamacpp-np2-r1"]
+    assert order == ["llamacpp-np4-staged-s8", "llamacpp-np4-r4", "llamacpp-np2-r1"]

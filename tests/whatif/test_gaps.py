@@ -101,29 +101,44 @@ def test_client_fit_recovers_cpu_engine_overheads(cpu_run: Run, tmp_path: Path) 
 
 def test_client_fit_recovers_the_cost_of_waiting_requests(tmp_path: Path) -> None:
     """Two slots at 8 r/s: batches fill and requests queue, so the gaps of full batches with
-    a queue price each waiting request (c_wait), beside the other overheads."""
+    a queue price each waiting request per sampled token (c_wake), beside the other overheads;
+    c_wait, its twin at one max_num_seqs, stays 0 and a queue term is not invented."""
+    cost = {**CPU_TRUE_COST, "wait_token_overhead_s": 0.0001}
+    run = cpu_truth(tmp_path, 8.0, 30, cost=cost, max_num_seqs=2)
+    c = calibrate(run, deploy_map(None, CPU_DEPLOY, max_num_seqs=2), "deploy.yaml")
+    assert c.identified["c_wake"] and not c.identified["c_wait"]
+    assert c.cost.wait_token_overhead_s == pytest.approx(0.0001, rel=0.05)
+    assert c.cost.wait_overhead_s == 0.0
+    assert c.cost.queue_overhead_s < 0.05 * 0.0002  # none in the truth: not invented
+    assert c.cost.extra_seq_overhead_s == pytest.approx(cost["extra_seq_overhead_s"], rel=0.03)
+    e = c.errors["all"]
+    for key in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"):
+        assert abs(e[key]["error_pct"]) < 2.0, (key, e[key])
+    assert any("wait_token_overhead_s" in n and "twin" in n for n in c.notes), c.notes
+
+
+def test_a_per_step_waiting_cost_is_fitted_as_its_per_token_twin(tmp_path: Path) -> None:
+    """Truth priced per waiter per step (c_wait 0.2 ms, two slots): every clean gap with a
+    queue samples two tokens, so the fit's c_wake is c_wait / 2 and predicts the run as well."""
     cost = {**CPU_TRUE_COST, "wait_overhead_s": 0.0002}
     run = cpu_truth(tmp_path, 8.0, 30, cost=cost, max_num_seqs=2)
     c = calibrate(run, deploy_map(None, CPU_DEPLOY, max_num_seqs=2), "deploy.yaml")
-    assert c.identified["c_wait"]
-    assert c.cost.wait_overhead_s == pytest.approx(0.0002, rel=0.05)
-    assert c.cost.queue_overhead_s < 0.05 * 0.0002  # none in the truth: not invented
-    assert c.cost.extra_seq_overhead_s == pytest.approx(cost["extra_seq_overhead_s"], rel=0.03)
+    assert c.cost.wait_token_overhead_s == pytest.approx(0.0001, rel=0.05)
     e = c.errors["all"]
     for key in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"):
         assert abs(e[key]["error_pct"]) < 2.0, (key, e[key])
 
 
 def test_client_fit_separates_a_queue_from_its_length(tmp_path: Path) -> None:
-    """Two slots at 8 r/s with both queue costs: c_queue once per step while anyone waits (as
-    llama-server on one core: ~0.3 ms as soon as one request waits) and c_wait per waiter.
-    Gaps of full batches with 1, 2, 3... waiters separate the two."""
-    cost = {**CPU_TRUE_COST, "queue_overhead_s": 0.0003, "wait_overhead_s": 0.00005}
+    """Two slots at 8 r/s with both queue costs: c_queue once per step while anyone waits and
+    c_wake per waiter per sampled token. Gaps of full batches with 1, 2, 3... waiters separate
+    the two."""
+    cost = {**CPU_TRUE_COST, "queue_overhead_s": 0.0003, "wait_token_overhead_s": 0.000025}
     run = cpu_truth(tmp_path, 8.0, 30, cost=cost, max_num_seqs=2)
     c = calibrate(run, deploy_map(None, CPU_DEPLOY, max_num_seqs=2), "deploy.yaml")
-    assert c.identified["c_queue"] and c.identified["c_wait"]
+    assert c.identified["c_queue"] and c.identified["c_wake"]
     assert c.cost.queue_overhead_s == pytest.approx(0.0003, rel=0.05)
-    assert c.cost.wait_overhead_s == pytest.approx(0.00005, rel=0.1)
+    assert c.cost.wait_token_overhead_s == pytest.approx(0.000025, rel=0.1)
     assert c.cost.extra_seq_overhead_s == pytest.approx(cost["extra_seq_overhead_s"], rel=0.03)
     e = c.errors["all"]
     for key in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"):
@@ -169,3 +184,29 @@ def test_not_identified_constants_are_printed_by_their_names(cpu_run: Run, tmp_p
     line2 = next(ln for ln in con2.export_text().splitlines() if ln.startswith("not identified"))
     names = [x.strip() for x in line2.split(":", 1)[1].split(",")]
     assert "request_overhead_s" in names and "r" not in names
+
+
+def test_tokens_read_together_give_no_gap(cpu_run: Run) -> None:
+    """Two SSE events in one read share the read's timestamp: the gap between them is 0 and
+    the gaps touching them measure the client's late read, not a step. A 0 s target once
+    weighed 1e9 times the others in the relative-residual fit (sixth validation series)."""
+    import polars as pl
+
+    from phaselens.whatif.calibrate import lone_requests
+
+    d = parse_deployment(deploy_map(CPU_TRUE_COST, CPU_DEPLOY), "t")
+    sched = schedule_from_run(cpu_run)
+    lone = lone_requests(cpu_run.requests)
+    none = np.zeros(0, dtype=np.int64)
+    before = decode_gaps(cpu_run.requests, sched, d, none)
+    req = cpu_run.requests
+    toks = req["token_ns"].to_list()
+    k = next(i for i, t in enumerate(toks) if req["id"][i] in lone and t and len(t) >= 8)
+    t = list(toks[k])
+    t[3] = t[4]  # tokens 3 and 4 arrived in one read, at token 4's time
+    toks[k] = t
+    after = decode_gaps(req.with_columns(pl.Series("token_ns", toks)), sched, d, none)
+    assert before is not None and after is not None
+    assert after.target.min() > 0
+    # gaps 2→3, 3→4 and 4→5 touch the shared read: all three are dropped, nothing else
+    assert int(before.gaps.sum()) - int(after.gaps.sum()) == 3

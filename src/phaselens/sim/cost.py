@@ -14,8 +14,8 @@ Formulas (notes/simulator.md), for a step processing T tokens across B sequences
   bytes: `2(TP−1)/TP·size/link + α` each;
 - time = `max(F_lin/(η_lin·peak), B_lin/(η_mem·BW)) + max(F_att/(η_att·peak), B_att/(η_mem·BW))
   + all-reduce + c0 + c_seq·B + c_layer·L + c_req·N + c_first·D + c_multi·(B−1) + c_wait·W
-  + c_queue·[W > 0]` (N: requests whose prefill starts in the step; D: sequences in their first
-  decode step; W: requests waiting for a slot).
+  + c_queue·[W > 0] + c_wake·W·S` (N: requests whose prefill starts in the step; D: sequences in
+  their first decode step; W: requests waiting for a slot; S: sequences that sample a token).
 """
 
 from __future__ import annotations
@@ -62,6 +62,10 @@ class CostParams:
     # number (llama-server on one core: a full batch's step is ~0.3 ms slower as soon as one
     # request waits); 0 = a queue costs nothing by being there
     queue_overhead_s: float = 0.0
+    # c_wake: engine time per waiting request per token sampled in the step (llama-server on one
+    # core: every token's result wakes each waiting request's HTTP thread, ~7 us each, so a
+    # queue costs a step of 4 sequences twice what it costs a step of 2); 0 = none
+    wait_token_overhead_s: float = 0.0
     allreduce_latency_s: float = 5e-6  # α of one all-reduce
     switch_overhead_s: float = 5e-5  # time-slicing: switching the GPU to another engine
     reserve_gb: float = 1.5  # activations + CUDA context/graphs per engine per GPU
@@ -172,6 +176,8 @@ class EngineCost:
             t += p.wait_overhead_s * waiting
         if waiting and p.queue_overhead_s:
             t += p.queue_overhead_s
+        if waiting and p.wait_token_overhead_s:
+            t += p.wait_token_overhead_s * waiting * sampled
         if self.tp > 1:
             t += self._ar_tok * tokens
             t += self._ar_fixed
@@ -196,6 +202,7 @@ class EngineCost:
         multi = p.extra_seq_overhead_s * (n - 1) if n > 1 else 0.0
         wait = p.wait_overhead_s * waiting if waiting and p.wait_overhead_s else 0.0
         queue = p.queue_overhead_s if waiting and p.queue_overhead_s else 0.0
+        wake = p.wait_token_overhead_s * waiting * n if waiting and p.wait_token_overhead_s else 0.0
         ar_n, ar_fixed, tp = self._ar_tok * n, self._ar_fixed, self.tp
 
         def step(sp: int) -> tuple[float, float, float]:
@@ -213,6 +220,8 @@ class EngineCost:
                 t += wait
             if queue:
                 t += queue
+            if wake:
+                t += wake
             if tp > 1:
                 t += ar_n
                 t += ar_fixed
@@ -246,6 +255,8 @@ class EngineCost:
             t += p.wait_overhead_s * waiting
         if waiting and p.queue_overhead_s:
             t += p.queue_overhead_s
+        if waiting and p.wait_token_overhead_s:
+            t += p.wait_token_overhead_s * waiting * n
         if self.tp > 1:
             t += self._ar_tok * n
             t += self._ar_fixed

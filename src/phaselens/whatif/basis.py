@@ -2,12 +2,13 @@
 
 Why: `sim/cost.py` prices a step as
 `max(F_lin/(η_lin·P), B_lin/(η_mem·BW)) + max(F_att/(η_att·P), B_att/(η_mem·BW)) + c0 + c_seq·B`
-(+ per-layer launches, all-reduces, and five terms that are 0 unless fitted: c_req per request
+(+ per-layer launches, all-reduces, and six terms that are 0 unless fitted: c_req per request
 whose prefill starts in the step, c_first per sequence in its first decode step, c_multi per
 sequence beyond the first, c_wait per request waiting for a slot, c_queue once per step while
-any request waits). With inverse efficiencies `u = 1/η` and the side of each max() fixed, the
+any request waits, c_wake per waiting request per token the step samples). With inverse
+efficiencies `u = 1/η` and the side of each max() fixed, the
 step time is linear in θ = (u_lin, u_att, u_mem, c0, c_seq, c_layer, c_req, c_first, c_multi,
-c_wait, c_queue) — c_layer multiplies the layer count,
+c_wait, c_queue, c_wake) — c_layer multiplies the layer count,
 separable from c0 only with several models —
 plus a per-request overhead `r` (HTTP, tokenization) that only TTFT pays, outside the engine
 (for a request served alone, r and c_req are twins). Non-negative least squares on that basis,
@@ -39,6 +40,7 @@ NAMES = (
     "c_multi",
     "c_wait",
     "c_queue",
+    "c_wake",
 )
 K = len(NAMES)
 # what each coefficient is called in CostParams (and in calib.yaml's cost), for messages
@@ -55,6 +57,7 @@ COST_NAME = {
     "c_multi": "extra_seq_overhead_s",
     "c_wait": "wait_overhead_s",
     "c_queue": "queue_overhead_s",
+    "c_wake": "wait_token_overhead_s",
 }
 
 
@@ -74,6 +77,7 @@ class Theta:
     c_multi: float = 0.0
     c_wait: float = 0.0
     c_queue: float = 0.0
+    c_wake: float = 0.0
 
     def vec(self) -> F64:
         return np.array(
@@ -90,6 +94,7 @@ class Theta:
                 self.c_multi,
                 self.c_wait,
                 self.c_queue,
+                self.c_wake,
             ]
         )
 
@@ -112,6 +117,7 @@ class Theta:
             c.extra_seq_overhead_s,
             c.wait_overhead_s,
             c.queue_overhead_s,
+            c.wait_token_overhead_s,
         )
 
     def folded(self, layers: int) -> Theta:
@@ -133,6 +139,7 @@ class Theta:
             extra_seq_overhead_s=self.c_multi,
             wait_overhead_s=self.c_wait,
             queue_overhead_s=self.c_queue,
+            wait_token_overhead_s=self.c_wake,
         )
 
 
@@ -170,6 +177,7 @@ class Steps:
     new: F64  # requests whose prefill starts in the step
     first: F64  # sequences in their first decode step
     waiting: F64  # requests waiting for a slot during the step
+    sampled: F64  # sequences that sample a token in the step
 
 
 def step_features(
@@ -207,6 +215,7 @@ def step_features(
         new=np.zeros_like(f_lin) if new is None else np.asarray(new, dtype=np.float64),
         first=np.zeros_like(f_lin) if first is None else np.asarray(first, dtype=np.float64),
         waiting=np.zeros_like(f_lin) if waiting is None else np.asarray(waiting, dtype=np.float64),
+        sampled=np.broadcast_to(np.asarray(sampled, dtype=np.float64), f_lin.shape).copy(),
     )
 
 
@@ -220,7 +229,7 @@ def step_time(s: Steps, th: Theta) -> F64:
     out: F64 = t_lin + t_att + th.c0 + th.c_seq * s.seqs + th.c_layer * s.layers + s.fixed
     out = out + th.c_req * s.new + th.c_first * s.first
     out = out + th.c_multi * np.maximum(s.seqs - 1.0, 0.0) + th.c_wait * s.waiting
-    out = out + th.c_queue * (s.waiting > 0)
+    out = out + th.c_queue * (s.waiting > 0) + th.c_wake * s.waiting * s.sampled
     return out
 
 
@@ -240,6 +249,7 @@ def linear_rows(s: Steps, th: Theta) -> F64:
     rows[:, 9] = np.maximum(s.seqs - 1.0, 0.0)
     rows[:, 10] = s.waiting
     rows[:, 11] = (s.waiting > 0).astype(np.float64)
+    rows[:, 12] = s.waiting * s.sampled
     return rows
 
 

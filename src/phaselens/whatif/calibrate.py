@@ -412,8 +412,7 @@ def fit_lone(
     present = np.bincount(b.group, minlength=target.shape[0]) > 0
     use = present & np.isfinite(target) & (target > 0)
     batched = gaps is not None and bool((gaps.batch > 1).any())
-    queued = gaps is not None and bool(gaps.basis.steps.waiting.any())
-    wait_col: tuple[str, ...] = ("c_wait", "c_queue") if queued else ()
+    wait_col = queue_terms(gaps)
 
     def rows_at(th: Theta) -> tuple[F64, F64]:
         a, fx = isolated_rows(b, th)
@@ -442,6 +441,30 @@ def fit_lone(
     return lf, int(rows.shape[0]), dropped
 
 
+def queue_terms(gaps: DecodeGaps | None) -> tuple[str, ...]:
+    """The queue's cost terms the gaps can price: none without a queue; else c_queue (a queue at
+    all) and c_wake (per waiting request per token the step samples), plus c_wait (per waiting
+    request per step) only when gaps with a queue have batches of different sizes.
+
+    Why c_wake before c_wait: clean gaps with a queue are full batches (a waiting request could
+    be prefilling otherwise), so in a run at one `max_num_seqs` every such step samples the same
+    number of tokens and the two are exact twins. The validation measured which one a real
+    queue follows: llama-server's step grows by 0.030 ms per waiting request with 4 slots and
+    0.015 ms with 2 (docs/validation.md, sixth series) — per token, as each result wakes every
+    waiting request's HTTP thread. Priced per step, a fit at 4 slots doubled the queue's cost
+    at 2 slots and predicted a collapse where the server kept up.
+    """
+    if gaps is None:
+        return ()
+    st = gaps.basis.steps
+    queued = st.waiting > 0
+    if not queued.any():
+        return ()
+    if np.unique(st.sampled[queued]).shape[0] > 1:
+        return ("c_wait", "c_wake", "c_queue")
+    return ("c_wake", "c_queue")
+
+
 @dataclass(frozen=True, slots=True)
 class _Replay:
     sched: Schedule
@@ -449,6 +472,7 @@ class _Replay:
     deploy_map: Mapping[str, Any]
     source: str
     kv: Mapping[str, int]
+    scored: np.ndarray | None = None  # rows the loss counts (None: all)
 
     def predict(self, th: Theta) -> pl.DataFrame:
         d = parse_deployment(
@@ -461,7 +485,10 @@ class _Replay:
         return per_request(p.requests)
 
     def loss(self, th: Theta) -> float:
-        return request_loss(self.meas, self.predict(th))
+        pred = self.predict(th)
+        if self.scored is None:
+            return request_loss(self.meas, pred)
+        return request_loss(self.meas.filter(self.scored), pred.filter(self.scored))
 
 
 def split_request_overhead(th: Theta, rp: _Replay, conc: int) -> tuple[Theta, float | None]:
@@ -497,6 +524,19 @@ def calibrate(
     notes: list[str] = list(invalid_notes)
     fit_info: dict[str, Any] = {"requests_ok": len(sched)}
     rp = _Replay(sched, meas, deploy_map, source, {})
+    ttft_s = meas["ttft_ms"].to_numpy().astype(np.float64) / 1e3
+
+    def _light(th_now: Theta) -> np.ndarray:
+        """Requests in light windows (measured queueing against θ's lone times). The split of
+        the request overhead is a light-load question (whose time delays whom when requests
+        overlap); windows with a queue multiply every other error of the model and, scored
+        too, pulled the split to ~1 on one of three staged runs (docs/validation.md, sixth
+        series)."""
+        d = parse_deployment(with_cost(deploy_map, th_now.cost(deploy.cost)), source)
+        it, ie = iso_times(d, sched, th_now)
+        keep: np.ndarray = regimes(sched.t_ns, ttft_s, it, ie) == "light"
+        return keep
+
     kv = fit_kv_capacity(run, deploy)
     if kv:
         rp = replace(rp, kv=kv)
@@ -555,7 +595,18 @@ def calibrate(
         else:
             identified["c_seq"] = False
             notes.append("never more than one request in flight: per-sequence overhead not fitted")
-        th, share = split_request_overhead(th, rp, conc)
+        terms = queue_terms(gaps)
+        if gaps is not None and "c_wake" in terms and "c_wait" not in terms:
+            identified["c_wait"] = False
+            st = gaps.basis.steps
+            slots = int(st.sampled[st.waiting > 0].max())
+            notes.append(
+                "wait_token_overhead_s fitted from the gaps of full batches with a queue; "
+                f"wait_overhead_s held at 0 (its twin when every step with a queue samples "
+                f"{slots} tokens: per step it is {slots} x wait_token_overhead_s at this "
+                "max_num_seqs; per token, it scales with another)"
+            )
+        th, share = split_request_overhead(th, replace(rp, scored=_light(th)), conc)
         identified["c_req"] = share is not None
         if share is not None:
             fit_info["request_overhead_share_on_engine"] = share
@@ -578,7 +629,6 @@ def calibrate(
         notes.append("per_layer_overhead_s folded into step_overhead_s (one model depth)")
     cost = th.cost(deploy.cost)
     pred = rp.predict(th)
-    ttft_s = meas["ttft_ms"].to_numpy().astype(np.float64) / 1e3
     iso_ttft, iso_e2e = iso_times(parse_deployment(with_cost(deploy_map, cost), source), sched, th)
     reg = regimes(sched.t_ns, ttft_s, iso_ttft, iso_e2e)
     errors = compare(meas, pred, reg)

@@ -59,7 +59,8 @@ def decode_gaps(
     (first token ≤ t < end) decodes throughout it, each request sent but without its first
     token at any moment of it is so throughout (it waits: no arrival, no first token inside),
     requests wait only while every slot decodes (else one could be prefilling in this step),
-    and the token arrived alone (one token in the chunk). The waiting count is a feature:
+    and both tokens arrived alone (one token in the chunk, and no other token of the request
+    read at the same instant: tokens read together were late). The waiting count is a feature:
     engines that spend time on queued requests (c_wait) show it in these gaps. Request q's KV
     before the step holds its prompt plus the tokens it received by t[j-1], minus one (the
     token the step consumes is already counted in the prompt-plus-generated context).
@@ -97,6 +98,13 @@ def decode_gaps(
             continue
         a, b = t[:-1], t[1:]
         single = c[1:] == 1 if c.shape[0] == t.shape[0] else np.ones(a.shape[0], dtype=bool)
+        # tokens read together (two SSE events in one read share its timestamp) were late: a
+        # gap touching one measures the client's read, not a step (0 when both are in it)
+        shared = np.zeros(t.shape[0], dtype=bool)
+        same = t[1:] == t[:-1]
+        shared[1:] |= same
+        shared[:-1] |= same
+        single &= ~shared[:-1] & ~shared[1:]
         dec_all = (first[None, :] <= a[:, None]) & (end[None, :] >= b[:, None])
         dec_any = (first[None, :] < b[:, None]) & (end[None, :] > a[:, None])
         wait_any = (sent[None, :] < b[:, None]) & (first[None, :] > a[:, None])

@@ -52,6 +52,7 @@ def print_calibration(c: Calibration, console: Console) -> None:
             ("each further sequence", p.extra_seq_overhead_s),
             ("per step while any request waits", p.queue_overhead_s),
             ("per waiting request per step", p.wait_overhead_s),
+            ("per waiting request per sampled token", p.wait_token_overhead_s),
         )
         if v
     ]
