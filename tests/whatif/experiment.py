@@ -2,8 +2,8 @@
 
     .venv/bin/python tests/whatif/experiment.py auto --out runs/val
     .venv/bin/python tests/whatif/experiment.py measure --np 4 --rates 4,16,24 --out runs/val
-    .venv/bin/python tests/whatif/experiment.py measure-staged --np 4 --rate 16 \
-        --stages 0.25:20,0.75:15,1:15 --seed 8 --out runs/val
+    .venv/bin/python tests/whatif/experiment.py measure-staged --np 4 --rate 56 \
+        --stages 0.3:20,0.7:20,1:30 --seed 8 --out runs/val
     .venv/bin/python tests/whatif/experiment.py predict --out runs/val \
         --calib-on llamacpp-np4-staged-s8
 
@@ -14,7 +14,10 @@ nothing overlaps cannot price a step's further sequences.
 
 `measure-staged` drives ONE run whose rate steps through stages (light, then towards the knee:
 the seed's 30% → 70% → 100%), with its own seed so its prompts are not the held-out runs'; a
-calibration on it sees lone requests, batches up to `-np` and a queue (fifth series).
+calibration on it sees lone requests, batches up to `-np` and a queue (fifth series). Scale 1
+should be near the knee: 56 r/s on the sixth series' machine, 16 r/s on the fifth's (a light
+calibration run's model, `pick_rates`, gives a first guess). Staged runs are keyed by seed
+(`llamacpp-np4-staged-s8`), so several can sit beside the held-out runs.
 
 `measure` starts llama-server (the `tiny` model; `m` was too slow on the shared 2-core box) with
 `-np` slots, drives one Poisson run per rate with phaselens' own driver, and stops it. `predict`
