@@ -84,7 +84,8 @@ def evaluate(job: Job, combo: Mapping[str, Any]) -> dict[str, Any]:
             kv: Mapping[str, int] = {}
         else:
             kv = job.kv
-        deploy = with_kv(parse_deployment(dmap, job.source), kv)
+        deploy_plain = parse_deployment(dmap, job.source)
+        deploy = with_kv(deploy_plain, kv)
         sched = apply_load(job.schedule, combo, job.seed)
         pred = simulate_with(sched, deploy, job.overhead_s)
     except InputError as e:
@@ -132,7 +133,7 @@ def evaluate(job: Job, combo: Mapping[str, Any]) -> dict[str, Any]:
     else:
         row["expected_error"] = f"±{err:.0f}%"
         row["expected_error_pct"] = err
-        changed = sorted(k for k in combo if not k.startswith("load."))
+        changed = parse_deployment(dict(job.deployment), job.source) != deploy_plain
         if changed and main != "light":
             # the in-sample error is the run's own setting; a changed knob near the knee missed
             # by several times that in the real-engine validation (docs/validation.md)
