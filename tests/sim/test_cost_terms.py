@@ -37,6 +37,13 @@ def _row(d: Deployment, s: Any, rid: int) -> dict[str, Any]:
     return out
 
 
+def _growth(d: Deployment, s: Any, **cost: float) -> tuple[np.ndarray, np.ndarray]:
+    """How much each token gap of request 0 grew with `cost` set, and its token times."""
+    base = _row(d, s, 0)
+    grew = np.diff(_row(_with(d, **cost), s, 0)["token_ns"]) - np.diff(base["token_ns"])
+    return grew, np.asarray(base["token_ns"])
+
+
 def test_defaults_are_zero_and_change_no_step() -> None:
     p = CostParams()
     assert (
@@ -119,11 +126,8 @@ def test_waiting_requests_slow_every_step_of_a_full_batch() -> None:
     """One slot: A decodes while B and C wait; each of A's steps costs c_wait per waiter."""
     s = make_schedule([0.0, 0.05, 0.06], [300, 300, 300], [100, 5, 5])
     d = one_engine(gpu="L4", max_num_seqs=1)
-    base = _row(d, s, 0)
-    got = _row(_with(d, wait_overhead_s=0.001), s, 0)
+    grew, tok = _growth(d, s, wait_overhead_s=0.001)
     t_b, t_c = (int(_row(d, s, i)["sent_ns"]) for i in (1, 2))
-    grew = np.diff(got["token_ns"]) - np.diff(base["token_ns"])
-    tok = np.asarray(base["token_ns"])
     both = tok[:-1] >= t_c  # steps that started with B and C waiting
     assert both.sum() > 50
     assert np.all(np.abs(grew[both] - 2 * MS) <= TOL)
@@ -158,11 +162,8 @@ def test_waiting_requests_cost_each_sampled_token_of_a_step() -> None:
     costs 2 tokens x 2 waiters per step — twice what one slot's step would pay."""
     s = make_schedule([0.0, 0.0, 0.3, 1.5], [300] * 4, [120, 120, 5, 5])
     d = one_engine(gpu="L4", max_num_seqs=2)
-    base = _row(d, s, 0)
-    got = _row(_with(d, wait_token_overhead_s=0.001), s, 0)
+    grew, tok = _growth(d, s, wait_token_overhead_s=0.001)
     t_c, t_d = (int(_row(d, s, i)["sent_ns"]) for i in (2, 3))
-    grew = np.diff(got["token_ns"]) - np.diff(base["token_ns"])
-    tok = np.asarray(base["token_ns"])
     one = (tok[:-1] >= t_c) & (tok[1:] <= t_d)  # C waiting alone
     both = tok[:-1] >= t_d
     assert one.sum() > 5 and both.sum() > 50
