@@ -535,6 +535,8 @@ def calibrate(
         d = parse_deployment(with_cost(deploy_map, th_now.cost(deploy.cost)), source)
         it, ie = iso_times(d, sched, th_now)
         keep: np.ndarray = regimes(sched.t_ns, ttft_s, it, ie) == "light"
+        if int(keep.sum()) < MIN_ISOLATED:  # hardly any light window: score every request
+            keep[:] = True
         return keep
 
     kv = fit_kv_capacity(run, deploy)
