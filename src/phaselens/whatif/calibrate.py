@@ -599,7 +599,6 @@ def calibrate(
             notes.append("never more than one request in flight: per-sequence overhead not fitted")
         terms = queue_terms(gaps)
         if gaps is not None and "c_wake" in terms and "c_wait" not in terms:
-            identified["c_wait"] = False
             st = gaps.basis.steps
             slots = int(st.sampled[st.waiting > 0].max())
             notes.append(
