@@ -115,6 +115,11 @@ def test_client_fit_recovers_the_cost_of_waiting_requests(tmp_path: Path) -> Non
     for key in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"):
         assert abs(e[key]["error_pct"]) < 2.0, (key, e[key])
     assert any("wait_token_overhead_s" in n and "twin" in n for n in c.notes), c.notes
+    assert any("samples 2 tokens" in n for n in c.notes), c.notes  # two slots, full batches
+    con = Console(record=True, width=300)
+    print_calibration(c, con)
+    shown = f"per waiting request per sampled token {c.cost.wait_token_overhead_s * 1e3:.3g} ms"
+    assert shown in con.export_text()
 
 
 def test_a_per_step_waiting_cost_is_fitted_as_its_per_token_twin(tmp_path: Path) -> None:
