@@ -38,7 +38,11 @@ pytestmark = pytest.mark.e2e
 
 INTERVAL_S = 0.1
 N_REQ = 2 * PARALLEL + 8  # more than the slots: some must wait
-MAX_TOKENS = 96
+# Tokens per request, per engine: the queue must outlast scrapes slowed by the burst. vLLM
+# serves a 96-token wave of 16 in ~0.6 s here, so with 96 its queue lived ~1.2 s, and a CI run
+# whose scrapes stalled 1.4 s at the burst's start never saw it; 384 keeps it ~5 s. llama.cpp's
+# waves are slower (~4 s at 96 tokens).
+MAX_TOKENS = {"llamacpp": 96, "vllm": 384}
 DELIVERY_S = 0.5  # longest engine-count -> client-receipt delay tolerated (see the end)
 
 
@@ -47,6 +51,7 @@ def _series(samples: list[TelemetrySample], metric: str) -> list[tuple[int, floa
 
 
 def test_sampler_tracks_load_and_token_counts(engine: Any) -> None:
+    max_tokens = MAX_TOKENS[engine.kind]
     samples: list[TelemetrySample] = []
     run_start = time.perf_counter_ns()
     handle = start_telemetry("engine", [engine.url], INTERVAL_S, run_start, samples.extend)
@@ -64,7 +69,7 @@ def test_sampler_tracks_load_and_token_counts(engine: Any) -> None:
                 engine.model,
                 rate_per_s=400.0,
                 n=N_REQ,
-                max_tokens=MAX_TOKENS,
+                max_tokens=max_tokens,
                 continuous_usage=engine.kind == "vllm",
             )
         )
@@ -76,17 +81,26 @@ def test_sampler_tracks_load_and_token_counts(engine: Any) -> None:
 
     for r in res:
         assert r.status == 200, r.text
-        assert r.usage.get("completion_tokens") == MAX_TOKENS
-        assert sum(r.chunk_tokens) == MAX_TOKENS, (r.chunk_tokens, r.usage)
+        assert r.usage.get("completion_tokens") == max_tokens
+        assert sum(r.chunk_tokens) == max_tokens, (r.chunk_tokens, r.usage)
     client_total = sum(sum(r.chunk_tokens) for r in res)
 
-    # A scrape that overran its slot is recorded as missed (scrape.ok = 0), which a loaded
-    # 2-core machine does now and then; most must succeed, about every 100 ms.
-    ok = [t for t, v in _series(samples, "scrape.ok") if v == 1.0]
-    n_slots = len(_series(samples, "scrape.ok"))
-    assert len(ok) >= 10 and len(ok) >= 0.5 * n_slots, (len(ok), n_slots)
-    gaps = sorted(b - a for a, b in itertools.pairwise(ok))
-    assert gaps[len(gaps) // 2] < 3 * INTERVAL_S * 1e9, "not scraping every ~100 ms"
+    # Every 100 ms slot yields one scrape.ok sample: 1 scraped, 0 skipped because the previous
+    # scrape overran. An idle engine answers within its slot, so outside the burst nearly every
+    # slot is scraped, ~100 ms apart. Under the burst, vLLM's API server shares 2 cores with its
+    # engine core and this client and answers /metrics in 100-300 ms (seen: 26 of 63 slots
+    # scraped), so there only "keeps scraping" is asserted: the rest is the target's latency.
+    slots = _series(samples, "scrape.ok")
+    span_slots = (slots[-1][0] - slots[0][0]) / (INTERVAL_S * 1e9)
+    assert abs(len(slots) - 1 - span_slots) <= 0.05 * span_slots + 2, (len(slots), span_slots)
+    settled = t_done + int(0.3e9)
+    idle = [(t, v) for t, v in slots if t < t_load or t > settled]
+    idle_ok = [t for t, v in idle if v == 1.0]
+    assert len(idle_ok) >= 6 and len(idle_ok) >= 0.8 * len(idle), idle
+    gaps = sorted(b - a for a, b in itertools.pairwise(idle_ok) if b < t_load or a > settled)
+    assert gaps[len(gaps) // 2] < 1.5 * INTERVAL_S * 1e9, "idle: not scraping every ~100 ms"
+    loaded_ok = [t for t, v in slots if t_load <= t <= t_done and v == 1.0]
+    assert len(loaded_ok) >= 5, (len(loaded_ok), slots)
 
     running = _series(samples, "engine.running")
     waiting = _series(samples, "engine.waiting")
@@ -103,7 +117,7 @@ def test_sampler_tracks_load_and_token_counts(engine: Any) -> None:
     # Cumulative agreement along the run, scrape by scrape.
     run_rel = [(t - run_start) for r in res for t in r.chunk_ns]
     if engine.kind == "llamacpp":  # counted when a request finishes
-        client_events = sorted((int(r.end * 1e9) - run_start, MAX_TOKENS) for r in res)
+        client_events = sorted((int(r.end * 1e9) - run_start, max_tokens) for r in res)
     else:
         client_events = sorted(
             (t - run_start, k) for r in res for t, k in zip(r.chunk_ns, r.chunk_tokens, strict=True)
