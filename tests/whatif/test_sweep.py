@@ -14,8 +14,18 @@ from phaselens.cli import main
 from phaselens.store import Run
 from phaselens.whatif.calibrate import calibrate, with_cost, write_calibration
 from phaselens.whatif.knobs import grid, parse_sets
+from phaselens.whatif.render import cliff_advice, render_html
 from phaselens.whatif.replay import schedule_from_run
-from phaselens.whatif.sweep import pareto, rank_key, sweep
+from phaselens.whatif.sweep import (
+    CLIFF_FACTOR,
+    CLIFF_LOAD,
+    KNOB_NEAR_KNEE,
+    mark_cliff,
+    pareto,
+    rank_key,
+    sweep,
+)
+from phaselens.whatif.sweep import steady as steady_ok
 
 from .helpers import deploy_map, truth_run, write_deploy
 
@@ -215,8 +225,74 @@ def test_a_changed_knob_past_the_light_regime_says_its_error_is_larger(
     )
     one = evaluate(job, {"policy.max_num_seqs": 1})
     assert one["regime"] != "light"
-    assert one["expected_error"] == "±10% in-sample; larger with a knob changed near the knee"
+    assert one["expected_error"] == "±10%" + KNOB_NEAR_KNEE
     same = evaluate(job, {"policy.max_num_seqs": 16})  # the measured value
     assert same["expected_error"] == "±10%"
     busy = evaluate(job, {"load.scale": 40.0})
     assert busy["regime"] != "light" and busy["expected_error"] == "±10%"
+
+
+def _row(ttft_p90: float | None, regime: str, over: float) -> dict[str, Any]:
+    return {
+        "feasible": True,
+        "ttft_p90_ms": ttft_p90,
+        "regime": regime,
+        "regime_shares": {"overloaded": over},
+        "expected_error": "±5%",
+    }
+
+
+def test_cliff_by_hand() -> None:
+    cases = [
+        # (row p90, row regime, p90 at +10%, regime there, feasible there, overloaded share
+        # of the row, and there) -> cliff
+        ((100.0, "light", 199.0, "near_saturation", True, 0.0, 0.0), False),
+        ((100.0, "light", 200.0, "near_saturation", True, 0.0, 0.0), True),  # doubled
+        ((100.0, "near_saturation", 120.0, "overloaded", True, 0.3, 0.55), True),  # +25 points
+        ((100.0, "light", 105.0, "overloaded", True, 0.45, 0.55), False),  # argmax flip only
+        ((100.0, "overloaded", 900.0, "overloaded", True, 0.6, 1.0), False),  # already over it
+        ((100.0, "light", 500.0, "near_saturation", False, 0.0, 0.0), False),  # infeasible there
+        ((None, "light", 500.0, "near_saturation", True, 0.0, 0.0), False),  # nothing to compare
+    ]
+    for (a, reg, b, reg_b, feasible, over_a, over_b), want in cases:
+        row = _row(a, reg, over_a)
+        more = {"feasible": feasible, "ttft_p90_ms": b, "regime": reg_b}
+        mark_cliff(row, {**more, "regime_shares": {"overloaded": over_b}})
+        assert row["cliff"] is want, (a, reg, b, reg_b, feasible, over_a, over_b)
+        assert row["more_load"]["ttft_p90_ms"] == b and row["more_load"]["scale"] == CLIFF_LOAD
+        assert ("at a cliff" in row["expected_error"]) is want
+
+
+def test_sweep_flags_the_cliff_of_a_queue_that_slows_the_engine(tmp_path: Path) -> None:
+    """Truth: each waiting request costs 0.1 ms per sampled token (llama-server's broadcast,
+    docs/validation.md), so past the knee the queue slows service and grows itself. At 3x the
+    run's 4 r/s the engine is near saturation and 3.3x tips it into overload; 2x is light."""
+    from phaselens.whatif.calibrate import load_calibration
+
+    from .helpers import CPU_DEPLOY, CPU_TRUE_COST
+
+    cost = {**CPU_TRUE_COST, "wait_token_overhead_s": 1e-4}
+    run = truth_run(tmp_path, rate=4.0, duration_s=60, cost=cost, base=CPU_DEPLOY, in_max=300)
+    dmap = deploy_map(cost, CPU_DEPLOY)
+    c = calibrate(run, dmap, str(write_deploy(tmp_path / "d.yaml", dmap)), prefer="steps")
+    calib = write_calibration(c, tmp_path / "calib.yaml")
+    combos = [{"load.scale": s} for s in (2.0, 3.0, 3.3)]
+    res = sweep(run, load_calibration(calib), combos)
+    by = {r["combo"].get("load.scale"): r for r in res["rows"]}
+    assert by[2.0]["regime"] == "light" and by[2.0]["cliff"] is False
+    assert by[3.0]["regime"] == "near_saturation" and by[3.0]["cliff"] is True
+    assert by[3.0]["more_load"]["regime"] == "overloaded"
+    # the +10% figure is the simulation of that load, the same as the row asking for it
+    assert by[3.0]["more_load"]["ttft_p90_ms"] == pytest.approx(by[3.3]["ttft_p90_ms"])
+    assert by[3.3]["ttft_p90_ms"] > CLIFF_FACTOR * by[3.0]["ttft_p90_ms"]
+    # the advice names the best checked setting that is off the cliff and not overloaded
+    steady = res["best_steady"]
+    assert steady is not None and not steady["cliff"] and steady["regime"] != "overloaded"
+    assert all(not steady_ok(r) for r in res["rows"] if r["rank"] < steady["rank"])
+    # 3x has the most goodput inside the SLO, so the best is the cliff: the advice says so
+    assert res["best"]["combo"] == {"load.scale": 3.0}
+    advice = cliff_advice(res)
+    assert advice is not None and steady["label"] in advice
+    assert cliff_advice({**res, "best": steady}) is None
+    page = render_html(res)
+    assert 'id="cliff"' in page and "TTFT p90 at +10% load" in page and "CLIFF" in page

@@ -81,13 +81,16 @@ def sweep_table(result: Mapping[str, Any], top: int = 20) -> Table:
         "util std 5s",
         "GPUs",
         "regime",
+        "TTFT p90 at +10% load",
         "expected error",
     )
     for c in cols:
         t.add_column(c, justify="left" if c in ("setting", "regime", "expected error") else "right")
     for r in list(result["rows"])[:top]:
         if not r.get("feasible"):
-            t.add_row(str(r["rank"]), r["label"], "infeasible", "", "", "", "", "", "", r["reason"])
+            t.add_row(
+                str(r["rank"]), r["label"], "infeasible", "", "", "", "", "", "", "", r["reason"]
+            )
             continue
         name = r["label"] + (" *" if r.get("pareto") else "")
         t.add_row(
@@ -100,9 +103,37 @@ def sweep_table(result: Mapping[str, Any], top: int = 20) -> Table:
             _f(r.get("util_std_5s_pct")),
             str(r.get("gpus")),
             str(r.get("regime")),
+            more_load_cell(r),
             str(r.get("expected_error")),
         )
     return t
+
+
+def more_load_cell(r: Mapping[str, Any]) -> str:
+    """TTFT p90 at 10% more load (best-ranked rows only), with the cliff mark."""
+    m = r.get("more_load")
+    if not isinstance(m, Mapping):
+        return ""
+    return _f(m.get("ttft_p90_ms")) + (" CLIFF" if r.get("cliff") else "")
+
+
+def cliff_advice(result: Mapping[str, Any]) -> str | None:
+    """One line when the best setting sits at a cliff: the best one that does not."""
+    best, steady = result["best"], result.get("best_steady")
+    if not best.get("cliff"):
+        return None
+    m = best.get("more_load") or {}
+    line = (
+        f"the best setting is at a cliff: 10% more load gives TTFT p90 "
+        f"{_f(m.get('ttft_p90_ms'))} ms (vs {_f(best.get('ttft_p90_ms'))}); near such a point "
+        "repeat runs of one real setting differ by orders of magnitude. "
+    )
+    if steady is None:
+        return line + "No checked setting is off the cliff: add capacity or lower the load."
+    return line + (
+        f"Best setting off the cliff: {steady['label']} (#{steady['rank']}, goodput "
+        f"{_f(steady.get('goodput_rps'), 2)} r/s)."
+    )
 
 
 def print_sweep(result: Mapping[str, Any], console: Console) -> None:
@@ -116,6 +147,9 @@ def print_sweep(result: Mapping[str, Any], console: Console) -> None:
         )
     )
     console.print("* = on the Pareto front of goodput vs cost")
+    advice = cliff_advice(result)
+    if advice:
+        console.print(advice)
 
 
 # ---- HTML --------------------------------------------------------------------------------------
@@ -131,6 +165,7 @@ SLO: <code>{{ slo }}</code>.</p>
 <p><strong>{{ best.label }}</strong>: goodput {{ fmt(best.goodput_rps) }} r/s
 (baseline {{ fmt(baseline.goodput_rps) }} r/s), TTFT p90 {{ fmt(best.ttft_p90_ms) }} ms,
 TPOT p90 {{ fmt(best.tpot_p90_ms) }} ms; expected error {{ best.expected_error }}.</p>
+{% if advice %}<div class="finding warning" id="cliff">{{ advice }}</div>{% endif %}
 <h2>Baseline: measured vs predicted</h2>
 <table><tr><th></th><th>goodput r/s</th><th>TTFT p50</th><th>TTFT p90</th><th>TPOT p50</th>
 <th>TPOT p90</th></tr>
@@ -147,14 +182,15 @@ TPOT p90 {{ fmt(best.tpot_p90_ms) }} ms; expected error {{ best.expected_error }
 <div id="pareto" class="fig"></div>
 <h2>All settings</h2>
 <table><tr><th>#</th><th>setting</th><th>goodput r/s</th><th>SLO %</th><th>TTFT p90 ms</th>
-<th>TPOT p90 ms</th><th>util std 5 s</th><th>GPUs</th><th>regime</th><th>expected error</th></tr>
+<th>TPOT p90 ms</th><th>util std 5 s</th><th>GPUs</th><th>regime</th>
+<th>TTFT p90 at +10% load</th><th>expected error</th></tr>
 {% for r in rows %}<tr><td>{{ r.rank }}</td>
 <td>{{ r.label }}{% if r.get('pareto') %} ★{% endif %}</td>
 {% if r.feasible %}<td>{{ fmt(r.goodput_rps) }}</td><td>{{ fmt(r.slo_attainment_pct) }}</td>
 <td>{{ fmt(r.ttft_p90_ms) }}</td><td>{{ fmt(r.tpot_p90_ms) }}</td>
 <td>{{ fmt(r.util_std_5s_pct) }}</td><td>{{ r.gpus }}</td><td>{{ r.regime }}</td>
-<td>{{ r.expected_error }}</td>
-{% else %}<td colspan="8">infeasible: {{ r.reason }}</td>{% endif %}</tr>{% endfor %}
+<td>{{ more_load_cell(r) }}</td><td>{{ r.expected_error }}</td>
+{% else %}<td colspan="9">infeasible: {{ r.reason }}</td>{% endif %}</tr>{% endfor %}
 </table>
 </section></main>
 <script>(function(f){Plotly.newPlot("pareto", f.data, f.layout, {responsive: true})
@@ -223,6 +259,8 @@ def render_html(result: Mapping[str, Any]) -> str:
         errors=summary_rows(cal["errors"]),
         rows=result["rows"],
         fmt=fmt,
+        advice=cliff_advice(result),
+        more_load_cell=more_load_cell,
     )
 
 
