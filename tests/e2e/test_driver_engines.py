@@ -132,10 +132,12 @@ def test_staged_workload(kind: str, request: pytest.FixtureRequest, tmp_path: Pa
         # stops it when the engine core emits the first token; the client also sees the
         # request's trip in, the detokenize/SSE/HTTP trip out and its own event loop, all on
         # the same 2 loaded cores. The client can never be faster than the engine's own
-        # measurement (beyond timer noise), and the extra is a few ms per request here.
-        # Tolerance: 0.5 ms below, 15 ms + 25 % above (measured: see docs/engines.md).
+        # measurement (beyond timer noise), and the extra is a few ms per request on a quiet
+        # machine; with a CPU hog on one of the 2 cores it was +67% (259 vs 155 ms: the API
+        # server's way out starved). Tolerance: 0.5 ms below (causal); 2x + 50 ms above, which
+        # still fails a TTFT taken at the response's end or at a later event (docs/engines.md).
         assert client_ms >= engine_ms - 0.5, (client_ms, engine_ms)
-        assert client_ms <= engine_ms * 1.25 + 15.0, (client_ms, engine_ms)
+        assert client_ms <= engine_ms * 2.0 + 50.0, (client_ms, engine_ms)
 
 
 def test_two_models_one_engine_each(llamacpp: Any, vllm: Any, tmp_path: Path) -> None:
