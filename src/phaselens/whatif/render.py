@@ -85,7 +85,10 @@ def sweep_table(result: Mapping[str, Any], top: int = 20) -> Table:
         "expected error",
     )
     for c in cols:
-        t.add_column(c, justify="left" if c in ("setting", "regime", "expected error") else "right")
+        if c == "setting":  # the label is what tells rows apart: fold it, never cut it
+            t.add_column(c, overflow="fold", min_width=24, ratio=2)
+        else:
+            t.add_column(c, justify="left" if c in ("regime", "expected error") else "right")
     for r in list(result["rows"])[:top]:
         if not r.get("feasible"):
             t.add_row(
