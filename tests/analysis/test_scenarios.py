@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import polars as pl
 import pytest
 
 from phaselens.analysis.summary import analyze
@@ -126,6 +127,27 @@ def test_slo_knee_at_the_stage_that_breaks() -> None:
     assert f["evidence"]["last_passing_stage"]["stage"] == 1
     assert (f["t_start_s"], f["t_end_s"]) == (20.0, 30.0)
     assert "slo-knee" not in codes(sim_run(sch, slo={"ttft_ms": {"p90": 60000}}))
+
+
+def test_slo_knee_names_a_floor_that_leaves_no_room() -> None:
+    """Truth by hand: a model's floor is the 5th percentile of its TTFT (first token −
+    scheduled, ok requests); a target at floor / 0.9 leaves 10% of room and is named, one well
+    above the floor is not."""
+    t = np.concatenate([constant(r, 10, 10 * i) for i, r in enumerate((5, 15, 40))])
+    stage = np.repeat([0, 1, 2], [50, 150, 400])
+    sch = schedule(t, 2000, 200, stage=stage, stages=[(0.125, 0, 10), (0.375, 10, 20), (1, 20, 30)])
+    roomy = sim_run(sch, slo={"ttft_ms": {"p90": 300}})
+    r = roomy.requests.filter(pl.col("status") == "ok")
+    floor = float(np.quantile(((r["first_token_ns"] - r["scheduled_ns"]) / 1e6).to_numpy(), 0.05))
+    assert floor < 0.8 * 300
+    assert finding(roomy, "slo-knee")["evidence"]["slo_floors"] == []
+    f = finding(sim_run(sch, slo={"ttft_ms": {"p90": floor / 0.9}}), "slo-knee")
+    (fl,) = f["evidence"]["slo_floors"]
+    assert fl["model"] == r["model"][0] and fl["metric"] == "ttft_ms"
+    assert fl["floor_ms"] == pytest.approx(floor, abs=1e-3)
+    assert fl["share_of_target"] == pytest.approx(0.9, abs=1e-3)
+    assert fl["input_tokens_p50"] == float(r["input_tokens"].median())
+    assert "fastest 5% already take" in f["title"] and "no room to queue" in f["recommendation"]
 
 
 def _running_run(busy: float) -> Run:
