@@ -778,7 +778,7 @@ def slo_floors(a: Analysis, targets: Sequence[Mapping[str, Any]]) -> list[dict[s
                         "threshold_ms": thr,
                         "share_of_target": round(floor / thr, 3),
                         "input_tokens_p50": float(
-                            f.filter(pl.col("model") == model)["input_tokens"].median() or 0.0
+                            np.median(f.filter(pl.col("model") == model)["input_tokens"].to_numpy())
                         ),
                     }
                 )
