@@ -58,6 +58,9 @@ class Streamed:
     chunk_tokens: list[int] = field(default_factory=list)
 
 
+CONNECT_TRIES = 4
+
+
 async def stream_chat(
     session: aiohttp.ClientSession,
     base_url: str,
@@ -78,8 +81,20 @@ async def stream_chat(
     }
     if continuous_usage:  # vLLM: cumulative usage on every chunk, so tokens per chunk are exact
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
-    t0 = time.perf_counter()
-    async with session.post(base_url + "/v1/chat/completions", json=body) as resp:
+    # A burst of new connections into a starved llama-server can find one closed before its
+    # body is written (seen with a CPU hog on one of the 2 cores: "Can not write request
+    # body"). That request never reached the engine, so it is sent again; a retry that did
+    # reach it would show as tokens counted twice, which the tests' exact counts catch.
+    for attempt in range(CONNECT_TRIES):
+        t0 = time.perf_counter()
+        try:
+            resp = await session.post(base_url + "/v1/chat/completions", json=body)
+            break
+        except aiohttp.ClientOSError:
+            if attempt == CONNECT_TRIES - 1:
+                raise
+            await asyncio.sleep(0.05 * (attempt + 1))
+    async with resp:
         out = Streamed(status=resp.status, sent=t0)
         if resp.status != 200:
             out.text = await resp.text()
