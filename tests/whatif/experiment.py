@@ -6,6 +6,10 @@
         --stages 0.3:20,0.7:20,1:30 --seed 8 --out runs/val
     .venv/bin/python tests/whatif/experiment.py predict --out runs/val \
         --calib-on llamacpp-np4-staged-s8
+    .venv/bin/python tests/whatif/experiment.py measure --np 2 --rates 48,56 --duration 25 \
+        --seed 11 --repeat 2 --out runs/val        # repeat k of the same runs
+    .venv/bin/python tests/whatif/experiment.py repeats --out runs/val \
+        --calib-run runs/val/llamacpp-np4-staged-s12-...   # repeats vs one prediction
 
 On a 2-core machine, give the engine and the driver a core each (docs/validation.md, third
 series): `--engine-threads 1 --engine-poll 0 --engine-cpus 0 --client-cpus 1`. Calibrate on a
@@ -127,9 +131,11 @@ def measure(
     poll: int | None = None,
     engine_cpus: str | None = None,
     stages: list[tuple[float, float]] | None = None,
+    repeat: int = 0,
 ) -> list[Path]:
     """One run per rate, each on a fresh engine; with `stages`, each run steps through them
-    (named `...-staged`, manifest `validation.stages`)."""
+    (named `...-staged`, manifest `validation.stages`); `repeat` k > 0 marks the k-th repeat of
+    the same runs (`...-x2`, manifest `validation.repeat`)."""
     from phaselens.driver.drive import drive
     from phaselens.driver.runner import DriverOptions
     from phaselens.spec import parse_spec
@@ -156,7 +162,10 @@ def measure(
         try:
             data = spec_for(rate, duration_s, seed, stages)
             data["name"] = f"{kind}-np{np_slots}-" + (f"staged-s{seed}" if stages else f"r{rate:g}")
+            data["name"] += f"-x{repeat}" if repeat else ""
             extra: dict[str, Any] = {"np": np_slots, "rate": rate, "engine": kind, "seed": seed}
+            if repeat:
+                extra["repeat"] = repeat
             if stages:
                 extra["stages"] = [list(x) for x in stages]
             ws = parse_spec(data, "validation", Path("."))
@@ -207,6 +216,7 @@ def _runs(out: Path) -> dict[str, Path]:
         v = m.get("validation") or {}
         if v:
             what = f"staged-s{v.get('seed')}" if v.get("stages") else f"r{v['rate']:g}"
+            what += f"-x{v['repeat']}" if v.get("repeat") else ""
             found[f"{v.get('engine', 'llamacpp')}-np{v['np']}-{what}"] = mf.parent
     return found
 
@@ -279,7 +289,7 @@ def _cell(e: dict[str, Any], key: str) -> str:
 
 def _rate_of(key: str) -> float:
     """The run's rate (r/s); a staged run sorts first."""
-    return 0.0 if "-staged" in key else float(key.rsplit("-r", 1)[1])
+    return 0.0 if "-staged" in key else float(key.rsplit("-r", 1)[1].split("-x")[0])
 
 
 def table(result: dict[str, Any]) -> str:
@@ -300,6 +310,96 @@ def table(result: dict[str, Any]) -> str:
                 + " | ".join(_cell(e, k) for k in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"))
                 + " |"
             )
+    return "\n".join(lines)
+
+
+METRICS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
+
+
+def _ms(x: float) -> str:
+    return f"{x:.3g}" if x < 10 else f"{x:.0f}"
+
+
+def repeats(
+    out: Path, calib_run: Path, tflops: float, bandwidth_gbs: float, max_rate: float
+) -> str:
+    """Repeat runs of one setting and rate against one prediction (docs/validation.md, seventh
+    series): each repeat's values over all its requests, their range, and the prediction's
+    error against the mean of the repeats. Every VALID non-staged run under `out` (searched
+    recursively) counts; runs of one (np, rate) are repeats of each other. Summary lines count,
+    for rates up to `max_rate`, predictions inside the range and within 15% of the mean, and
+    per single run the prediction against the mean of the *other* repeats, both within 15%."""
+    from collections import defaultdict
+
+    from phaselens.store import load_run
+    from phaselens.whatif.calibrate import calibrate, check
+
+    cal = load_run(calib_run)
+    np_cal = int(cal.manifest["validation"]["np"])
+    dmap = deployment(np_cal, tflops, bandwidth_gbs)
+    (out / "deploy.yaml").write_text(yaml.safe_dump(dmap, sort_keys=False))
+    c = calibrate(cal, dmap, str(out / "deploy.yaml"), prefer="client")
+    meas: dict[tuple[int, float], list[tuple[str, list[float]]]] = defaultdict(list)
+    pred: dict[tuple[int, float], list[float]] = {}
+    skipped = []
+    for mf in sorted(out.rglob("manifest.json")):
+        run = load_run(mf.parent)
+        v = run.manifest.get("validation") or {}
+        if not v or v.get("stages"):
+            continue
+        if run.manifest.get("valid") is False:
+            skipped.append(mf.parent.name)
+            continue
+        combo = {} if v["np"] == np_cal else {"policy.max_num_seqs": v["np"]}
+        r = check(c, run, combo)["all"]
+        key = (int(v["np"]), float(v["rate"]))
+        meas[key].append((mf.parent.name, [float(r[k]["measured_ms"]) for k in METRICS]))
+        pred[key] = [float(r[k]["predicted_ms"]) for k in METRICS]
+    lines = [
+        "| setting | repeat | TTFT p50 | TTFT p90 | TPOT p50 | TPOT p90 |",
+        "|---|---|---|---|---|---|",
+    ]
+    inside = within = single = others = cells = n_single = 0
+    for key in sorted(meas, key=lambda k: (k[1], -k[0])):
+        np_k, rate = key
+        for name, vals in meas[key]:
+            lines.append(
+                f"| np{np_k}, {rate:g} r/s | {name} | " + " | ".join(map(_ms, vals)) + " |"
+            )
+        cols = list(zip(*(vals for _, vals in meas[key]), strict=True))
+        row = []
+        for i, col in enumerate(cols):
+            mean, p = sum(col) / len(col), pred[key][i]
+            ok_range = min(col) <= p <= max(col)
+            if rate <= max_rate and len(col) > 1:
+                cells += 1
+                inside += ok_range
+                within += abs(p - mean) <= 0.15 * mean
+            out_note = "" if ok_range else ", outside"
+            row.append(f"{_ms(p)} ({(p - mean) / mean * 100:+.0f}% of mean{out_note})")
+        lines.append(
+            "| | **range of repeats** | "
+            + " | ".join(f"{_ms(min(c))}–{_ms(max(c))}" for c in cols)
+            + " |"
+        )
+        lines.append("| | **predicted** | " + " | ".join(row) + " |")
+        reps = [vals for _, vals in meas[key]]
+        if rate > max_rate or len(reps) < 2:
+            continue
+        for i, vals in enumerate(reps):
+            rest = [r for j, r in enumerate(reps) if j != i]
+            for k, x in enumerate(vals):
+                n_single += 1
+                single += abs(pred[key][k] - x) <= 0.15 * x
+                others += abs(sum(r[k] for r in rest) / len(rest) - x) <= 0.15 * x
+    lines.append("")
+    lines.append(
+        f"up to {max_rate:g} r/s: prediction inside the repeats' range {inside}/{cells}, "
+        f"within 15% of their mean {within}/{cells}; per single run, prediction within 15% "
+        f"{single}/{n_single}, mean of the other repeats within 15% {others}/{n_single}"
+    )
+    if skipped:
+        lines.append(f"INVALID runs left out: {', '.join(skipped)}")
     return "\n".join(lines)
 
 
@@ -391,6 +491,13 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--engine-poll", type=int, default=None, help="llama.cpp --poll (0-100)")
         sp.add_argument("--engine-cpus", default=None, help="taskset cores for the engine")
         sp.add_argument("--client-cpus", default=None, help="cores for the driver (this process)")
+    m.add_argument("--repeat", type=int, default=0, help="mark these runs as repeat k (k > 0)")
+    rp = sub.add_parser("repeats", help="repeat runs of one setting and rate vs one prediction")
+    rp.add_argument("--out", type=Path, required=True)
+    rp.add_argument("--calib-run", type=Path, required=True, help="the staged run's directory")
+    rp.add_argument("--max-rate", type=float, default=56.0, help="count rates up to this")
+    rp.add_argument("--tflops", type=float, default=0.157)
+    rp.add_argument("--bandwidth-gbs", type=float, default=20.0)
     p = sub.add_parser("predict")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--calib-on", required=True)
@@ -424,7 +531,10 @@ def main(argv: list[str] | None = None) -> int:
             a.engine,
             a.engine_poll,
             a.engine_cpus,
+            repeat=a.repeat,
         )
+    elif a.cmd == "repeats":
+        print(repeats(a.out, a.calib_run, a.tflops, a.bandwidth_gbs, a.max_rate))
     elif a.cmd == "measure-staged":
         stages = [(float(k), float(d)) for k, d in (x.split(":") for x in a.stages.split(","))]
         measure(
