@@ -242,3 +242,18 @@ def test_outliers_among_lone_requests_are_dropped(tmp_path: Path) -> None:
     assert c.fit["lone_outliers_dropped"] >= 3
     for k in ("eta_linear", "eta_attention", "eta_memory"):
         assert getattr(c.cost, k) == pytest.approx(TRUE[k], rel=0.02), k
+
+
+def test_tipping_note_by_hand() -> None:
+    from phaselens.whatif.calibrate import tipping_note
+
+    def regs(over: int, n: int = 20) -> np.ndarray:
+        return np.array(["overloaded"] * over + ["light"] * (n - over), dtype=object)
+
+    assert tipping_note(regs(9), regs(5)) is None  # 45% vs 25%: under a quarter apart
+    note = tipping_note(regs(11), regs(5))  # 55% vs 25%
+    assert note is not None and note.startswith("the run tipped into overload")
+    assert "55% of requests overloaded as measured, 25% as predicted" in note
+    other = tipping_note(regs(0), regs(6))  # 0% vs 30%
+    assert other is not None and other.startswith("the model tipped where the run")
+    assert tipping_note(regs(0, 0), regs(0, 0)) is None
