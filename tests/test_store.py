@@ -143,3 +143,42 @@ def test_close_from_memory_equals_rebuild_from_the_event_log(tmp_path: Path) -> 
         assert a.to_dicts() == b.to_dicts()
     assert closed.requests["token_ns"][5].to_list() == [5050 + 7 * j for j in range(5)]
     assert records_frame(recs).to_dicts() == closed.requests.sort("id").to_dicts()
+
+
+def test_server_timings_round_trip_and_older_runs_read_them_as_null(tmp_path: Path) -> None:
+    """New columns survive close and crash recovery; a run or event log written before they
+    existed loads with them null (nothing else changes)."""
+    from dataclasses import replace
+
+    timed = replace(_rec(0), server_prompt_ms=1.25, server_cached_tokens=3, server_decode_ms=7.5)
+    w = RunWriter.create(tmp_path, "t", {"name": "t"})
+    w.add_record(timed)
+    w.add_record(_rec(1))
+    run = load_run(w.close())
+    assert run.requests["server_prompt_ms"].to_list() == [1.25, None]
+    assert run.requests["server_cached_tokens"].to_list() == [3, None]
+    assert run.requests["server_decode_ms"].to_list() == [7.5, None]
+
+    # an older requests.parquet: the three columns absent
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "manifest.json").write_text(json.dumps({"name": "o", "status": "complete"}))
+    cols = ("server_prompt_ms", "server_cached_tokens", "server_decode_ms")
+    records_frame([_rec(0)]).drop(cols).write_parquet(old / REQUESTS)
+    r = load_run(old).requests
+    assert r["server_prompt_ms"].to_list() == [None] and r["input_tokens"].to_list() == [7]
+    assert r["server_cached_tokens"].dtype == pl.Int64
+
+    # an older event log: request rows three scalars shorter, recovered with nulls
+    crashed = tmp_path / "crashed"
+    crashed.mkdir()
+    w2 = RunWriter(crashed, {"name": "c"})  # never closed: a killed run
+    w2.add_record(_rec(4))
+    w2.flush()
+    rows = [json.loads(x) for x in (crashed / EVENTS).read_text().splitlines()]
+    assert [r[0] for r in rows] == ["r"]
+    del rows[0][-5:-2]  # the three new scalars sit just before the two token lists
+    (crashed / EVENTS).write_text(json.dumps(rows[0]) + "\n")
+    rec = load_run(crashed).requests
+    assert rec["id"].to_list() == [4] and rec["server_prompt_ms"].to_list() == [None]
+    assert rec["output_tokens"].to_list() == [3] and rec["token_counts"].to_list() == [[1, 2]]

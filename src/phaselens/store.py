@@ -47,6 +47,10 @@ REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "status": pl.String(),
     "error": pl.String(),
     "http_status": pl.Int32(),
+    # the engine's own per-request timings when its stream reports them (llama.cpp `timings`)
+    "server_prompt_ms": pl.Float64(),
+    "server_cached_tokens": pl.Int64(),
+    "server_decode_ms": pl.Float64(),
     "token_ns": pl.List(pl.Int64()),
     "token_counts": pl.List(pl.Int32()),
 }
@@ -89,6 +93,7 @@ def records_frame(records: Iterable[RequestRecord]) -> pl.DataFrame:
 
 _SCALARS = [k for k, t in REQUEST_SCHEMA.items() if not isinstance(t, pl.List)]
 _ARROW = {
+    pl.Float64(): pa.float64(),
     pl.Int64(): pa.int64(),
     pl.Int32(): pa.int32(),
     pl.String(): pa.large_string(),
@@ -303,7 +308,9 @@ def _frames_from_events(events: Path) -> dict[str, pl.DataFrame]:
                     continue  # a torn last line from a killed writer
                 kind, rest = row[0], tuple(row[1:])
                 if kind == _KIND_REQ:
-                    req.append((*rest[:-2], _unpack(rest[-2]), _unpack(rest[-1])))
+                    # a log from before a scalar column was added lacks it: null
+                    pad = (None,) * (len(_SCALARS) - len(rest[:-2]))
+                    req.append((*rest[:-2], *pad, _unpack(rest[-2]), _unpack(rest[-1])))
                 elif kind == _KIND_TEL:
                     tel.append((*rest[:4], labels_json(rest[4])))
                 elif kind == _KIND_STEP:
@@ -447,7 +454,12 @@ def load_run(path: Path | str) -> Run:
 
     def rd(name: str, schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
         f = p / name
-        return pl.read_parquet(f) if f.exists() else empty_frame(schema)
+        if not f.exists():
+            return empty_frame(schema)
+        df = pl.read_parquet(f)
+        # a run written before a column was added: that column is null
+        missing = [pl.lit(None, dtype=t).alias(k) for k, t in schema.items() if k not in df.columns]
+        return df.with_columns(missing) if missing else df
 
     return Run(
         path=p,

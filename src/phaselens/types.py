@@ -127,6 +127,11 @@ class RequestRecord:
     priority: int = 0
     error: str = ""
     http_status: int | None = None
+    # the engine's own timings for this request, when its stream reports them (llama.cpp's
+    # final `timings`): prompt processing, prompt tokens reused from its cache, generation
+    server_prompt_ms: float | None = None
+    server_cached_tokens: int | None = None
+    server_decode_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

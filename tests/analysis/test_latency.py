@@ -309,3 +309,31 @@ def test_requests_without_chunk_times_use_first_token_and_end() -> None:
     assert s["latency"]["itl_ms"]["count"] == 0  # no per-token times, no ITL
     assert s["latency"]["tpot_ms"]["p50"] == 15.0  # (end 40 - first 10) / (3 - 1)
     assert s["latency"]["ttft_ms"]["p50"] == 10.0
+
+
+def test_server_timings_beside_the_client_by_hand() -> None:
+    """Two requests with llama.cpp's own timings, one without (e.g. another engine):
+    TTFT from send 95 and 45 ms; engine prompt processing 30 and 40 ms -> 65 and 5 ms outside."""
+    from dataclasses import replace
+
+    a = replace(
+        rec(0, 0, send_ms=5, chunks_ms=[100, 110], end_ms=111),
+        server_prompt_ms=30.0,
+        server_cached_tokens=4,
+        server_decode_ms=9.5,
+    )
+    b = replace(
+        rec(1, 0, send_ms=5, chunks_ms=[50, 60], end_ms=61),
+        server_prompt_ms=40.0,
+        server_cached_tokens=0,
+        server_decode_ms=10.0,
+    )
+    c = rec(2, 0, send_ms=5, chunks_ms=[70, 80], end_ms=81)
+    s = analyze(make_run([a, b, c]))["server"]
+    assert s["requests"] == 2
+    assert (s["server_prompt_ms"]["min"], s["server_prompt_ms"]["max"]) == (30.0, 40.0)
+    outside = s["ttft_outside_prompt_ms"]
+    assert (outside["min"], outside["max"], outside["mean"]) == (5.0, 65.0, 35.0)
+    assert s["server_decode_ms"]["mean"] == pytest.approx(9.75)
+    assert s["server_cached_tokens"]["max"] == 4.0
+    assert analyze(make_run([c]))["server"] is None  # nothing reported: no block

@@ -53,6 +53,19 @@ def test_llamacpp_real_stream() -> None:
     assert p.token_ns == [100, 100, 100]
     assert p.prompt_tokens == 18 and p.output_tokens == 3
     assert p.method == "chunks"
+    # its final event's own timings, read as written there
+    assert p.timings == {"prompt_ms": 1.107, "cache_n": 0.0, "predicted_ms": 0.487}
+
+
+def test_timings_only_from_the_final_timings_object() -> None:
+    """A `prompt_ms` outside `timings` (or a stream without one, as vLLM's) is not read."""
+    tail = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2}}
+    body = content("a") + content("b") + chunk({**tail, "prompt_ms": 9.0}) + b"data: [DONE]\n\n"
+    p, _ = feed_all([body])
+    assert p.timings == {}
+    timed = {**tail, "timings": {"cache_n": 5, "prompt_n": 2, "prompt_ms": 3.5e-1}}
+    p, _ = feed_all([content("a") + content("b") + chunk(timed) + b"data: [DONE]\n\n"])
+    assert p.timings == {"prompt_ms": 0.35, "cache_n": 5.0}  # no predicted_ms given
 
 
 def test_vllm_real_stream_one_read_per_line() -> None:

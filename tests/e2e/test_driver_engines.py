@@ -121,6 +121,23 @@ def test_staged_workload(kind: str, request: pytest.FixtureRequest, tmp_path: Pa
     per_stage = req.group_by("stage").len().sort("stage")["len"].to_list()
     assert len(per_stage) == 3 and per_stage[0] < per_stage[2]
 
+    # llama.cpp reports its own per-request timings in the final event; vLLM does not.
+    prompt_ms = req["server_prompt_ms"].to_list()
+    if kind == "llamacpp":
+        ttft_send = ((req["first_token_ns"] - req["sent_ns"]) / 1e6).to_list()
+        e2e_send = ((req["end_ns"] - req["sent_ns"]) / 1e6).to_list()
+        decode_ms = req["server_decode_ms"].to_list()
+        cached = req["server_cached_tokens"].to_list()
+        for pm, t, dm, e, c, n in zip(
+            prompt_ms, ttft_send, decode_ms, e2e_send, cached, req["input_tokens"], strict=True
+        ):
+            # the engine processed the prompt between the send and the first token
+            assert pm is not None and 0 < pm <= t + 0.5, (pm, t)
+            assert dm is not None and 0 < dm <= e + 0.5, (dm, e)
+            assert c is not None and 0 <= c <= n, (c, n)
+    else:
+        assert set(prompt_ms) == {None}
+
     if kind == "vllm":
         # Client mean TTFT vs vLLM's own histogram over exactly this run.
         n = after[TTFT + "_count"] - before[TTFT + "_count"]

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from phaselens.analysis.latency import RequestTable
+from phaselens.analysis.latency import SLO_COLUMN, RequestTable
 from phaselens.analysis.phases import BIN_NS, Timeline
 from phaselens.analysis.stats import (
     F64,
@@ -739,13 +739,6 @@ def _rate(v: Mapping[str, Any]) -> str:
 FLOOR_Q = 0.05  # a metric's floor: its 5th percentile over the run (the least-queued requests)
 FLOOR_SHARE = 0.8  # a floor this close to a target leaves no room to queue or batch
 MIN_FLOOR_REQUESTS = 20
-_PER_REQUEST = {  # SLO metric -> the per-request column a request attains it by
-    "ttft_ms": "ttft_ms",
-    "ttft_from_send_ms": "ttft_from_send_ms",
-    "tpot_ms": "tpot_ms",
-    "e2e_ms": "e2e_ms",
-    "itl_ms": "itl_mean_ms",
-}
 
 
 def slo_floors(a: Analysis, targets: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -759,7 +752,7 @@ def slo_floors(a: Analysis, targets: Sequence[Mapping[str, Any]]) -> list[dict[s
     f = a.rt.frame.filter(pl.col("ok"))
     out: list[dict[str, Any]] = []
     for t in targets:
-        col = _PER_REQUEST.get(str(t["metric"]))
+        col = SLO_COLUMN.get(str(t["metric"]))
         if col is None or col not in f.columns:
             continue
         thr = float(t["threshold_ms"])

@@ -34,6 +34,8 @@ LATENCY_METRICS: tuple[str, ...] = (
     "e2e_ms",
     "send_lag_ms",
 )
+# the engine's own per-request timings, where its stream reports them (llama.cpp's `timings`)
+SERVER_COLUMNS: tuple[str, ...] = ("server_prompt_ms", "server_cached_tokens", "server_decode_ms")
 GROUP_DIMS: tuple[tuple[str, str], ...] = (
     ("models", "model"),
     ("stages", "stage"),
@@ -101,6 +103,7 @@ def request_table(requests: pl.DataFrame) -> RequestTable:
         ((pl.col("sent_ns") - pl.col("scheduled_ns")) / NS_PER_MS).alias("send_lag_ms"),
         ((last_tok - pl.col("first_token_ns")) / NS_PER_MS).alias("decode_ms"),
         ((pl.col("end_ns") - last_tok) / NS_PER_MS).alias("stream_tail_ms"),
+        *(c for c in SERVER_COLUMNS if c in r.columns),
     )
     itl = compute_itl(r)
     frame = frame.with_columns(
@@ -152,6 +155,32 @@ def describe_metric(
     return describe(col.drop_nulls().to_numpy().astype(np.float64))
 
 
+def server_block(rt: RequestTable) -> dict[str, Any] | None:
+    """The engine's own per-request timings beside the client's, where it reported them.
+
+    Why: TTFT from the send minus the engine's prompt processing is what the request spent
+    elsewhere before its first token — the way in, tokenization, waiting for a slot, the way
+    out — a per-request split the engine's aggregate /metrics cannot give.
+    """
+    f = rt.frame
+    if "server_prompt_ms" not in f.columns:
+        return None
+    f = f.filter(pl.col("ok") & pl.col("server_prompt_ms").is_not_null())
+    if f.height == 0:
+        return None
+
+    def d(x: pl.Series) -> dict[str, float | int | None]:
+        return describe(x.drop_nulls().to_numpy().astype(np.float64))
+
+    return {
+        "requests": f.height,
+        "server_prompt_ms": d(f["server_prompt_ms"]),
+        "ttft_outside_prompt_ms": d(f["ttft_from_send_ms"] - f["server_prompt_ms"]),
+        "server_decode_ms": d(f["server_decode_ms"]),
+        "server_cached_tokens": d(f["server_cached_tokens"].cast(pl.Float64)),
+    }
+
+
 def latency_block(
     rt: RequestTable, rows: I64 | None = None, group: tuple[str, str] | None = None
 ) -> dict[str, Any]:
@@ -196,7 +225,7 @@ def group_block(
 
 # --- SLO --------------------------------------------------------------------------------------
 
-_SLO_COLUMN = {
+SLO_COLUMN = {  # SLO metric -> the per-request column a request attains it by
     "ttft_ms": "ttft_ms",
     "ttft_from_send_ms": "ttft_from_send_ms",
     "itl_ms": "itl_mean_ms",
@@ -213,7 +242,7 @@ def slo_targets(slo: Mapping[str, Any] | None) -> list[tuple[str, str, float]]:
     """
     out: list[tuple[str, str, float]] = []
     for metric, spec in (slo or {}).items():
-        if metric not in _SLO_COLUMN or spec is None:
+        if metric not in SLO_COLUMN or spec is None:
             continue
         if isinstance(spec, Mapping):
             for pk, thr in spec.items():
@@ -230,7 +259,7 @@ def attain_exprs(slo: Mapping[str, Any] | None) -> dict[str, pl.Expr]:
     for metric, _, thr in slo_targets(slo):
         tight[metric] = min(thr, tight.get(metric, thr))
     return {
-        metric: pl.col("ok") & (pl.col(_SLO_COLUMN[metric]).fill_null(float("inf")) <= thr)
+        metric: pl.col("ok") & (pl.col(SLO_COLUMN[metric]).fill_null(float("inf")) <= thr)
         for metric, thr in tight.items()
     }
 

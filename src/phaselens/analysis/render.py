@@ -82,6 +82,11 @@ def render(s: Mapping[str, Any], console: Console | None = None) -> None:
         head.append(f"\nenergy {_f(cost['joules_per_output_token'], 3)} J/output token")
     con.print(Panel(head, title="phaselens analyze"))
     con.print(_latency_table(s["latency"], "Latency (ms; successful requests)"))
+    srv = s.get("server")
+    if srv:
+        rows = {k: v for k, v in srv.items() if k != "requests"}
+        title = f"The engine's own timings ({srv['requests']} requests; ms, cached tokens)"
+        con.print(_latency_table(rows, title))
     if len(s.get("models") or {}) > 1:
         t = Table(title="Per model", title_justify="left")
         for c in (

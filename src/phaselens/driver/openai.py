@@ -34,6 +34,13 @@ CONTINUE, DONE, FAILED = 0, 1, 2
 _DATA = b"data:"
 _CT = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _PT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+# llama.cpp's final event: "timings": {"cache_n": 0, "prompt_n": 18, "prompt_ms": 1.107, ...,
+# "predicted_n": 3, "predicted_ms": 0.487, ...}
+_TIMINGS_OBJ = re.compile(rb'"timings"\s*:\s*\{')
+_TIMING_FIELDS = {
+    k: re.compile(rb'"' + k.encode() + rb'"\s*:\s*(-?[0-9.]+(?:[eE][-+]?[0-9]+)?)')
+    for k in ("prompt_ms", "cache_n", "predicted_ms")
+}
 _USAGE_OBJ = re.compile(rb'"usage"\s*:\s*\{')
 _EMPTY_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 # A key holding generated text whose value is a non-empty string (or any tool call).
@@ -93,6 +100,7 @@ class StreamParser:
         "last_ct",
         "max_event_bytes",
         "prompt_tokens",
+        "timings",
         "token_counts",
         "token_ns",
         "usage_chunks",
@@ -111,6 +119,7 @@ class StreamParser:
         self.continuous = False  # the server sends usage with every chunk
         self.usage_chunks = 0  # token chunks counted from usage deltas
         self.prompt_tokens: int | None = None
+        self.timings: dict[str, float] = {}  # the server's own, when it reports them
         self.final_tokens: int | None = None
         self.done = False
         self.end_ns = 0  # when [DONE], a stream error or the end of the body arrived
@@ -298,6 +307,8 @@ class StreamParser:
             return FAILED
         self.events += 1
         u = _USAGE_OBJ.search(p)
+        if u is not None and not self.timings and (tm := _TIMINGS_OBJ.search(p)) is not None:
+            self.timings = _timings(p, tm.end())
         if u is not None:
             ct_m = _CT.search(p, u.end())
             if self.prompt_tokens is None:
@@ -335,6 +346,18 @@ class StreamParser:
         if not self.token_ns:
             return "none"
         return "usage" if self.usage_chunks == len(self.token_ns) else "chunks"
+
+
+def _timings(p: bytes, start: int) -> dict[str, float]:
+    """The fields of a `timings` object that starts at `start` (it holds no nested object)."""
+    end = p.find(b"}", start)
+    body = p[start : end if end >= 0 else len(p)]
+    out = {}
+    for k, rx in _TIMING_FIELDS.items():
+        m = rx.search(body)
+        if m is not None:
+            out[k] = float(m.group(1))
+    return out
 
 
 def _error_message(p: bytes) -> str | None:

@@ -181,6 +181,10 @@ class _Flight:
         self.reason = ""
 
 
+def _int_or_none(x: float | None) -> int | None:
+    return None if x is None else int(x)
+
+
 def _failure(e: Exception) -> tuple[Status, str]:
     """The record's status and error text for an exception out of one request."""
     if isinstance(e, http.HttpError):
@@ -495,6 +499,9 @@ class _Driver:
                 output_tokens=p.output_tokens,
                 http_status=http_status,
                 error=error,
+                server_prompt_ms=p.timings.get("prompt_ms"),
+                server_cached_tokens=_int_or_none(p.timings.get("cache_n")),
+                server_decode_ms=p.timings.get("predicted_ms"),
             ),
             i,
         )

@@ -172,6 +172,9 @@ def _requests_frame(schedule: Schedule, res: ClusterResult) -> pl.DataFrame:
             "status": pl.Series(np.where(ok, "ok", "http_error") if n else [], dtype=pl.String),
             "error": pl.Series(errors, dtype=pl.String),
             "http_status": pl.Series(np.where(ok, 200, 400).astype(np.int32) if n else []),
+            "server_prompt_ms": pl.Series([None] * n, dtype=pl.Float64),
+            "server_cached_tokens": pl.Series([None] * n, dtype=pl.Int64),
+            "server_decode_ms": pl.Series([None] * n, dtype=pl.Float64),
             "token_ns": tok,
             "token_counts": cnt,
         }
