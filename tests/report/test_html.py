@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from report_runs import analysis_of
 
-from phaselens.report.html import headline, render_report, write_report
+from phaselens.report.html import fmt, headline, render_report, write_report
 from phaselens.store import Run
 
 XSS = "<script>alert(1)</script>"
@@ -181,3 +181,25 @@ def test_empty_run(make_run: Callable[..., Run], n: int) -> None:
     run = make_run(n=n, telemetry=False, steps=False)
     html = render_report(run, analysis_of(run, findings=[]))
     assert "<html" in html
+
+
+def test_engine_timings_section_only_when_the_engine_reported_them(
+    make_run: Callable[..., Run],
+) -> None:
+    run = make_run()
+    a = analysis_of(run)
+    assert a["server"] is None and 'id="server-timings"' not in render_report(run, a)
+    d = {"p50": 2.5, "p90": 10.125, "p99": 442.0, "mean": 20.0}
+    a["server"] = {
+        "requests": 117,
+        "server_prompt_ms": d,
+        "ttft_outside_prompt_ms": d,
+        "server_decode_ms": d,
+        "server_cached_tokens": {"p50": 5.0, "p90": 5.0, "p99": 6.0, "mean": 4.5},
+    }
+    html = render_report(run, a)
+    assert "The engine's own timings (117 requests)" in html
+    row = re.search(r"<td class=\"l\">ttft_outside_prompt_ms</td>((?:<td>[^<]*</td>){4})", html)
+    assert row is not None
+    want = [fmt(v, " ms") for v in (2.5, 10.125, 442.0, 20.0)]  # the page's number format
+    assert re.findall(r"<td>([^<]*)</td>", row.group(1)) == want

@@ -499,6 +499,20 @@ def _slo_rows(slo: Any) -> list[dict[str, str]]:
     return out
 
 
+def _server_rows(server: Any) -> list[dict[str, Any]]:
+    """The engine's own per-request timings (llama.cpp), when the run has them."""
+    if not isinstance(server, Mapping):
+        return []
+    out = []
+    for k, d in server.items():
+        if isinstance(d, Mapping):
+            cell = fmt if k == "server_cached_tokens" else _ms
+            out.append(
+                {"name": k, "cells": [cell(d.get(c)) for c in ("p50", "p90", "p99", "mean")]}
+            )
+    return out
+
+
 def _model_rows(models: Any) -> list[dict[str, Any]]:
     out = []
     items = models.items() if isinstance(models, Mapping) else []
@@ -713,6 +727,8 @@ def build_context(
         "has_roofline": roof is not None,
         "fluct_rows": _fluct_rows(analysis.get("fluctuation")),
         "model_rows": _model_rows(analysis.get("models")),
+        "server_rows": _server_rows(analysis.get("server")),
+        "server_n": (analysis.get("server") or {}).get("requests"),
         "stage_rows": _stage_rows(analysis.get("stages")),
         "slo_rows": _slo_rows(analysis.get("slo")),
         "not_evaluated": [_not_evaluated(x) for x in (analysis.get("not_evaluated") or [])],
