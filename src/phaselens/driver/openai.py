@@ -307,8 +307,10 @@ class StreamParser:
             return FAILED
         self.events += 1
         u = _USAGE_OBJ.search(p)
-        if u is not None and not self.timings and (tm := _TIMINGS_OBJ.search(p)) is not None:
-            self.timings = _timings(p, tm.end())
+        # (a substring test first: with continuous usage every event has `usage`)
+        if u is not None and not self.timings and b'"timings"' in p:
+            tm = _TIMINGS_OBJ.search(p)
+            self.timings = _timings(p, tm.end()) if tm is not None else {}
         if u is not None:
             ct_m = _CT.search(p, u.end())
             if self.prompt_tokens is None:

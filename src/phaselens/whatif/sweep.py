@@ -190,8 +190,8 @@ def mark_cliff(row: dict[str, Any], more: Mapping[str, Any]) -> None:
     # a quarter of the requests newly overloaded is a tip even where p90 was already long
     tips = over_b - over_a >= CLIFF_TIP_SHARE
     grows = a is not None and b is not None and b >= CLIFF_FACTOR * a
-    row["cliff"] = bool(more.get("feasible")) and row.get("regime") != "overloaded"
-    row["cliff"] = row["cliff"] and (tips or grows)
+    past_it = row.get("regime") == "overloaded"
+    row["cliff"] = bool(more.get("feasible")) and not past_it and (tips or grows)
     if row["cliff"]:
         row["expected_error"] += (
             f"; at a cliff: +{(CLIFF_LOAD - 1) * 100:.0f}% load gives TTFT p90 {b:.0f} ms"
