@@ -7,6 +7,7 @@ clear reason when no browser is installed, so a bare checkout still runs the oth
 from __future__ import annotations
 
 import json
+import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -92,3 +93,38 @@ def test_simulated_demo_report(tmp_path: Path) -> None:
         assert p["traces"] > 0 and p["points"] > 0, p
     w, h = png_size(shot)
     assert w == 1400 and h > 4000
+
+
+def test_whatif_page_renders_without_js_errors(tmp_path: Path) -> None:
+    """`phaselens whatif`'s HTML page (issue 8): calibrate on a simulated run of the demo's
+    scenario (shortened), sweep a small grid, open the page: no errors, the Pareto plot drawn,
+    one table row per setting."""
+    import yaml
+
+    from phaselens.sim.run import run_sim
+    from phaselens.spec import demo_spec_path, load_spec
+    from phaselens.store import load_run
+    from phaselens.whatif.calibrate import calibrate
+    from phaselens.whatif.knobs import grid, parse_sets
+    from phaselens.whatif.render import write_html
+    from phaselens.whatif.sweep import sweep
+    from phaselens.workload.plan import build_schedule
+
+    ws = load_spec(demo_spec_path(), [f"stages[{i}].duration_s=15" for i in range(3)])
+    manifest = {"name": ws.name, "kind": "sim", "spec": ws.model_dump(mode="json")}
+    manifest["slo"] = ws.slo_dict
+    deploy = Path(__file__).resolve().parents[2] / "examples/deploy/seed-two-models.yaml"
+    run = load_run(run_sim(build_schedule(ws), f"sim:{deploy}", tmp_path, manifest))
+    c = calibrate(run, yaml.safe_load(deploy.read_text()), str(deploy), prefer="steps")
+    engines = [str(e["name"]) for e in c.deployment["engines"]]
+    combos = grid(parse_sets(["load.scale=0.7,1.3", "pd.split=off,1:1"], engines))
+    result = sweep(run, c, combos)
+    page = write_html(result, tmp_path / "whatif.html")
+    res = open_page(page, tmp_path / "whatif.png")
+    assert res.errors == [], res.errors
+    plots = {p["id"]: p for p in json.loads(res.probe)}
+    assert set(plots) == {"pareto"}
+    assert plots["pareto"]["traces"] == 2 and plots["pareto"]["points"] >= len(result["rows"])
+    html = page.read_text()
+    ranks = [int(x) for x in re.findall(r"<tr><td>(\d+)</td>", html)]  # "All settings" rows
+    assert ranks == [r["rank"] for r in result["rows"]] == [1, 2, 3, 4, 5]
