@@ -184,8 +184,8 @@ TPOT p90 {{ fmt(best.tpot_p90_ms) }} ms; expected error {{ best.expected_error }
 <h2>Goodput vs cost</h2>
 <div id="pareto" class="fig"></div>
 <h2>All settings</h2>
-<table><tr><th>#</th><th class="l">setting</th><th>goodput r/s</th><th>SLO %</th><th>TTFT p90 ms</th>
-<th>TPOT p90 ms</th><th>util std 5 s</th><th>GPUs</th><th>regime</th>
+<table><tr><th>#</th><th class="l">setting</th><th>goodput r/s</th><th>SLO %</th>
+<th>TTFT p90 ms</th><th>TPOT p90 ms</th><th>util std 5 s</th><th>GPUs</th><th>regime</th>
 <th>TTFT p90 at +10% load</th><th>expected error</th></tr>
 {% for r in rows %}<tr><td>{{ r.rank }}</td>
 <td class="l">{{ r.label }}{% if r.get('pareto') %} ★{% endif %}</td>
