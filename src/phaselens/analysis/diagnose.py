@@ -750,14 +750,16 @@ def slo_floors(a: Analysis, targets: Sequence[Mapping[str, Any]]) -> list[dict[s
     model's speed, not admission or autoscaling.
     """
     f = a.rt.frame.filter(pl.col("ok"))
+    by_model = {str(k[0]): g for k, g in f.group_by("model")}
     out: list[dict[str, Any]] = []
     for t in targets:
         col = SLO_COLUMN.get(str(t["metric"]))
         if col is None or col not in f.columns:
             continue
         thr = float(t["threshold_ms"])
-        for model in sorted(set(f["model"].to_list())):
-            v = f.filter(pl.col("model") == model)[col].drop_nulls()
+        for model in sorted(by_model):
+            g = by_model[model]
+            v = g[col].drop_nulls()
             if len(v) < MIN_FLOOR_REQUESTS:
                 continue
             floor = float(np.quantile(v.to_numpy().astype(np.float64), FLOOR_Q))
@@ -770,9 +772,7 @@ def slo_floors(a: Analysis, targets: Sequence[Mapping[str, Any]]) -> list[dict[s
                         "floor_ms": round(floor, 3),
                         "threshold_ms": thr,
                         "share_of_target": round(floor / thr, 3),
-                        "input_tokens_p50": float(
-                            np.median(f.filter(pl.col("model") == model)["input_tokens"].to_numpy())
-                        ),
+                        "input_tokens_p50": float(np.median(g["input_tokens"].to_numpy())),
                     }
                 )
     return out

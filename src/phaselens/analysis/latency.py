@@ -152,6 +152,11 @@ def describe_metric(
         return describe_itl(rt.itl, rt.frame, group)
     f = _take(rt.frame, rows)
     col = f["send_lag_ms"] if metric == "send_lag_ms" else f.filter(pl.col("ok"))[metric]
+    return describe_series(col)
+
+
+def describe_series(col: pl.Series) -> dict[str, float | int | None]:
+    """`describe` of a column's non-null values."""
     return describe(col.drop_nulls().to_numpy().astype(np.float64))
 
 
@@ -169,15 +174,12 @@ def server_block(rt: RequestTable) -> dict[str, Any] | None:
     if f.height == 0:
         return None
 
-    def d(x: pl.Series) -> dict[str, float | int | None]:
-        return describe(x.drop_nulls().to_numpy().astype(np.float64))
-
     return {
         "requests": f.height,
-        "server_prompt_ms": d(f["server_prompt_ms"]),
-        "ttft_outside_prompt_ms": d(f["ttft_from_send_ms"] - f["server_prompt_ms"]),
-        "server_decode_ms": d(f["server_decode_ms"]),
-        "server_cached_tokens": d(f["server_cached_tokens"].cast(pl.Float64)),
+        "server_prompt_ms": describe_series(f["server_prompt_ms"]),
+        "ttft_outside_prompt_ms": describe_series(f["ttft_from_send_ms"] - f["server_prompt_ms"]),
+        "server_decode_ms": describe_series(f["server_decode_ms"]),
+        "server_cached_tokens": describe_series(f["server_cached_tokens"].cast(pl.Float64)),
     }
 
 
