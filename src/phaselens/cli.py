@@ -6,6 +6,7 @@ Bad input anywhere raises `InputError`, printed here as one line with exit code 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
@@ -13,7 +14,23 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from phaselens import __version__
-from phaselens.errors import InputError
+from phaselens.cliargs import (
+    MAX_INTERVAL_S,
+    MAX_N_BOOT,
+    MAX_PRICE,
+    MAX_RUN_SECOND,
+    MAX_SECONDS,
+    MAX_SEED,
+    MAX_USERS,
+    MAX_WORKERS,
+    MIN_INTERVAL_S,
+    check_out_dir,
+    check_out_file,
+    integer,
+    number,
+    usage_message,
+)
+from phaselens.errors import InputError, one_line
 
 if TYPE_CHECKING:
     from phaselens.spec import WorkloadSpec
@@ -64,6 +81,8 @@ def plan(
     from phaselens.spec import load_spec
     from phaselens.workload.plan import build_schedule, schedule_frame, summarize, summary_table
 
+    if out is not None:
+        check_out_file(out, "--out")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ws = load_spec(spec, set_ or [])
@@ -167,21 +186,44 @@ def run(
     ] = None,
     out: Annotated[Path, typer.Option("--out", help="Runs directory.")] = Path("runs"),
     workers: Annotated[
-        int, typer.Option("--workers", help="Client processes (split the schedule).")
+        int,
+        typer.Option(
+            "--workers",
+            callback=integer(1, MAX_WORKERS),
+            help="Client processes (split the schedule).",
+        ),
     ] = 1,
     max_inflight: Annotated[
         Optional[int],  # noqa: UP045
-        typer.Option("--max-inflight", help="Open loop: cap on requests on the wire."),
+        typer.Option(
+            "--max-inflight",
+            callback=integer(1, MAX_USERS),
+            help="Open loop: cap on requests on the wire.",
+        ),
     ] = None,
     concurrency: Annotated[
         Optional[int],  # noqa: UP045
-        typer.Option("--concurrency", help="Closed loop with N virtual users."),
+        typer.Option(
+            "--concurrency",
+            callback=integer(1, MAX_USERS),
+            help="Closed loop with N virtual users.",
+        ),
     ] = None,
     timeout: Annotated[
-        float, typer.Option("--timeout", help="Per-request limit, seconds from send.")
+        float,
+        typer.Option(
+            "--timeout",
+            callback=number(0.0, MAX_SECONDS, lo_open=True),
+            help="Per-request limit, seconds from send.",
+        ),
     ] = 600.0,
     idle_timeout: Annotated[
-        float, typer.Option("--idle-timeout", help="Longest silence inside a response, s.")
+        float,
+        typer.Option(
+            "--idle-timeout",
+            callback=number(0.0, MAX_SECONDS, lo_open=True),
+            help="Longest silence inside a response, s.",
+        ),
     ] = 60.0,
     no_optional: Annotated[
         bool,
@@ -206,7 +248,12 @@ def run(
         str, typer.Option("--telemetry", help="auto, none, or gpu,engine,dcgm=URL,...")
     ] = "auto",
     telemetry_interval: Annotated[
-        float, typer.Option("--telemetry-interval", help="Seconds between samples.")
+        float,
+        typer.Option(
+            "--telemetry-interval",
+            callback=number(MIN_INTERVAL_S, MAX_INTERVAL_S),
+            help="Seconds between samples.",
+        ),
     ] = 0.1,
     quiet: Annotated[
         bool, typer.Option("--quiet", help="No progress line (automatic without a TTY).")
@@ -225,6 +272,7 @@ def run(
     targets = _parse_targets(target)
     ws = load_spec(spec, set_ or [])
     schedule = build_schedule(ws)
+    check_out_dir(out, "--out")
     sim = [t for t in targets.values() if t == "sim" or t.startswith("sim:")]
     if sim:
         if len(targets) > 1:
@@ -295,7 +343,11 @@ def analyze(
     ] = False,
     gpu_cost_per_hour: Annotated[
         Optional[float],  # noqa: UP045 - typer needs Optional on 3.10
-        typer.Option("--gpu-cost-per-hour", min=0.0, help="Price of one GPU-hour, in dollars."),
+        typer.Option(
+            "--gpu-cost-per-hour",
+            callback=number(0.0, MAX_PRICE),
+            help="Price of one GPU-hour, in dollars.",
+        ),
     ] = None,
 ) -> None:
     """Latency, goodput, phases, fluctuation, roofline, cost and findings of a run."""
@@ -340,6 +392,7 @@ def demo(
         )
     ws = load_spec(spec or demo_spec_path())
     schedule = build_schedule(ws)
+    check_out_dir(out, "--out")
     typer.echo(
         f"Simulating {ws.name}: {len(schedule)} requests over {schedule.duration_ns / 1e9:.0f} s "
         f"({', '.join(schedule.models)}) on target {target} ..."
@@ -364,6 +417,8 @@ def report(
     from phaselens.report.html import headline, report_from_run
     from phaselens.store import load_run
 
+    if output is not None:
+        check_out_file(output, "--output")
     run = load_run(run_dir)
     path, summary = report_from_run(run, output or run.path / "report.html")
     typer.echo(headline(summary))
@@ -379,11 +434,17 @@ def trace(
     ] = None,
     t_from: Annotated[
         Optional[float],  # noqa: UP045
-        typer.Option("--from", min=0.0, help="Only from this second of the run on."),
+        typer.Option(
+            "--from",
+            callback=number(0.0, MAX_RUN_SECOND),
+            help="Only from this second of the run on.",
+        ),
     ] = None,
     t_to: Annotated[
         Optional[float],  # noqa: UP045
-        typer.Option("--to", min=0.0, help="Only up to this second of the run."),
+        typer.Option(
+            "--to", callback=number(0.0, MAX_RUN_SECOND), help="Only up to this second of the run."
+        ),
     ] = None,
     findings: Annotated[
         bool, typer.Option("--findings/--no-findings", help="Mark findings (runs the analysis).")
@@ -395,6 +456,8 @@ def trace(
 
     if t_from is not None and t_to is not None and t_to <= t_from:
         raise InputError(f"--to {t_to:g} must be after --from {t_from:g}")
+    if output is not None:
+        check_out_file(output, "--output")
     run = load_run(run_dir)
     marks: list[dict[str, Any]] = []
     if findings:
@@ -428,13 +491,20 @@ def compare(
             "or goodput:-5% (repeatable).",
         ),
     ] = None,
-    n_boot: Annotated[int, typer.Option("--n-boot", min=100, help="Bootstrap resamples.")] = 1000,
-    seed: Annotated[int, typer.Option("--seed", help="Bootstrap seed.")] = 0,
+    n_boot: Annotated[
+        int,
+        typer.Option("--n-boot", callback=integer(100, MAX_N_BOOT), help="Bootstrap resamples."),
+    ] = 1000,
+    seed: Annotated[
+        int, typer.Option("--seed", callback=integer(0, MAX_SEED), help="Bootstrap seed.")
+    ] = 0,
 ) -> None:
     """Compare runs against a baseline: differences with bootstrap intervals and verdicts."""
     from phaselens.report.compare import compare_runs, summary_lines, to_json, write_compare
     from phaselens.store import load_run
 
+    if output is not None or not as_json:
+        check_out_file(output or Path("compare.html"), "--output")
     loaded = [load_run(r) for r in runs]
     result, stats = compare_runs(loaded, n_boot=n_boot, seed=seed, fail_on=fail_on or [])
     if as_json:
@@ -474,6 +544,7 @@ def calibrate(
     """Fit the simulator's cost constants to a measured run; report error per load regime."""
     from phaselens.whatif.commands import calibrate_cmd
 
+    check_out_file(output or Path("calib.yaml"), "--output")
     calibrate_cmd(run_dir, deploy, output, check_runs or [], source, as_json, allow_invalid)
 
 
@@ -487,16 +558,36 @@ def whatif(
     ] = None,
     max_runs: Annotated[
         Optional[int],  # noqa: UP045
-        typer.Option("--max-runs", help="Allow a grid this large (default limit 64)."),
+        typer.Option(
+            "--max-runs",
+            callback=integer(1, 2**31),
+            help="Allow a grid this large (default limit 64).",
+        ),
     ] = None,
     sample: Annotated[
         Optional[int],  # noqa: UP045
-        typer.Option("--sample", help="Run a seeded random sample of K combinations."),
+        typer.Option(
+            "--sample",
+            callback=integer(1, 2**31),
+            help="Run a seeded random sample of K combinations.",
+        ),
     ] = None,
-    jobs: Annotated[int, typer.Option("--jobs", help="Parallel processes.")] = 1,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of --sample and burstiness.")] = 0,
+    jobs: Annotated[
+        int, typer.Option("--jobs", callback=integer(1, MAX_WORKERS), help="Parallel processes.")
+    ] = 1,
+    seed: Annotated[
+        int,
+        typer.Option(
+            "--seed", callback=integer(0, MAX_SEED), help="Seed of --sample and burstiness."
+        ),
+    ] = 0,
     gpu_cost_per_hour: Annotated[
-        float, typer.Option("--gpu-cost-per-hour", help="Price of one GPU-hour (Pareto cost).")
+        float,
+        typer.Option(
+            "--gpu-cost-per-hour",
+            callback=number(0.0, MAX_PRICE),
+            help="Price of one GPU-hour (Pareto cost).",
+        ),
     ] = 1.0,
     output: Annotated[
         Optional[Path],  # noqa: UP045
@@ -507,17 +598,69 @@ def whatif(
     """Replay a run through the calibrated simulator for every knob combination; rank them."""
     from phaselens.whatif.commands import whatif_cmd
 
+    if output is not None or not as_json:
+        check_out_file(output or Path("whatif.html"), "--output")
     whatif_cmd(
         run_dir, calib, set_ or [], max_runs, sample, jobs, output, as_json, seed, gpu_cost_per_hour
     )
 
 
-def main() -> None:
+def _fail(message: str, code: int) -> int:
+    print(f"phaselens: {one_line(message)}", file=sys.stderr)
+    return code
+
+
+def invoke(args: list[str]) -> int:
+    """Run the command line `args` and return its exit code; every failure is one stderr line.
+
+    Why not typer's standalone mode: it prints usage errors as a multi-line box and an unexpected
+    exception as a traceback. Here a usage error or bad input is `phaselens: error: ...` with
+    exit 2, Ctrl-C is exit 130, and anything else (a bug) is one line with exit 70.
+    """
+    cmd = typer.main.get_command(app)
     try:
-        app()
+        with cmd.make_context("phaselens", list(args)) as ctx:
+            cmd.invoke(ctx)
+        return 0
+    except typer.Exit as e:
+        return int(e.exit_code)
     except InputError as e:
-        print(f"phaselens: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        return _fail(f"error: {e}", 2)
+    except typer.TyperException as e:  # click's usage errors (exit_code 2) and its others
+        if type(e).__name__ == "NoArgsIsHelpError":
+            typer.echo(e.format_message())
+            return 0
+        sub = getattr(getattr(e, "ctx", None), "info_name", None)
+        where = f"{sub}: " if sub and sub != "phaselens" else ""
+        return _fail(f"error: {where}{usage_message(e)}", int(getattr(e, "exit_code", 2)))
+    except typer.Abort:
+        return _fail("error: aborted", 1)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    except BrokenPipeError:  # `phaselens ... | head`: the reader left; nothing to report
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the interpreter flushes it at exit
+        return 1
+    except OSError as e:
+        if e.filename is None:
+            return _internal(e)
+        return _fail(f"error: {e.filename}: {e.strerror or type(e).__name__}", 2)
+    except Exception as e:
+        return _internal(e)
+
+
+def _internal(e: BaseException) -> int:
+    """The last resort: an exception no module turned into an InputError is a bug (exit 70)."""
+    if os.environ.get("PHASELENS_DEBUG"):
+        import traceback
+
+        traceback.print_exception(e)
+    return _fail(
+        f"internal error: {type(e).__name__}: {e} (set PHASELENS_DEBUG=1 for the traceback)", 70
+    )
+
+
+def main() -> None:
+    sys.exit(invoke(sys.argv[1:]))
 
 
 if __name__ == "__main__":
