@@ -139,8 +139,11 @@ class ItlResult:
     gap_t_ns: I64
     stride: int
     mean_per_request: F64  # NaN where a request has no gap
-    bin_tokens: F64  # tokens (after the first chunk) arriving per 100 ms bin
-    bin_gap_ms: F64  # Σ gap over those tokens per bin
+    # sparse per 100 ms bin (only bins where a token arrived, so a window of days with a few
+    # requests stays small): the bins, tokens after the first chunk, Σ gap over those tokens
+    bin_idx: I64
+    bin_tokens: F64
+    bin_gap_ms: F64
     dists: dict[tuple[str, str], Dist]  # only when not exact
 
 
@@ -174,7 +177,9 @@ def compute_itl(requests: pl.DataFrame) -> ItlResult:
     n = requests.height
     empty_f, empty_i = np.zeros(0), np.zeros(0, dtype=np.int64)
     if n == 0:
-        return ItlResult(True, empty_f, empty_i, empty_i, empty_i, 1, empty_f, empty_f, empty_f, {})
+        return ItlResult(
+                True, empty_f, empty_i, empty_i, empty_i, 1, empty_f, empty_i, empty_f, empty_f, {}
+            )
     ok = (requests["status"] == "ok").fill_null(False).to_numpy()
     out_tok = requests["output_tokens"].fill_null(0).to_numpy()
     total = int(out_tok[ok].sum())
@@ -245,8 +250,7 @@ def compute_itl(requests: pl.DataFrame) -> ItlResult:
         gap_t_ns=cat(3, np.int64),
         stride=stride,
         mean_per_request=mean,
-        bin_tokens=acc.bin_tok,
-        bin_gap_ms=acc.bin_gap,
+        **acc.sparse_bins(),
         dists=acc.dists,
     )
 
@@ -257,21 +261,28 @@ class _Acc:
     def __init__(self, n: int) -> None:
         self.sums = np.zeros(n)
         self.cnts = np.zeros(n)
-        self.bin_tok = np.zeros(0)
-        self.bin_gap = np.zeros(0)
+        self.bin_parts: list[tuple[I64, F64, F64]] = []
         self.kept: list[tuple[F64, I64, I64, I64]] = []
         self.dists: dict[tuple[str, str], Dist] = {}
 
     def bins(self, te: I64, v: F64, w: F64 | None) -> None:
         if te.size == 0:
             return
-        bb = te // BIN_NS
-        m = int(bb.max()) + 1
-        if m > self.bin_tok.size:
-            self.bin_tok = np.pad(self.bin_tok, (0, m - self.bin_tok.size))
-            self.bin_gap = np.pad(self.bin_gap, (0, m - self.bin_gap.size))
-        self.bin_tok[:m] += np.bincount(bb, weights=w, minlength=m)
-        self.bin_gap[:m] += np.bincount(bb, weights=v if w is None else v * w, minlength=m)
+        uniq, inv = np.unique(te // BIN_NS, return_inverse=True)
+        tok = np.bincount(inv, weights=w, minlength=uniq.size).astype(np.float64)
+        gap = np.bincount(inv, weights=v if w is None else v * w, minlength=uniq.size)
+        self.bin_parts.append((uniq.astype(np.int64), tok, gap.astype(np.float64)))
+
+    def sparse_bins(self) -> dict[str, np.ndarray]:
+        """The batches' bins merged: sorted unique bins with their summed tokens and gaps."""
+        if not self.bin_parts:
+            z = np.zeros(0)
+            return {"bin_idx": np.zeros(0, dtype=np.int64), "bin_tokens": z, "bin_gap_ms": z}
+        idx = np.concatenate([p[0] for p in self.bin_parts])
+        uniq, inv = np.unique(idx, return_inverse=True)
+        tok = np.bincount(inv, np.concatenate([p[1] for p in self.bin_parts]), uniq.size)
+        gap = np.bincount(inv, np.concatenate([p[2] for p in self.bin_parts]), uniq.size)
+        return {"bin_idx": uniq.astype(np.int64), "bin_tokens": tok, "bin_gap_ms": gap}
 
 
 def _generic(

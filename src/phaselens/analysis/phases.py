@@ -37,6 +37,7 @@ from phaselens.analysis.stats import (
     interval_integral,
     interval_integrals,
 )
+from phaselens.bounds import bins_for
 
 BIN_NS = 100_000_000
 IDLE_BUSY = 0.05
@@ -252,11 +253,11 @@ def _hist(t: Any, n: int, weights: Any = None) -> F64:
     return np.bincount(b, weights=w, minlength=n)[:n].astype(np.float64)
 
 
-def _fit(a: F64, n: int) -> F64:
-    """A per-bin array cut or zero-padded to n bins."""
+def _scatter(idx: Any, values: F64, n: int) -> F64:
+    """Sparse per-bin values as n dense bins (bins past n dropped)."""
     out: F64 = np.zeros(n)
-    m = min(n, a.size)
-    out[:m] = a[:m]
+    keep = idx < n
+    out[idx[keep]] = values[keep]
     return out
 
 
@@ -273,11 +274,16 @@ def _np(frame: pl.DataFrame, col: str) -> F64:
 
 
 def build_timeline(
-    manifest: Mapping[str, Any], rt: RequestTable, tel: pl.DataFrame, steps: pl.DataFrame
+    manifest: Mapping[str, Any],
+    rt: RequestTable,
+    tel: pl.DataFrame,
+    steps: pl.DataFrame,
+    where: str = "run",
 ) -> Timeline:
-    """Everything per 100 ms bin; pure and vectorized."""
+    """Everything per 100 ms bin; pure and vectorized. A window over the bin limit is refused
+    before anything is allocated (`where` names the run in that message)."""
     end = run_end_ns(manifest, rt, tel, steps)
-    n = max(1, math.ceil(end / BIN_NS)) if end > 0 else 0
+    n = bins_for(end, BIN_NS, f"{where}: the run's window")
     edges = np.arange(n + 1, dtype=np.float64) * BIN_NS
     f = rt.frame
     cols: dict[str, Any] = {"bin": np.arange(n, dtype=np.int64), "t_s": edges[:-1] / 1e9}
@@ -303,8 +309,8 @@ def build_timeline(
     )
     fm = ~np.isnan(first)
     rec_prefill = _hist(first[fm], n, _np(f, "input_tokens")[fm]) if n else np.zeros(0)
-    rec_decode = _fit(rt.itl.bin_tokens, n)
-    gap_sum = _fit(rt.itl.bin_gap_ms, n)
+    rec_decode = _scatter(rt.itl.bin_idx, rt.itl.bin_tokens, n)
+    gap_sum = _scatter(rt.itl.bin_idx, rt.itl.bin_gap_ms, n)
     with np.errstate(invalid="ignore", divide="ignore"):
         cols["itl_mean_ms"] = np.where(rec_decode > 0, gap_sum / rec_decode, np.nan)
     ok = f["ok"].to_numpy() & ~np.isnan(first)

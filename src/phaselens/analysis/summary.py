@@ -57,7 +57,7 @@ def compute(run: Run, gpu_cost_per_hour: float | None = None) -> tuple[Analysis,
     """The analysis objects (for reports that plot frames) and the summary dict."""
     m = run.manifest
     rt = request_table(run.requests)
-    tl = build_timeline(m, rt, run.telemetry, run.steps)
+    tl = build_timeline(m, rt, run.telemetry, run.steps, str(run.path))
     overall = latency_block(rt)
     stages_m = [s for s in m.get("stages") or [] if isinstance(s, Mapping)]
     stages = stage_table(rt, stages_m, m.get("slo"))

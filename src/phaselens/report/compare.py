@@ -114,7 +114,7 @@ def run_stats(run: Run, slo: Mapping[str, Any] | None) -> RunStats:
         name=run.path.name,
         run=run,
         rt=rt,
-        timeline=build_timeline(run.manifest, rt, run.telemetry, run.steps),
+        timeline=build_timeline(run.manifest, rt, run.telemetry, run.steps, str(run.path)),
         point=point,
         valid=bool(run.manifest.get("valid", True)),
         slo=slo,

@@ -18,6 +18,7 @@ import numpy as np
 import polars as pl
 
 from phaselens.errors import InputError
+from phaselens.sim.binning import IDLE_TAIL_BINS, active_bins, telemetry_bins
 from phaselens.sim.cluster import NO_TIME, ST_OK, Cluster, ClusterResult
 from phaselens.sim.deploy import Deployment, default_deployment, load_deployment
 from phaselens.store import REQUEST_SCHEMA, STEP_SCHEMA, TELEMETRY_SCHEMA, write_run
@@ -90,6 +91,8 @@ def simulate(schedule: Schedule, deploy: Deployment, fast_forward: bool = True) 
         },
         "phases_file": PHASES,
         "telemetry_bin_ns": BIN_NS,
+        # an idle stretch longer than this has no telemetry samples after its first minute
+        "telemetry_idle_tail_bins": IDLE_TAIL_BINS,
     }
     return SimResult(requests, telemetry, steps, phases, extra)
 
@@ -239,19 +242,30 @@ def _union(t0: np.ndarray, t1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _telemetry_frame(deploy: Deployment, res: ClusterResult) -> pl.DataFrame:
+    """Counters and gauges per 100 ms bin, only where work happened (see `sim.binning`)."""
     horizon = max((int(lg.t1[-1]) for lg in res.logs if lg.t1.shape[0]), default=0)
     nb = max(1, -(-horizon // BIN_NS))
-    edges = np.arange(nb + 1, dtype=np.int64) * BIN_NS
-    t_s = edges[1:]
+    act = active_bins(
+        np.concatenate([lg.t0 for lg in res.logs] or [np.zeros(0, np.int64)]),
+        np.concatenate([lg.t1 for lg in res.logs] or [np.zeros(0, np.int64)]),
+        BIN_NS,
+    )
+    sel = telemetry_bins(act, nb - 1)
+    lo = sel * BIN_NS
+    t_s = lo + BIN_NS  # a sample stamps the end of its bin
+    k = sel.shape[0]
     dt = BIN_NS / 1e9
     cols: dict[str, list[Any]] = {"t_ns": [], "metric": [], "value": [], "labels": []}
 
+    def per_bin(t0: np.ndarray, t1: np.ndarray, q: np.ndarray) -> np.ndarray:
+        return _cum_at(t_s, t0, t1, q) - _cum_at(lo, t0, t1, q)
+
     def emit(metric: str, values: np.ndarray, labels: Mapping[str, str]) -> None:
         cols["t_ns"].append(t_s)
-        cols["metric"].append(np.full(nb, metric, dtype=object))
+        cols["metric"].append(np.full(k, metric, dtype=object))
         cols["value"].append(np.asarray(values, dtype=np.float64))
         lab = json.dumps(dict(labels), sort_keys=True, separators=(",", ":"))
-        cols["labels"].append(np.full(nb, lab, dtype=object))
+        cols["labels"].append(np.full(k, lab, dtype=object))
 
     logs = {st.index: lg for st, lg in zip(res.engines, res.logs, strict=True)}
     for g in deploy.gpus:
@@ -262,14 +276,14 @@ def _telemetry_frame(deploy: Deployment, res: ClusterResult) -> pl.DataFrame:
             np.concatenate(t0s or [np.zeros(0, np.int64)]),
             np.concatenate(t1s or [np.zeros(0, np.int64)]),
         )
-        busy = np.diff(_cum_at(edges, a, b, (b - a).astype(np.float64))) / BIN_NS
-        flops = np.zeros(nb)
-        nbytes = np.zeros(nb)
+        busy = per_bin(a, b, (b - a).astype(np.float64)) / BIN_NS
+        flops = np.zeros(k)
+        nbytes = np.zeros(k)
         for st in on:
             tp = deploy.engines[st.index].tp
             lg = logs[st.index]
-            flops += np.diff(_cum_at(edges, lg.t0, lg.t1, lg.flops / tp))
-            nbytes += np.diff(_cum_at(edges, lg.t0, lg.t1, lg.bytes / tp))
+            flops += per_bin(lg.t0, lg.t1, lg.flops / tp)
+            nbytes += per_bin(lg.t0, lg.t1, lg.bytes / tp)
         lab = {"gpu": g.name}
         emit("gpu.busy_pct", 100.0 * busy, lab)
         emit("gpu.sm_pct", 100.0 * flops / (g.spec.peak_flops * dt), lab)
@@ -283,14 +297,14 @@ def _telemetry_frame(deploy: Deployment, res: ClusterResult) -> pl.DataFrame:
             ("engine.prefill_tokens", lg.prefill),
             ("engine.decode_tokens", lg.dec),
         ):
-            emit(metric, np.diff(_cum_at(edges, t0, t1, np.asarray(q, dtype=np.float64))), lab)
-        # preemptions happen at step start: counted in the bin holding the step start
+            emit(metric, per_bin(t0, t1, np.asarray(q, dtype=np.float64)), lab)
+        # preemptions happen at step start: counted in the bin holding the step start (a step's
+        # start bin is active, so it is among the written bins)
         pre = lg.preempt.astype(np.float64)
+        pos = np.minimum(np.searchsorted(sel, np.minimum(t0 // BIN_NS, nb - 1)), k - 1)
         emit(
             "engine.preemptions",
-            np.bincount(np.minimum(t0 // BIN_NS, nb - 1), weights=pre, minlength=nb)[:nb]
-            if t0.shape[0]
-            else np.zeros(nb),
+            np.bincount(pos, weights=pre, minlength=k)[:k] if t0.shape[0] else np.zeros(k),
             lab,
         )
         # gauges: the state after the last step that ended at or before the bin end
@@ -304,7 +318,7 @@ def _telemetry_frame(deploy: Deployment, res: ClusterResult) -> pl.DataFrame:
             ("engine.kv_usage_pct", lg.kv, 100.0 / cap),
         ):
             arr = np.asarray(q, dtype=np.float64)
-            v = np.where(has, arr[jj] * scale, 0.0) if arr.shape[0] else np.zeros(nb)
+            v = np.where(has, arr[jj] * scale, 0.0) if arr.shape[0] else np.zeros(k)
             emit(metric, v, lab)
     return pl.DataFrame(
         {

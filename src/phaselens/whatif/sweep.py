@@ -25,10 +25,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from phaselens.analysis.fluctuation import window_stds
+from phaselens.analysis.fluctuation import sparse_window_std_mean
 from phaselens.analysis.latency import request_table, slo_block
 from phaselens.errors import InputError
 from phaselens.sim.deploy import parse_deployment
+from phaselens.sim.run import BIN_NS as SIM_BIN_NS
 from phaselens.store import Run
 from phaselens.types import Schedule
 from phaselens.whatif.basis import Theta
@@ -85,6 +86,22 @@ def other_hardware(deployment: Mapping[str, Any], combo: Mapping[str, Any]) -> l
     return out
 
 
+def util_stats(telemetry: pl.DataFrame) -> tuple[float | None, float | None]:
+    """Mean GPU busy % and its mean std in 5 s windows over the whole simulated window.
+
+    The simulator writes telemetry only near work (`sim.binning`); a bin without a sample was
+    idle (0%), so both figures count those bins without allocating them.
+    """
+    tel = telemetry.filter(pl.col("metric") == "gpu.busy_pct")
+    per = tel.group_by("t_ns").agg(pl.col("value").mean()).sort("t_ns")
+    if per.height == 0:
+        return None, None
+    idx = per["t_ns"].to_numpy().astype(np.int64) // SIM_BIN_NS - 1
+    u = per["value"].to_numpy().astype(np.float64)
+    n = int(idx[-1]) + 1
+    return float(u.sum() / n), sparse_window_std_mean(idx, u, n, UTIL_WINDOW_BINS)
+
+
 def evaluate(job: Job, combo: Mapping[str, Any]) -> dict[str, Any]:
     """Simulate one combination and summarize it (an infeasible one says why)."""
     row: dict[str, Any] = {"label": label(combo), "combo": dict(combo), "feasible": True}
@@ -118,11 +135,7 @@ def evaluate(job: Job, combo: Mapping[str, Any]) -> dict[str, Any]:
     fb = float(b) if isinstance(b, (int, float)) else None
     window = (fb - fa) / 1e9 if fa is not None and fb is not None and fb > fa else None
     row["throughput_rps"] = ok / window if window else None
-    tel = pred.sim.telemetry.filter(pl.col("metric") == "gpu.busy_pct")
-    util = tel.group_by("t_ns").agg(pl.col("value").mean()).sort("t_ns")["value"].to_numpy()
-    stds = window_stds(util.astype(np.float64), UTIL_WINDOW_BINS)
-    row["util_mean_pct"] = float(util.mean()) if util.size else None
-    row["util_std_5s_pct"] = float(stds.mean()) if stds.size else None
+    row["util_mean_pct"], row["util_std_5s_pct"] = util_stats(pred.sim.telemetry)
     row["gpus"] = len(deploy.gpus)
     row["cost_per_hour"] = len(deploy.gpus) * job.gpu_cost_per_hour
     th = Theta.from_cost(deploy.cost, job.overhead_s)
