@@ -1,8 +1,10 @@
 """The workload spec: what traffic to generate, validated at the edge.
 
 Why pydantic here and nowhere else inside: a spec is user input, so every field is checked once,
-with a field path in the error (`spec.yaml: models[1].arrival.cv: must be > 0`), and everything
-downstream works on values it can trust. YAML is read only with `yaml.safe_load`.
+with a field path in the error (`spec.yaml: models[1].arrival.cv: must be >= 0.001`), and
+everything downstream works on values it can trust. YAML is read by `yamlio` (safe_load
+semantics, bounded); every number is finite and bounded (`fields`), and the limits below bound
+the work a spec can ask for (docs/workload.md, "Limits").
 
 The shape (see docs/workload.md):
 
@@ -21,7 +23,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -33,10 +34,30 @@ from pydantic import (
 )
 
 from phaselens.errors import InputError
+from phaselens.fields import (
+    INT64,
+    MAX_TOKENS,
+    Int32,
+    Name,
+    NonNegFloat,
+    PosFloat,
+    PosInt,
+    Tokens,
+    describe,
+    loc_str,
+)
+from phaselens.yamlio import clip, load_yaml, parse_yaml
 
-PosFloat = Annotated[float, Field(gt=0)]
-NonNegFloat = Annotated[float, Field(ge=0)]
-PosInt = Annotated[int, Field(ge=1)]
+MAX_MODELS = 100  # models in one spec
+MAX_STAGES = 1000  # stages (or ramp steps) in one spec
+MAX_DURATION_S = 30 * 86_400.0  # any window: duration_s, a stage, all stages, a scaled trace
+MAX_RATE = 1e9  # requests/s of one model
+MAX_REQUESTS = 50_000_000  # requests in one plan (estimated before drawing, counted after)
+
+Seconds = Annotated[float, Field(gt=0, le=MAX_DURATION_S, allow_inf_nan=False)]
+Rate = Annotated[float, Field(gt=0, le=MAX_RATE, allow_inf_nan=False)]
+Scale = Annotated[float, Field(ge=1e-6, le=1e6, allow_inf_nan=False)]
+TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
 
 TRACE_FORMATS = ("auto", "azure", "mooncake", "burstgpt", "csv", "jsonl")
 TRACE_FIELDS = ("timestamp", "input_tokens", "output_tokens", "model", "hash_ids")
@@ -51,8 +72,8 @@ class _Strict(BaseModel):
 
 # ---------------------------------------------------------------- length distributions
 class _Clip(_Strict):
-    min: float | None = None
-    max: float | None = None
+    min: Tokens | None = None
+    max: Tokens | None = None
 
     @model_validator(mode="after")
     def _min_le_max(self) -> _Clip:
@@ -63,35 +84,35 @@ class _Clip(_Strict):
 
 class FixedLength(_Clip):
     type: Literal["fixed"]
-    value: Annotated[int, Field(ge=1)]
+    value: TokenCount
 
 
 class UniformLength(_Clip):
     """Integers drawn uniformly from [min, max], both included (min and max are required)."""
 
     type: Literal["uniform"]
-    min: float
-    max: float
+    min: Tokens
+    max: Tokens
 
 
 class NormalLength(_Clip):
     type: Literal["normal"]
-    mean: float
-    std: NonNegFloat
+    mean: Tokens
+    std: Annotated[float, Field(ge=0, le=MAX_TOKENS, allow_inf_nan=False)]
 
 
 class LognormalLength(_Clip):
     """exp(N(ln median, sigma²)): the long-tailed prompt lengths of chat traffic."""
 
     type: Literal["lognormal"]
-    median: PosFloat
-    sigma: NonNegFloat
+    median: Annotated[float, Field(gt=0, le=MAX_TOKENS, allow_inf_nan=False)]
+    sigma: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False)]
 
 
 class Histogram(_Strict):
     """Bins [edges[i], edges[i+1]) drawn with probability counts[i], uniform inside a bin."""
 
-    edges: list[float] = Field(min_length=2)
+    edges: list[Tokens] = Field(min_length=2)
     counts: list[NonNegFloat] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -112,7 +133,7 @@ class EmpiricalLength(_Clip):
     """Resample observed lengths: a list, a histogram, or a column of a CSV/JSONL file."""
 
     type: Literal["empirical"]
-    values: list[float] | None = Field(None, min_length=1)
+    values: list[Tokens] | None = Field(None, min_length=1)
     histogram: Histogram | None = None
     path: str | None = None
     column: str | None = None
@@ -139,7 +160,7 @@ class MixtureLength(_Clip):
     """Weighted parts, e.g. 95% short + 5% long: the seed's long-tail case."""
 
     type: Literal["mixture"]
-    parts: list[MixturePart] = Field(min_length=1)
+    parts: list[MixturePart] = Field(min_length=1, max_length=MAX_MODELS)
 
 
 LengthDist = Annotated[
@@ -162,7 +183,7 @@ class GammaArrival(_Strict):
     """Gamma inter-arrival gaps with coefficient of variation `cv` (1 = Poisson, > 1 bursty)."""
 
     type: Literal["gamma"]
-    cv: PosFloat
+    cv: Annotated[float, Field(ge=1e-3, le=1e3, allow_inf_nan=False)]
 
 
 class OnOffArrival(_Strict):
@@ -173,9 +194,9 @@ class OnOffArrival(_Strict):
     """
 
     type: Literal["onoff"]
-    burst_ratio: Annotated[float, Field(ge=1)]
-    burst_s: PosFloat
-    quiet_s: PosFloat
+    burst_ratio: Annotated[float, Field(ge=1, le=1e6, allow_inf_nan=False)]
+    burst_s: Seconds
+    quiet_s: Seconds
 
 
 class TraceArrival(_Strict):
@@ -186,8 +207,8 @@ class TraceArrival(_Strict):
     format: Literal["auto", "azure", "mooncake", "burstgpt", "csv", "jsonl"] = "auto"
     columns: dict[str, str] | None = None  # field -> column (or JSON key) in the file
     time_unit: Literal["s", "ms", "us", "ns"] | None = None  # numeric timestamps (generic)
-    time_scale: PosFloat = 1.0  # multiplies the trace's time offsets (0.5 = twice as fast)
-    rate: PosFloat | None = None  # instead of time_scale: rescale to this mean rate (req/s)
+    time_scale: Scale = 1.0  # multiplies the trace's time offsets (0.5 = twice as fast)
+    rate: Rate | None = None  # instead of time_scale: rescale to this mean rate (req/s)
     start_s: NonNegFloat = 0.0  # skip this many seconds of the trace (offsets, unscaled)
     model: str | None = None  # keep only rows whose model column equals this
 
@@ -222,18 +243,18 @@ class PrefixSpec(_Strict):
     """A `share` of requests start with one of `groups` shared prefixes of `tokens` tokens."""
 
     groups: PosInt
-    tokens: PosInt
-    share: Annotated[float, Field(ge=0, le=1)]
+    tokens: TokenCount
+    share: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 
 
 class ModelSpec(_Strict):
-    name: str = Field(min_length=1)
-    rate: PosFloat | None = None  # mean requests/s at rate_scale 1.0
+    name: Name
+    rate: Rate | None = None  # mean requests/s at rate_scale 1.0
     arrival: Arrival = Field(default_factory=lambda: PoissonArrival(type="poisson"))
     input_tokens: LengthDist | None = None
     output_tokens: LengthDist | None = None
     prefix: PrefixSpec | None = None
-    priority: int = 0  # lower is served first (vLLM's convention)
+    priority: Int32 = 0  # lower is served first (vLLM's convention)
 
     @property
     def is_trace(self) -> bool:
@@ -260,29 +281,30 @@ class ModelSpec(_Strict):
 
 
 class StageSpec(_Strict):
-    rate_scale: NonNegFloat
-    duration_s: PosFloat
+    rate_scale: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
+    duration_s: Seconds
 
 
 class RampSpec(_Strict):
     """A linear ramp, planned as `steps` equal stages whose rate_scale rises from start to end."""
 
-    start: NonNegFloat
-    end: NonNegFloat
-    duration_s: PosFloat
-    steps: Annotated[int, Field(ge=2, le=10_000)] = 10
+    start: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
+    end: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
+    duration_s: Seconds
+    steps: Annotated[int, Field(ge=2, le=MAX_STAGES)] = 10
 
 
+SloMs = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
 _PCT = re.compile(r"^p(\d{1,2}(\.\d+)?|100)$")
 
 
 class SLOSpec(_Strict):
     """Latency objectives per metric, e.g. `ttft_ms: {p90: 200}` (milliseconds)."""
 
-    ttft_ms: dict[str, PosFloat] | None = None
-    itl_ms: dict[str, PosFloat] | None = None
-    tpot_ms: dict[str, PosFloat] | None = None
-    e2e_ms: dict[str, PosFloat] | None = None
+    ttft_ms: dict[str, SloMs] | None = None
+    itl_ms: dict[str, SloMs] | None = None
+    tpot_ms: dict[str, SloMs] | None = None
+    e2e_ms: dict[str, SloMs] | None = None
 
     @field_validator("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
     @classmethod
@@ -298,15 +320,15 @@ class WorkloadSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field("workload", min_length=1)
+    name: Name = "workload"
     description: str = ""
-    seed: Annotated[int, Field(ge=0)] = 0
-    duration_s: PosFloat | None = None
-    requests: PosInt | None = None
-    stages: list[StageSpec] | None = Field(None, min_length=1)
+    seed: Annotated[int, Field(ge=0, le=INT64)] = 0
+    duration_s: Seconds | None = None
+    requests: Annotated[int, Field(ge=1, le=MAX_REQUESTS)] | None = None
+    stages: list[StageSpec] | None = Field(None, min_length=1, max_length=MAX_STAGES)
     ramp: RampSpec | None = None
     slo: SLOSpec = Field(default_factory=SLOSpec)
-    models: list[ModelSpec] = Field(min_length=1)
+    models: list[ModelSpec] = Field(min_length=1, max_length=MAX_MODELS)
     _source: str = PrivateAttr("spec")  # the file it came from, for error messages
 
     @property
@@ -325,12 +347,16 @@ class WorkloadSpec(BaseModel):
             r = self.ramp
             step = r.duration_s / r.steps
             self.stages = [
-                StageSpec(
-                    rate_scale=r.start + (r.end - r.start) * k / (r.steps - 1), duration_s=step
-                )
+                StageSpec(rate_scale=ramp_scale(r.start, r.end, k, r.steps), duration_s=step)
                 for k in range(r.steps)
             ]
             self.ramp = None  # expanded: the resolved spec is a plain stage list
+        total = sum(st.duration_s for st in self.stages or [])
+        if total > MAX_DURATION_S:
+            raise ValueError(
+                f"stages: the stages last {total:,.0f} s in all; limit {MAX_DURATION_S:,.0f} s "
+                "(30 days)"
+            )
         traced = [m.name for m in self.models if m.is_trace]
         for k, st in enumerate(self.stages or []):
             if traced and st.rate_scale > 1:
@@ -350,6 +376,12 @@ class WorkloadSpec(BaseModel):
         return {k: dict(v) for k, v in self.slo.model_dump().items() if v}
 
 
+def ramp_scale(start: float, end: float, k: int, steps: int) -> float:
+    """Step k of a linear ramp: exact at both ends (no -1.4e-17 for a ramp down to 0)."""
+    f = k / (steps - 1)
+    return max(0.0, start * (1.0 - f) + end * f)
+
+
 # ---------------------------------------------------------------- loading
 def demo_spec_path() -> Path:
     """The seed example shipped inside the package, used by `phaselens demo`."""
@@ -359,13 +391,7 @@ def demo_spec_path() -> Path:
 def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> WorkloadSpec:
     """Read, override (`models[0].rate=4`), validate and resolve a YAML workload spec."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{p}: file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{p}: cannot read ({e})") from None
-    data = _safe_yaml(text, str(p))
+    data = load_yaml(p, "spec")
     if not isinstance(data, dict):
         raise InputError(f"{p}: expected a mapping at the top level (name, seed, models, ...)")
     data.setdefault("name", p.stem)
@@ -374,31 +400,12 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> WorkloadSpec:
     return parse_spec(data, str(p), p.resolve().parent)
 
 
-def _safe_yaml(text: str, source: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.constructor.ConstructorError as e:
-        line = f"line {e.problem_mark.line + 1}: " if e.problem_mark else ""
-        tag = re.search(r"tag '([^']*)'", str(e.problem or ""))
-        name = tag.group(1).replace("tag:yaml.org,2002:", "!!") if tag else ""
-        what = f"YAML tag {name!r}" if tag else "this YAML tag"
-        raise InputError(
-            f"{source}: {line}{what} is not allowed; a spec holds plain data only "
-            "(mappings, lists, numbers, strings)"
-        ) from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f"line {mark.line + 1}: " if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InputError(f"{source}: {line}invalid YAML ({problem})") from None
-
-
 def parse_spec(data: Mapping[str, Any], source: str, base_dir: Path) -> WorkloadSpec:
     """Validate a spec mapping; relative paths resolve against `base_dir` and must exist."""
     try:
         spec = WorkloadSpec.model_validate(dict(data))
     except ValidationError as e:
-        raise InputError(f"{source}: {_describe(e)}") from None
+        raise InputError(f"{source}: {describe(e, _TAGS, _expected_for)}") from None
     spec = _resolve_paths(spec, source, base_dir)
     spec._source = source
     return spec
@@ -442,54 +449,10 @@ _TAGS = frozenset(
     {"constant", "poisson", "gamma", "onoff", "trace"}
     | {"fixed", "uniform", "normal", "lognormal", "empirical", "mixture"}
 )
-_FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.\[\]]*): (.*)$", re.S)
 
 
 def _loc(parts: Sequence[int | str]) -> str:
-    out = ""
-    for p in parts:
-        if isinstance(p, int):
-            out += f"[{p}]"
-        elif p not in _TAGS:  # discriminated unions put the chosen tag in the path
-            out += f".{p}" if out else str(p)
-    return out
-
-
-def _describe(e: ValidationError) -> str:
-    """The first validation error as `field.path: what was expected`."""
-    errs = e.errors(include_url=False)
-    err = errs[0]
-    loc = _loc(err["loc"])
-    kind, ctx, msg = err["type"], err.get("ctx") or {}, str(err["msg"])
-    if kind == "union_tag_invalid":
-        loc = f"{loc}.type" if loc else "type"
-        msg = f"unknown type {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
-    elif kind == "union_tag_not_found":
-        loc = f"{loc}.type" if loc else "type"
-        msg = f"missing; expected one of {_expected_for(loc)}"
-    elif kind == "missing":
-        msg = "required"
-    elif kind == "extra_forbidden":
-        msg = "unknown field"
-    elif kind in ("model_attributes_type", "model_type", "dict_type"):
-        msg = f"expected a mapping (got {err.get('input')!r})"
-    elif kind == "list_type":
-        msg = f"expected a list (got {err.get('input')!r})"
-    elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<"}.get(kind, "<=")
-        bound = next(iter(ctx.values()), "?")
-        shown = f"{bound:g}" if isinstance(bound, (int, float)) else str(bound)
-        msg = f"must be {op} {shown} (got {err.get('input')!r})"
-    elif kind == "value_error":
-        msg = msg.removeprefix("Value error, ")
-        m = _FIELD_PREFIX.match(msg)
-        if m:
-            loc = f"{loc}.{m.group(1)}" if loc else m.group(1)
-            msg = m.group(2)
-    else:
-        msg = f"{msg} (got {err.get('input')!r})"
-    more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
-    return f"{loc or '<top>'}: {msg}{more}"
+    return loc_str(parts, _TAGS)
 
 
 def _expected_for(loc: str) -> str:
@@ -517,7 +480,7 @@ def apply_override(data: dict[str, Any], item: str) -> None:
         pos = m.end()
     if not keys or pos != len(path):
         raise InputError(f"--set {item}: cannot parse path {path!r}")
-    value = _safe_yaml(raw, f"--set {item}")
+    value = parse_yaml(raw, f"--set {clip(item, 80)}")
     node: Any = data
     for i, k in enumerate(keys[:-1]):
         here = _loc(keys[: i + 1])

@@ -120,7 +120,7 @@ def _bad(tmp_path: Path, case: str) -> Path:
         ("unknown-arrival", "models[0].arrival.type: unknown type 'hawkes'"),
         ("zero-rate", "models[0].rate: must be > 0 (got 0)"),
         ("negative-rate", "models[0].rate: must be > 0 (got -2)"),
-        ("cv", "models[0].arrival.cv: must be > 0 (got 0)"),
+        ("cv", "models[0].arrival.cv: must be >= 0.001 (got 0)"),
         ("min-max", "models[0].output_tokens.min: 30 is greater than max 20"),
         ("python-object", "line 2: YAML tag '!!python/object/apply:os.getpid' is not allowed"),
         ("huge", "duration_s: the plan would hold about 500,000,000 requests (~30.0 GB"),
@@ -173,5 +173,5 @@ def test_subprocess_bad_input_has_no_traceback(tmp_path: Path) -> None:
     )
     assert r.returncode == 2
     assert r.stderr.strip() == (
-        f"phaselens: error: {spec}: models[0].arrival.cv: must be > 0 (got 0)"
+        f"phaselens: error: {spec}: models[0].arrival.cv: must be >= 0.001 (got 0)"
     )

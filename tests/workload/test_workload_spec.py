@@ -123,8 +123,8 @@ def test_overrides() -> None:
         ),
         (["models[0].rate=0"], "spec.yaml: models[0].rate: must be > 0 (got 0)"),
         (["models[0].rate=-3"], "spec.yaml: models[0].rate: must be > 0 (got -3)"),
-        (["models[1].arrival.cv=0"], "spec.yaml: models[1].arrival.cv: must be > 0 (got 0)"),
-        (["models[1].arrival.cv=-1"], "spec.yaml: models[1].arrival.cv: must be > 0 (got -1)"),
+        (["models[1].arrival.cv=0"], "spec.yaml: models[1].arrival.cv: must be >= 0.001 (got 0)"),
+        (["models[1].arrival.cv=-1"], "spec.yaml: models[1].arrival.cv: must be >= 0.001 (got -1)"),
         (
             ["models[1].input_tokens.min=20"],
             "spec.yaml: models[1].input_tokens.min: 20 is greater than max 9",
