@@ -25,13 +25,18 @@ import polars as pl
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from phaselens.errors import InputError
-from phaselens.types import RequestRecord, StepRecord, TelemetrySample
+from phaselens.runcheck import EventLog, parse_manifest, read_events, read_frame
+from phaselens.runcheck import RunFormatError as RunFormatError
+from phaselens.types import RequestRecord, Schedule, StepRecord, TelemetrySample
 
 MANIFEST = "manifest.json"
 EVENTS = "events.jsonl"
 REQUESTS = "requests.parquet"
 TELEMETRY = "telemetry.parquet"
 STEPS = "steps.parquet"
+SCHEDULE = "schedule.parquet"  # the plan, written at creation (driver runs)
+LOST = "lost"  # status of a planned request no record of which survived a kill
+LOST_ERROR = "run killed before this request was recorded"
 
 REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "id": pl.Int64(),
@@ -60,6 +65,14 @@ TELEMETRY_SCHEMA: dict[str, pl.DataType] = {
     "metric": pl.String(),
     "value": pl.Float64(),
     "labels": pl.String(),  # canonical JSON of the label map (sorted keys); "{}" when none
+}
+SCHEDULE_SCHEMA: dict[str, pl.DataType] = {
+    "id": pl.Int64(),
+    "model": pl.String(),
+    "stage": pl.Int32(),
+    "t_ns": pl.Int64(),
+    "input_tokens": pl.Int64(),
+    "priority": pl.Int32(),
 }
 STEP_SCHEMA: dict[str, pl.DataType] = {
     "t_start_ns": pl.Int64(),
@@ -296,30 +309,20 @@ class RunWriter:
 
 
 def _frames_from_events(events: Path) -> dict[str, pl.DataFrame]:
-    req: list[tuple[Any, ...]] = []
-    tel: list[tuple[Any, ...]] = []
-    stp: list[tuple[Any, ...]] = []
-    if events.exists():
-        with open(events, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a torn last line from a killed writer
-                kind, rest = row[0], tuple(row[1:])
-                if kind == _KIND_REQ:
-                    # a log from before a scalar column was added lacks it: null
-                    pad = (None,) * (len(_SCALARS) - len(rest[:-2]))
-                    req.append((*rest[:-2], *pad, _unpack(rest[-2]), _unpack(rest[-1])))
-                elif kind == _KIND_TEL:
-                    tel.append((*rest[:4], labels_json(rest[4])))
-                elif kind == _KIND_STEP:
-                    stp.append(rest)
+    return _log_frames(_read_log(events))
 
+
+def _read_log(events: Path) -> EventLog:
+    schemas = {_KIND_REQ: REQUEST_SCHEMA, _KIND_TEL: TELEMETRY_SCHEMA, _KIND_STEP: STEP_SCHEMA}
+    return read_events(events, schemas, min_request_scalars=_OLDEST_LOG_SCALARS)
+
+
+def _log_frames(log: EventLog) -> dict[str, pl.DataFrame]:
+    tel = [(*row[:4], labels_json(row[4])) for row in log.telemetry]
     return {
-        "requests": _rows_frame(req, REQUEST_SCHEMA),
+        "requests": _rows_frame(log.requests, REQUEST_SCHEMA),
         "telemetry": _rows_frame(tel, TELEMETRY_SCHEMA),
-        "steps": _rows_frame(stp, STEP_SCHEMA),
+        "steps": _rows_frame(log.steps, STEP_SCHEMA),
     }
 
 
@@ -335,21 +338,15 @@ def _pack(values: Sequence[int]) -> str:
     return base64.b64encode(a.tobytes()).decode("ascii")
 
 
-def _unpack(v: Any) -> list[int]:
-    if not isinstance(v, str):
-        return list(v)
-    a = array("q")
-    a.frombytes(base64.b64decode(v))
-    if sys.byteorder != "little":
-        a.byteswap()
-    return a.tolist()
-
-
 def _rows_frame(rows: list[tuple[Any, ...]], schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=dict(schema), orient="row") if rows else empty_frame(schema)
 
 
 _FILES = {"requests": REQUESTS, "telemetry": TELEMETRY, "steps": STEPS}
+_SCHEMAS = {"requests": REQUEST_SCHEMA, "telemetry": TELEMETRY_SCHEMA, "steps": STEP_SCHEMA}
+# columns added after format 1 first shipped: an older file without them loads them as null
+_OPTIONAL = {"requests": ("server_prompt_ms", "server_cached_tokens", "server_decode_ms")}
+_OLDEST_LOG_SCALARS = len(_SCALARS) - len(_OPTIONAL["requests"])
 _SORT = {"requests": "id", "telemetry": "t_ns", "steps": "t_start_ns"}
 
 
@@ -395,8 +392,10 @@ class Run:
 
 
 def _writer_alive(manifest: Mapping[str, Any]) -> bool:
-    pid = manifest.get("pid")
-    if not isinstance(pid, int) or manifest.get("host", {}).get("hostname") != socket.gethostname():
+    pid = manifest.get("pid")  # checked at load: an int in [1, 2^31)
+    if not isinstance(pid, int) or (manifest.get("host") or {}).get("hostname") != (
+        socket.gethostname()
+    ):
         return False
     try:
         os.kill(pid, 0)
@@ -405,66 +404,138 @@ def _writer_alive(manifest: Mapping[str, Any]) -> bool:
     return pid != os.getpid()
 
 
-class RunFormatError(InputError):
-    """The directory is not a phaselens run (one clear line for the CLI)."""
+def write_schedule(run_dir: Path, schedule: Schedule) -> None:
+    """The plan, written when the run is created: recovery after a kill -9 counts every planned
+    request against it, so a request the log never saw is `lost`, not forgotten."""
+    from phaselens.workload.plan import schedule_frame
+
+    tmp = run_dir / (SCHEDULE + ".tmp")
+    schedule_frame(schedule).write_parquet(tmp)
+    os.replace(tmp, run_dir / SCHEDULE)
+
+
+def _lost_rows(p: Path, manifest: Mapping[str, Any], seen: pl.Series) -> pl.DataFrame:
+    """A `lost` row for each planned request (schedule.parquet) that the event log lacks."""
+    if not (p / SCHEDULE).exists():
+        return empty_frame(REQUEST_SCHEMA)
+    sched = read_frame(p / SCHEDULE, SCHEDULE_SCHEMA).filter(~pl.col("id").is_in(seen.implode()))
+    closed = (manifest.get("driver") or {}).get("loop") == "closed"  # no planned instants
+    return sched.select(
+        pl.col("id"),
+        pl.col("model"),
+        pl.col("stage"),
+        pl.col("priority"),
+        (pl.lit(0, pl.Int64) if closed else pl.col("t_ns")).alias("scheduled_ns"),
+        pl.col("input_tokens"),
+        pl.lit(0, pl.Int64).alias("output_tokens"),
+        pl.lit(LOST).alias("status"),
+        pl.lit(LOST_ERROR).alias("error"),
+        pl.lit([], pl.List(pl.Int64)).alias("token_ns"),
+        pl.lit([], pl.List(pl.Int32)).alias("token_counts"),
+    ).select(
+        (pl.col(k) if k in _LOST_COLS else pl.lit(None, t).alias(k)).cast(t)
+        for k, t in REQUEST_SCHEMA.items()
+    )
+
+
+_LOST_COLS = (
+    *("id", "model", "stage", "priority", "scheduled_ns", "input_tokens", "output_tokens"),
+    *("status", "error", "token_ns", "token_counts"),
+)
+
+
+def _recover(p: Path) -> tuple[dict[str, Any], dict[str, pl.DataFrame]]:
+    """Rebuild a dead writer's run from what its event log proves (docs/run-format.md).
+
+    Never destructive: an existing Parquet file holding at least as many rows as the rebuild is
+    kept as it is; one holding fewer but some, or unreadable, stops the recovery with one line
+    (move it aside to rebuild); events.jsonl is kept. A directory that cannot be written is
+    recovered in memory only.
+    """
+    manifest = read_manifest(p)
+    log = _read_log(p / EVENTS)
+    frames = _log_frames(log)
+    logged = frames["requests"].unique("id", keep="first", maintain_order=True)
+    dups = frames["requests"].height - logged.height  # the writer logs each id once: not ours
+    lost = _lost_rows(p, manifest, logged["id"])
+    frames["requests"] = pl.concat([logged, lost])
+    frames = {k: df.sort(_SORT[k]) for k, df in frames.items()}
+    write: dict[str, pl.DataFrame] = {}
+    for key, df in frames.items():
+        f = p / _FILES[key]
+        if not f.exists() or (f.is_file() and f.stat().st_size == 0):
+            write[key] = df
+            continue
+        try:
+            old = read_frame(f, _SCHEMAS[key], _OPTIONAL.get(key, ()))
+        except InputError as e:
+            raise RunFormatError(
+                f"{e}; not rebuilt over it from {EVENTS} (move it aside)"
+            ) from None
+        if old.height >= df.height:
+            frames[key] = old  # e.g. the writer died after compacting: the file is whole
+        elif old.height == 0:
+            write[key] = df
+        else:
+            raise RunFormatError(
+                f"{f}: {old.height} rows, the event log proves {df.height}; not rebuilt over it "
+                "(move it aside to rebuild the run)"
+            )
+    manifest["status"] = "partial"
+    manifest["counts"] = {k: frames[k].height for k in frames}
+    manifest["recovery"] = {**log.note(), "lost": lost.height, "duplicate_ids": dups}
+    manifest["recovery"]["rewritten"] = sorted(write)
+    try:
+        _write_frames(p, write)
+        _atomic_write_json(p / MANIFEST, manifest)
+    except OSError as e:
+        manifest["recovery"]["not_written"] = f"{e.strerror or e}"
+    return manifest, frames
 
 
 def recover_run(path: Path | str) -> Path:
     """Rebuild the Parquet files of a run whose writer died, and mark it partial."""
     p = Path(path)
-    manifest = read_manifest(p)
-    frames = _frames_from_events(p / EVENTS)
-    _write_frames(p, frames)
-    manifest["status"] = "partial"
-    manifest["counts"] = {k: frames[k].height for k in frames}
-    _atomic_write_json(p / MANIFEST, manifest)
+    _recover(p)
     return p
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
-    mf = path / MANIFEST
-    if not mf.is_file():
-        raise RunFormatError(f"{path}: not a phaselens run (no {MANIFEST})")
-    try:
-        data = json.loads(mf.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise RunFormatError(f"{mf}: line {e.lineno}: invalid JSON ({e.msg})") from None
-    if not isinstance(data, dict):
-        raise RunFormatError(f"{mf}: expected a JSON object")
-    return data
+    """manifest.json, checked (runcheck.parse_manifest): types of the known keys, the format."""
+    return parse_manifest(Path(path))
 
 
 def load_run(path: Path | str) -> Run:
-    """Load a run; a run whose process died is rebuilt from its event log and marked partial."""
+    """Load a run; a run whose process died is rebuilt from its event log and marked partial.
+
+    Every file is checked here, once: a problem is one RunFormatError naming the file and what
+    was expected. Nothing on disk changes except through that recovery.
+    """
     p = Path(path)
     manifest = read_manifest(p)
-    if manifest.get("status") == "running" and _writer_alive(manifest):
+    status = manifest.get("status")
+    if status == "running" and _writer_alive(manifest):
         # Still being written: read what is flushed so far, change nothing on disk.
-        frames = _frames_from_events(p / EVENTS)
-        return Run(
-            p,
-            {**manifest, "status": "running"},
-            frames["requests"],
-            frames["telemetry"],
-            frames["steps"],
+        log = _read_log(p / EVENTS)
+        frames = _log_frames(log)
+        manifest = {**manifest, "event_log": log.note()}
+    elif status == "running":
+        manifest, frames = _recover(p)
+    elif not (p / REQUESTS).exists():
+        raise RunFormatError(
+            f"{p / REQUESTS}: missing (the run is marked {status or 'without a status'}; only a "
+            f"run still marked running is rebuilt, from its {EVENTS})"
         )
-    if manifest.get("status") == "running" or not (p / REQUESTS).exists():
-        recover_run(p)
-        manifest = read_manifest(p)
-
-    def rd(name: str, schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
-        f = p / name
-        if not f.exists():
-            return empty_frame(schema)
-        df = pl.read_parquet(f)
-        # a run written before a column was added: that column is null
-        missing = [pl.lit(None, dtype=t).alias(k) for k, t in schema.items() if k not in df.columns]
-        return df.with_columns(missing) if missing else df
-
-    return Run(
-        path=p,
-        manifest=manifest,
-        requests=rd(REQUESTS, REQUEST_SCHEMA),
-        telemetry=rd(TELEMETRY, TELEMETRY_SCHEMA),
-        steps=rd(STEPS, STEP_SCHEMA),
-    )
+    else:
+        counts = manifest.get("counts") or {}
+        frames = {}
+        for key, name in _FILES.items():
+            if (p / name).exists():
+                frames[key] = read_frame(p / name, _SCHEMAS[key], _OPTIONAL.get(key, ()))
+            elif counts.get(key):
+                raise RunFormatError(
+                    f"{p / name}: missing (the manifest counts {counts[key]} rows)"
+                )
+            else:
+                frames[key] = empty_frame(_SCHEMAS[key])
+    return Run(p, manifest, frames["requests"], frames["telemetry"], frames["steps"])

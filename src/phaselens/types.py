@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 Status = Literal[
-    "ok", "http_error", "timeout", "disconnected", "cancelled", "not_sent", "client_error"
+    "ok", "http_error", "timeout", "disconnected", "cancelled", "not_sent", "client_error", "lost"
 ]
 STATUSES: tuple[Status, ...] = (
     "ok",
@@ -28,6 +28,7 @@ STATUSES: tuple[Status, ...] = (
     "cancelled",
     "not_sent",
     "client_error",
+    "lost",  # no record survived a kill -9 (set by crash recovery, docs/run-format.md)
 )
 Severity = Literal["info", "warning", "critical"]
 

@@ -37,7 +37,7 @@ from phaselens.driver.runner import (
 )
 from phaselens.driver.selfcheck import Verdict, verdict
 from phaselens.errors import InputError
-from phaselens.store import RunWriter, clock_anchor
+from phaselens.store import RunWriter, clock_anchor, write_schedule
 from phaselens.telemetry.sampler import parse_spec as parse_telemetry
 from phaselens.telemetry.sampler import start_telemetry
 from phaselens.types import RequestRecord, Schedule, TelemetrySample
@@ -197,6 +197,7 @@ def drive(
     if _telemetry_on(telemetry):
         parse_telemetry(telemetry, sorted(set(targets.values())))  # bad spec: fail before the run
     writer = RunWriter.create(out_root, name, manifest)
+    write_schedule(writer.path, schedule)  # recovery counts every planned request against it
     wt = _WriterThread(writer)
     stats = LiveStats()
     stop = threading.Event()
