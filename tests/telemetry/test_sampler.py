@@ -134,8 +134,10 @@ def test_scrape_failures_are_marked_missing_and_counters_cover_the_gap(target: T
     gap_ms = _metric(ticks[4], "scrape.interval_ms")[0].value
     assert gap_ms >= 300  # covers the 0.3 s timeout that happened in between
     assert gap_ms == pytest.approx((ticks[4][0].t_ns - ticks[0][0].t_ns) / 1e6)
-    assert src.missing_count == 5 and src.ok_count == 2
-    assert src.statuses() == {f"engine@{target.url}": "ok"}
+    assert src.missing_count == 5 and src.ok_count == 2 and src.failed_count == 5
+    # 5 of 7 failed (>= 3 and >= 10 %): the manifest must not say ok
+    (status,) = src.statuses().values()
+    assert status.startswith("degraded: 5 of 7 scrapes failed (last: ConnectionRefusedError")
     for t in ticks:
         for s in t:
             assert s.labels["target"] == target.url
@@ -205,7 +207,10 @@ def test_sampler_keeps_going_when_a_target_disappears(target: Target) -> None:
     time.sleep(0.6)
     statuses = handle.stop()
 
-    assert statuses == {f"engine@{target.url}": "ok", "heartbeat": "ok"}
+    assert statuses["heartbeat"] == "ok"
+    # half the run without the target: the manifest says so (not ok, not unavailable)
+    assert statuses[f"engine@{target.url}"].startswith("degraded: ")
+    assert "scrapes failed (last: ConnectionRefusedError" in statuses[f"engine@{target.url}"]
     assert beat.closed
     assert len(threads) == 1 and threading.get_ident() not in threads
     oks = [(s.t_ns, s.value) for s in got if s.metric == "scrape.ok"]
@@ -312,7 +317,7 @@ def test_parse_spec_auto_finds_the_local_engine_pid(target: Target) -> None:
     [
         ("gpu,nvlink", "unknown source 'nvlink'"),
         ("dcgm", "dcgm needs a URL"),
-        ("dcgm=gpu-node:9400", "is not an http"),
+        ("dcgm=gpu-node:9400", "dcgm: gpu-node:9400: expected http"),
         ("cpu=abc", "cpu needs a process id"),
         ("cpu", "cpu needs a process id"),
         ("gpu=1", "gpu takes no value"),

@@ -14,6 +14,9 @@ name the server actually printed, so raw names always match the text on the wire
 
 from __future__ import annotations
 
+import contextlib
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -118,46 +121,108 @@ _COUNTERISH = {"counter"}
 _HISTOGRAMISH = {"histogram", "summary", "gaugehistogram"}
 
 
-def _printed_name(line: str) -> str:
-    return line.split("{", 1)[0].split(None, 1)[0] if line.strip() else ""
+# A sample line: name, optional {labels} (quoted values may hold anything escaped), value,
+# optional timestamp. Linear-time: each alternative starts with a different character.
+_SAMPLE_LINE = re.compile(
+    r'[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)[ \t]*(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?'
+    r"[ \t]*([^ \t]+)(?:[ \t]+-?[0-9]+)?[ \t]*"
+)
+_TYPES = frozenset(
+    (
+        "counter",
+        "gauge",
+        "histogram",
+        "summary",
+        "untyped",
+        "unknown",
+        "info",
+        "stateset",
+        "gaugehistogram",
+    )
+)
+MAX_ABS_VALUE = 1e18  # a reading beyond this is not a measurement: the line is skipped
 
 
-def _prefilter(text: str, keep: tuple[str, ...], buckets: bool) -> tuple[str, set[str]]:
-    """Keep only the families we want before the (slow) parser sees them; collect printed names.
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """One scrape's families, and the lines that could not be used (skipped, counted)."""
 
-    Why: prometheus-client takes ~60 µs a line, and vLLM prints ~650 lines, mostly buckets.
+    families: dict[str, Family]
+    skipped: int = 0
+    first_skipped: str = ""  # `line N: <text>` of the first one, for the manifest
+
+
+class _Lines:
+    """The lines kept for the parser, and the ones skipped (with the first for the message)."""
+
+    def __init__(self) -> None:
+        self.kept: list[str] = []
+        self.names: set[str] = set()
+        self.skipped = 0
+        self.first = ""
+
+    def skip(self, n: int, line: str) -> None:
+        self.skipped += 1
+        if not self.first:
+            self.first = f"line {n}: {line[:80]!r}"
+
+
+def _value_check(text: str) -> int:
+    """1: a usable value; 0: NaN or ±Inf (valid exposition, no reading: dropped quietly);
+    -1: not a number, or beyond MAX_ABS_VALUE (the line is skipped and counted)."""
+    try:
+        v = float(text)
+    except ValueError:
+        return -1
+    if not math.isfinite(v):
+        return 0
+    return 1 if abs(v) <= MAX_ABS_VALUE else -1
+
+
+def _prefilter(text: str, keep: tuple[str, ...], buckets: bool) -> _Lines:
+    """Keep only the families we want before the (slow) parser sees them; collect printed
+    names; skip (and count) lines of ours that are not the exposition format.
+
+    Why: prometheus-client takes ~60 µs a line, and vLLM prints ~650 lines, mostly buckets;
+    and one bad line makes it reject the whole scrape.
     """
-    out: list[str] = []
-    names: set[str] = set()
-    for line in text.splitlines():
-        if line.startswith("#"):
-            parts = line.split(None, 3)
-            if len(parts) >= 4 and parts[1] == "TYPE" and (not keep or parts[2].startswith(keep)):
-                out.append(line)
+    out = _Lines()
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
             continue
-        name = _printed_name(line)
-        if not name or (keep and not name.startswith(keep)) or name.endswith("_created"):
+        if line.lstrip().startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1] == "TYPE" and (not keep or parts[2].startswith(keep)):
+                if len(parts) == 4 and parts[3].strip() in _TYPES:
+                    out.kept.append(line)
+                else:
+                    out.skip(n, line)
+            continue
+        m = _SAMPLE_LINE.fullmatch(line)
+        name = m[1] if m else ""
+        if not name:
+            named = re.match(r"[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)", line)
+            if named is None or not keep or named[1].startswith(keep):
+                out.skip(n, line)  # no metric name at all, or one of ours that is malformed
+            continue
+        if (keep and not name.startswith(keep)) or name.endswith("_created"):
             continue
         if not buckets and name.endswith("_bucket"):
             continue
-        names.add(name)
-        out.append(line)
-    return "\n".join(out) + "\n", names
+        check = _value_check(m[3] if m else "")
+        if check <= 0:
+            if check < 0:
+                out.skip(n, line)
+            continue
+        out.names.add(name)
+        out.kept.append(line)
+    return out
 
 
-def parse_prometheus(
-    text: str, keep: tuple[str, ...] = (), buckets: bool = True
-) -> dict[str, Family]:
-    """Parse Prometheus text into families keyed by the name the server printed.
-
-    `keep`: only families whose names start with one of these prefixes (all when empty).
-    `buckets=False` drops histogram buckets. `_created` timestamps are always dropped.
-    Counter families are keyed by their printed sample name (`vllm:prompt_tokens_total`), others
-    by their family name. Raises ValueError on text that is not the exposition format.
-    """
-    filtered, printed = _prefilter(text, keep, buckets)
+def _families(text: str, printed: set[str]) -> dict[str, Family]:
+    """prometheus-client's parse of already filtered text (raises on what it rejects)."""
     families: dict[str, Family] = {}
-    for fam in text_string_to_metric_families(filtered):
+    for fam in text_string_to_metric_families(text):
         samples = []
         for s in fam.samples:
             name = s.name
@@ -171,6 +236,68 @@ def parse_prometheus(
         key = samples[0].name if fam.type in _COUNTERISH else fam.name
         families[key] = Family(key, fam.type, tuple(samples))
     return families
+
+
+def _blocks(lines: list[str]) -> list[list[str]]:
+    """Lines grouped by family: each `# TYPE` line starts a block."""
+    blocks: list[list[str]] = [[]]
+    for line in lines:
+        if line.lstrip().startswith("#"):
+            blocks.append([])
+        blocks[-1].append(line)
+    return [b for b in blocks if b]
+
+
+def _parse_lenient(lines: _Lines) -> dict[str, Family]:
+    """Families of the kept lines; what the parser still rejects is skipped by family, then by
+    line (rare: only a scrape the line check let through pays for this)."""
+    try:
+        return _families("\n".join(lines.kept) + "\n", lines.names)
+    except Exception:  # the parser's own complaint; found below, line by line
+        pass
+    families: dict[str, Family] = {}
+    for block in _blocks(lines.kept):
+        try:
+            families.update(_families("\n".join(block) + "\n", lines.names))
+            continue
+        except Exception:
+            pass
+        head = block[:1] if block[0].lstrip().startswith("#") else []
+        good: list[str] = []
+        for line in block[len(head) :]:
+            try:
+                _families("\n".join([*head, *good, line]) + "\n", lines.names)
+                good.append(line)
+            except Exception:
+                lines.skip(0, line)
+        with contextlib.suppress(Exception):
+            families.update(_families("\n".join([*head, *good]) + "\n", lines.names))
+    return families
+
+
+def parse_prometheus_counted(text: str, keep: tuple[str, ...] = (), buckets: bool = True) -> Parsed:
+    """Like `parse_prometheus`, but never raises: unusable lines are skipped and counted."""
+    lines = _prefilter(text, keep, buckets)
+    families = _parse_lenient(lines)
+    return Parsed(families, lines.skipped, lines.first)
+
+
+def parse_prometheus(
+    text: str, keep: tuple[str, ...] = (), buckets: bool = True
+) -> dict[str, Family]:
+    """Parse Prometheus text into families keyed by the name the server printed.
+
+    `keep`: only families whose names start with one of these prefixes (all when empty).
+    `buckets=False` drops histogram buckets. `_created` timestamps are always dropped.
+    Counter families are keyed by their printed sample name (`vllm:prompt_tokens_total`), others
+    by their family name. Lines that are not the exposition format (a JSON line, a bad value,
+    a value beyond 1e18) are skipped and counted, NaN/±Inf readings dropped; raises ValueError
+    when nothing usable is left of a text that had such lines (not the exposition format).
+    """
+    p = parse_prometheus_counted(text, keep, buckets)
+    if not p.families and p.skipped:
+        raise ValueError(f"not Prometheus text: {p.skipped} unusable lines ({p.first_skipped})")
+    return p.families
 
 
 def detect_source(families: Mapping[str, Family]) -> str:

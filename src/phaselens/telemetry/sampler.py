@@ -24,7 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,10 +31,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from phaselens.errors import InputError
+from phaselens.redact import redact_url, redact_urls_in
 from phaselens.telemetry.clock import RunClock
-from phaselens.telemetry.scrape import SCRAPE_TIMEOUT_S, ScrapeSource, metrics_url
+from phaselens.telemetry.scrape import SCRAPE_TIMEOUT_S, ScrapeSource, health, metrics_url
 from phaselens.telemetry.source import Source, Unavailable
 from phaselens.types import TelemetrySample
+from phaselens.urls import check_url
 
 Sink = Callable[[list[TelemetrySample]], None]
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
@@ -84,7 +85,7 @@ _STATUS_KEY = {"gpu": "nvml", "smi": "smi"}
 
 
 def _status_key(spec: SourceSpec) -> str:
-    return _STATUS_KEY.get(spec.kind) or f"{spec.kind}@{spec.arg}"
+    return _STATUS_KEY.get(spec.kind) or f"{spec.kind}@{redact_url(spec.arg)}"
 
 
 def parse_spec(spec: str | None, targets: Sequence[str]) -> tuple[SourceSpec, ...]:
@@ -107,8 +108,9 @@ def parse_spec(spec: str | None, targets: Sequence[str]) -> tuple[SourceSpec, ..
         arg = arg.strip()
         if kind not in SOURCES:
             raise InputError(
-                f"--telemetry: unknown source {kind!r} in {spec!r} (expected auto, none, or "
-                "a list of gpu, engine, engine=URL, dcgm=URL, smi, cpu=PID)"
+                f"--telemetry: unknown source {kind[:40]!r} in {redact_urls_in(spec)[:200]!r} "
+                "(expected auto, none, or a list of gpu, engine, engine=URL, dcgm=URL, smi, "
+                "cpu=PID)"
             )
         if kind == "engine" and not arg:
             if not http_targets:
@@ -119,18 +121,17 @@ def parse_spec(spec: str | None, targets: Sequence[str]) -> tuple[SourceSpec, ..
                 raise InputError(
                     f"--telemetry: {kind} needs a URL: {kind}=http://host:port/metrics"
                 )
-            u = urllib.parse.urlsplit(arg)
-            if u.scheme not in ("http", "https") or not u.hostname:
-                raise InputError(f"--telemetry: {kind}={arg!r} is not an http(s) URL")
+            u = urllib.parse.urlsplit(check_url(arg, f"--telemetry: {kind}"))
             if not u.path or u.path == "/":
                 arg = f"{u.scheme}://{u.netloc}/metrics"
             out.append(SourceSpec(kind, arg))
         elif kind == "cpu":
             if not arg.isdigit() or int(arg) <= 0:
-                raise InputError(f"--telemetry: cpu needs a process id: cpu=PID (got {arg!r})")
+                raise InputError(f"--telemetry: cpu needs a process id: cpu=PID (got {arg[:40]!r})")
             out.append(SourceSpec("cpu", arg))
         elif arg:
-            raise InputError(f"--telemetry: {kind} takes no value (got {item!r})")
+            got = redact_urls_in(item)[:80]
+            raise InputError(f"--telemetry: {kind} takes no value (got {got!r})")
         else:
             out.append(SourceSpec(kind))
     return tuple(dict.fromkeys(out))  # a source named twice runs once
@@ -181,28 +182,35 @@ def _source_loop(
     out: queue.SimpleQueue[list[TelemetrySample]],
     run_start_perf_ns: int,
     clock: Callable[[], int] = time.perf_counter_ns,
+    ticks: _Ticks | None = None,
 ) -> None:
     """Tick on a fixed grid of slots, one tick per slot, never two at once.
 
     A tick that overruns delays the next: it starts at once if that is less than half a slot
     late, and any slot later than that is skipped and reported via `missed` (so a slow target
     gives a sample as often as it can answer, and every lost slot is counted). A tick that
-    raises (a bug, an error type a source did not expect) is reported once on stderr and
-    skipped: one broken reading must not end the source or the run.
+    raises (a bug, an error type a source did not expect) is reported in one line on stderr
+    (the first time) and skipped: one broken reading must not end the source or the run;
+    `ticks` counts them, and repeated failures make the source's status degraded.
     """
     clock_next = clock()
-    reported = False
+    log = ticks if ticks is not None else _Ticks()
 
     def tick() -> list[TelemetrySample]:
-        nonlocal reported
         try:
-            return source.tick()
-        except Exception:
-            if not reported:
-                reported = True
-                print(f"phaselens telemetry: {source.name}: tick failed", file=sys.stderr)
-                traceback.print_exc()
+            out = source.tick()
+        except Exception as e:
+            why = redact_urls_in(f"{type(e).__name__}: {e}")[:200]
+            if not log.failed:
+                print(
+                    f"phaselens: warning: telemetry {source.name}: tick failed: {why}",
+                    file=sys.stderr,
+                )
+            log.failed += 1
+            log.why = why
             return []
+        log.ok += 1
+        return out
 
     try:
         while True:
@@ -221,6 +229,28 @@ def _source_loop(
         source.close()
 
 
+@dataclass(slots=True)
+class _Ticks:
+    """How a source's ticks went (mutated by its own thread only)."""
+
+    ok: int = 0
+    failed: int = 0
+    why: str = ""
+
+
+def final_statuses(sources: Sequence[Source], ticks: dict[str, _Ticks]) -> dict[str, str]:
+    """Each source's own statuses; one whose ticks raised repeatedly is degraded instead."""
+    out: dict[str, str] = {}
+    for s in sources:
+        own = s.statuses()
+        t = ticks.get(s.name)
+        if t is not None and t.failed:
+            worse = health("tick", t.ok, t.failed, t.why)
+            own = {k: worse if v == "ok" else v for k, v in own.items()}
+        out.update(own)
+    return out
+
+
 def run_sampling(
     sources: Sequence[Source],
     interval_s: float,
@@ -228,15 +258,17 @@ def run_sampling(
     emit: Sink,
     run_start_perf_ns: int,
     flush_s: float = 0.1,
-) -> None:
+) -> dict[str, str]:
     """Run every source in its own thread until `stop` (an Event) is set; call `emit` with
-    batches from this thread only. Returns when all sources have closed."""
+    batches from this thread only. Returns, once all sources have closed, their statuses."""
     q: queue.SimpleQueue[list[TelemetrySample]] = queue.SimpleQueue()
     interval_ns = max(1, int(interval_s * 1e9))
+    ticks = {s.name: _Ticks() for s in sources}
     threads = [
         threading.Thread(
             target=_source_loop,
             args=(s, interval_ns, stop, q, run_start_perf_ns),
+            kwargs={"ticks": ticks[s.name]},
             name=f"telemetry-{s.name}",
             daemon=True,
         )
@@ -256,6 +288,7 @@ def run_sampling(
             emit(batch)
         if not any(t.is_alive() for t in threads) and q.empty():
             break
+    return final_statuses(sources, ticks)
 
 
 class TelemetryHandle:
@@ -319,11 +352,7 @@ class TelemetryHandle:
         return self.statuses
 
     def _run_in_thread(self, sources: Sequence[Source], interval_s: float, start_ns: int) -> None:
-        run_sampling(sources, interval_s, self._stop, self._deliver, start_ns)
-        final: dict[str, str] = {}
-        for s in sources:
-            final.update(s.statuses())
-        self._set_statuses(final)
+        self._set_statuses(run_sampling(sources, interval_s, self._stop, self._deliver, start_ns))
 
     def _receive(self, stream: IO[bytes]) -> None:
         """Turn the worker's frames into samples for the sink, until it is done or dies."""
@@ -375,14 +404,15 @@ _WORKER_BOOT = (
 
 
 def worker_main(argv: Sequence[str]) -> None:
-    """The sampler process: `argv` = SPECS (JSON) INTERVAL_S RUN_START_PERF_NS.
+    """The sampler process: `argv` = INTERVAL_S RUN_START_PERF_NS; the sources (JSON) are the
+    first line on stdin, not in argv, where any user of the machine could read a URL password.
 
     Rows go to the parent as pickled frames on the original stdout (sys.stdout is pointed at
     stderr so a stray print cannot corrupt them); stdin closing (the parent stopping, or dying)
     is the stop signal.
     """
-    specs = tuple(SourceSpec(k, a) for k, a in json.loads(argv[0]))
-    interval_s, run_start_perf_ns = float(argv[1]), int(argv[2])
+    specs = tuple(SourceSpec(k, a) for k, a in json.loads(sys.stdin.buffer.readline() or b"[]"))
+    interval_s, run_start_perf_ns = float(argv[0]), int(argv[1])
     chan = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -412,10 +442,8 @@ def worker_main(argv: Sequence[str]) -> None:
     def emit(batch: list[TelemetrySample]) -> None:
         send("samples", [(s.t_ns, s.source, s.metric, s.value, dict(s.labels)) for s in batch])
 
-    run_sampling(sources, interval_s, stop, emit, run_start_perf_ns)
     final = dict(statuses)
-    for s in sources:
-        final.update(s.statuses())
+    final.update(run_sampling(sources, interval_s, stop, emit, run_start_perf_ns))
     send("status", final)
     send("done", None)
     with contextlib.suppress(OSError):
@@ -455,13 +483,16 @@ def start_telemetry(
         {_status_key(s): "unavailable: the sampler process did not start" for s in specs},
         ready=False,
     )
-    args = [json.dumps([[s.kind, s.arg] for s in specs]), repr(interval_s), str(run_start_perf_ns)]
+    args = [repr(interval_s), str(run_start_perf_ns)]
     proc = subprocess.Popen(
         [sys.executable, "-c", _WORKER_BOOT, str(Path(__file__).resolve().parents[1]), *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
-    assert proc.stdout is not None
+    assert proc.stdout is not None and proc.stdin is not None
+    with contextlib.suppress(OSError):  # a worker that died at once: `_receive` says so
+        proc.stdin.write(json.dumps([[s.kind, s.arg] for s in specs]).encode() + b"\n")
+        proc.stdin.flush()
     handle._process = proc
     handle._thread = threading.Thread(
         target=handle._receive, args=(proc.stdout,), name="telemetry-receive", daemon=True

@@ -12,7 +12,7 @@ from __future__ import annotations
 import http.client
 import urllib.parse
 
-from phaselens.errors import InputError
+from phaselens.redact import basic_auth, redact_url, redact_urls_in
 from phaselens.telemetry.clock import RunClock
 from phaselens.telemetry.prometheus import (
     DCGM_KEEP,
@@ -20,19 +20,37 @@ from phaselens.telemetry.prometheus import (
     Scrape,
     detect_source,
     interval_samples,
-    parse_prometheus,
+    parse_prometheus_counted,
 )
 from phaselens.types import TelemetrySample
+from phaselens.urls import check_url
 
 SCRAPE_TIMEOUT_S = 2.0
+MAX_BODY_BYTES = 32 << 20  # a /metrics body larger than this is refused (vLLM's: ~100 kB)
+# A source is "degraded" (not "ok") in the manifest from this many failed ticks on, when they
+# are also at least this share of its ticks; the first readable reason is given.
+DEGRADED_MIN = 3
+DEGRADED_SHARE = 0.1
+
+
+def health(name: str, ok: int, failed: int, why: str, skipped: int = 0, skip_why: str = "") -> str:
+    """The manifest status of a source: ok, degraded: <what failed>, or unavailable: <why>."""
+    if failed and not ok:
+        return f"unavailable: no successful {name} ({why})"
+    parts = []
+    if failed >= DEGRADED_MIN and failed >= DEGRADED_SHARE * (ok + failed):
+        parts.append(f"{failed} of {ok + failed} {name}s failed (last: {why})")
+    if skipped:
+        parts.append(f"{skipped} unparseable lines skipped (first: {skip_why})")
+    return "degraded: " + "; ".join(parts) if parts else "ok"
+
+
 SCRAPE_SOURCE = "scrape"  # the `source` of scrape.ok / scrape.latency_ms / scrape.interval_ms
 
 
 def metrics_url(target: str) -> str:
     """`http://host:port/v1` (an OpenAI base URL) -> `http://host:port/metrics`."""
-    u = urllib.parse.urlsplit(target)
-    if u.scheme not in ("http", "https") or not u.netloc:
-        raise InputError(f"--telemetry: not an http(s) URL: {target!r}")
+    u = urllib.parse.urlsplit(check_url(target, "--telemetry"))
     return f"{u.scheme}://{u.netloc}/metrics"
 
 
@@ -42,34 +60,41 @@ class ScrapeSource:
     def __init__(
         self, url: str, kind: str, clock: RunClock, timeout_s: float = SCRAPE_TIMEOUT_S
     ) -> None:
-        u = urllib.parse.urlsplit(url)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise InputError(f"--telemetry: not an http(s) URL: {url!r}")
-        self.url = url
-        self.name = f"{kind}@{url}"
+        u = urllib.parse.urlsplit(check_url(url, "--telemetry"))
+        self.url = url  # sent as is (user:password as Basic auth); stored only redacted
+        self.name = f"{kind}@{redact_url(url)}"
         self.kind = kind
         self._keep = DCGM_KEEP if kind == "dcgm" else ENGINE_KEEP
         self._clock = clock
         self._timeout = timeout_s
         self._https = u.scheme == "https"
-        self._host = u.hostname
+        self._host = u.hostname or ""  # check_url: there is one
         self._port = u.port
         self._path = (u.path or "/") + (f"?{u.query}" if u.query else "")
         self._conn: http.client.HTTPConnection | None = None
-        self._labels = {"target": url}
+        self._headers = {"Accept": "text/plain"}
+        auth = basic_auth(url)
+        if auth is not None:
+            self._headers["Authorization"] = auth
+        self._labels = {"target": redact_url(url)}
         self._prev: Scrape | None = None
         self._baseline: Scrape | None = None
         self.ok_count = 0
-        self.missing_count = 0
+        self.missing_count = 0  # ticks without a sample: failed, or skipped by an overrun
+        self.failed_count = 0  # scrapes that failed (an error, a bad body)
+        self.skipped_lines = 0  # lines of otherwise good scrapes that could not be parsed
+        self.first_skipped = ""
         self.last_error = ""
 
     def _fetch(self) -> str:
         if self._conn is None:
             cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
             self._conn = cls(self._host, self._port, timeout=self._timeout)
-        self._conn.request("GET", self._path, headers={"Accept": "text/plain"})
+        self._conn.request("GET", self._path, headers=self._headers)
         resp = self._conn.getresponse()
-        body = resp.read()
+        body = resp.read(MAX_BODY_BYTES + 1)
+        if len(body) > MAX_BODY_BYTES:
+            raise ValueError(f"/metrics body over {MAX_BODY_BYTES >> 20} MiB")
         if resp.status != 200:
             raise OSError(f"HTTP {resp.status}")
         return body.decode("utf-8", errors="replace")
@@ -79,14 +104,20 @@ class ScrapeSource:
         try:
             text = self._fetch()
             t1 = self._clock.now_ns()
-            families = parse_prometheus(text, self._keep, buckets=False)
+            parsed = parse_prometheus_counted(text, self._keep, buckets=False)
+            families = parsed.families
             if not families:
-                raise ValueError(f"no {'/'.join(self._keep)} metrics in the response")
-        except (OSError, http.client.HTTPException, ValueError, UnicodeError) as e:
+                why = f" ({parsed.first_skipped})" if parsed.skipped else ""
+                raise ValueError(f"no {'/'.join(self._keep)} metrics in the response{why}")
+            if parsed.skipped:  # a good scrape with some bad lines: counted, status says so
+                self.skipped_lines += parsed.skipped
+                self.first_skipped = self.first_skipped or parsed.first_skipped
+        except Exception as e:  # any failure of one scrape is a missing sample, never a crash
             t1 = self._clock.now_ns()
             self._drop_connection()
             self.missing_count += 1
-            self.last_error = f"{type(e).__name__}: {e}"[:200]
+            self.failed_count += 1
+            self.last_error = redact_urls_in(f"{type(e).__name__}: {e}")[:200]
             return self._meta((t0 + t1) // 2, ok=False, latency_ns=t1 - t0)
         mid = (t0 + t1) // 2
         cur = Scrape(mid, families)
@@ -128,9 +159,21 @@ class ScrapeSource:
             self._conn = None
 
     def statuses(self) -> dict[str, str]:
-        if self.ok_count or not self.missing_count:  # not tried yet counts as opened fine
-            return {self.name: "ok"}
-        return {self.name: f"unavailable: no successful scrape ({self.last_error})"}
+        """ok; degraded when scrapes failed repeatedly or lines were skipped (see `health`);
+        unavailable when no scrape succeeded. Not tried yet counts as opened fine."""
+        if not self.ok_count and self.missing_count and not self.failed_count:
+            self.last_error = "every tick slot skipped: the previous scrape overran"
+        failed = self.failed_count or (0 if self.ok_count else self.missing_count)
+        return {
+            self.name: health(
+                "scrape",
+                self.ok_count,
+                failed,
+                self.last_error,
+                self.skipped_lines,
+                self.first_skipped,
+            )
+        }
 
     def close(self) -> None:
         self._drop_connection()
