@@ -13,6 +13,7 @@ successful requests only; send lag uses every request that was sent.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ import polars as pl
 
 from phaselens.analysis.itl import ItlResult, compute_itl, describe_itl
 from phaselens.analysis.stats import F64, I64, as_int, describe, fnum, pkey_to_q
+from phaselens.errors import InputError
 
 NS_PER_MS = 1e6
 NS_PER_S = 1e9
@@ -249,10 +251,23 @@ def slo_targets(slo: Mapping[str, Any] | None) -> list[tuple[str, str, float]]:
         if isinstance(spec, Mapping):
             for pk, thr in spec.items():
                 if thr is not None and (pkey_to_q(str(pk)) is not None or pk in ("mean", "max")):
-                    out.append((metric, str(pk), float(thr)))
-        elif isinstance(spec, (int, float)):
-            out.append((metric, "p90", float(spec)))
+                    out.append((metric, str(pk), _threshold(thr, f"slo.{metric}.{pk}")))
+        else:
+            out.append((metric, "p90", _threshold(spec, f"slo.{metric}")))
     return out
+
+
+def _threshold(v: Any, where: str) -> float:
+    """An SLO threshold: a finite number > 0. Why checked here, where it is used: a NaN
+    compares as the largest number in polars, so a tampered `NaN` target read as 100% met."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+    x = float(v) if ok else math.nan
+    if not (math.isfinite(x) and x > 0):
+        raise InputError(
+            f"{where}: expected a finite number of ms > 0, got {str(v)[:40]!r} "
+            "(the run's manifest.json or the spec's slo)"
+        )
+    return x
 
 
 def attain_exprs(slo: Mapping[str, Any] | None) -> dict[str, pl.Expr]:

@@ -304,7 +304,15 @@ def steps_basis(run: Run, deploy: Deployment) -> tuple[Steps, F64]:
             (g["t_end_ns"].to_numpy() - g["t_start_ns"].to_numpy()).astype(np.float64) / 1e9
         )
     if not parts:
-        raise InputError(f"{run.path}: steps.parquet names no engine of the deployment")
+        found = sorted({str(x) for x in run.steps["engine"].unique().to_list()})
+        sim = run.manifest.get("sim")
+        used = sim.get("deployment") if isinstance(sim, dict) else None
+        hint = f" ({used})" if isinstance(used, str) else ""
+        raise InputError(
+            f"{run.path}: steps.parquet names no engine of the deployment {deploy.source} "
+            f"(steps name {', '.join(found) or 'none'}; the deployment has "
+            f"{', '.join(sorted(by_name))}); calibrate with the deployment the run used{hint}"
+        )
     from phaselens.whatif.basis import concat
 
     return concat(parts), np.concatenate(durs)

@@ -24,6 +24,7 @@ REGIMES = ("light", "near_saturation", "overloaded")
 LIGHT_MAX_Q = 0.25  # queueing delay below a quarter of the request's isolated service time
 NEAR_MAX_Q = 2.0  # ... below two service times: a queue forms and drains; above: it builds
 WINDOW_NS = 5_000_000_000
+TAIL_SHARE = 0.10  # a setting's regime: the worst one holding this share of its requests (p90)
 MIN_REGIME_N = 20  # fewer requests than this in a regime: its error is "not measured"
 METRICS = ("ttft_ms", "tpot_ms")
 PCTS = (50, 90)
@@ -109,6 +110,27 @@ def regimes(t_ns: np.ndarray, ttft_s: F64, iso_ttft: F64, iso_e2e: F64) -> np.nd
             REGIMES[0] if med < LIGHT_MAX_Q else REGIMES[1] if med < NEAR_MAX_Q else REGIMES[2]
         )
     return out
+
+
+def regime_shares(reg: np.ndarray) -> dict[str, float]:
+    """Share of the requests in each regime."""
+    return {r: float(np.mean(reg == r)) if reg.size else 0.0 for r in REGIMES}
+
+
+def setting_regime(shares: Mapping[str, float]) -> str:
+    """The regime of a whole setting: the worst one that holds, with the worse ones, at least
+    `TAIL_SHARE` of the requests.
+
+    Why not the most common regime: with 56% of the requests light and 22% overloaded the most
+    common one said "light" for a setting whose TTFT p90 was 8 s. The p90 a user reads lies in
+    the worst tenth of the requests, so the regime must describe that tenth too.
+    """
+    tail = 0.0
+    for r in reversed(REGIMES):
+        tail += float(shares.get(r, 0.0))
+        if tail >= TAIL_SHARE - 1e-12:
+            return r
+    return REGIMES[0]
 
 
 def _pct(x: np.ndarray, p: int) -> float | None:

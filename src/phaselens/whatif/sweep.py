@@ -36,9 +36,10 @@ from phaselens.whatif.basis import Theta
 from phaselens.whatif.calibrate import Calibration, with_cost
 from phaselens.whatif.knobs import apply_deploy, apply_load, label
 from phaselens.whatif.predict import (
-    REGIMES,
     iso_times,
+    regime_shares,
     regimes,
+    setting_regime,
     simulate_with,
     with_kv,
     worst_error,
@@ -141,9 +142,9 @@ def evaluate(job: Job, combo: Mapping[str, Any]) -> dict[str, Any]:
     th = Theta.from_cost(deploy.cost, job.overhead_s)
     iso_t, iso_e = iso_times(deploy, sched, th)
     reg = regimes(sched.t_ns, ttft / 1e3, iso_t, iso_e)
-    shares = {r: float(np.mean(reg == r)) for r in REGIMES}
+    shares = regime_shares(reg)
     row["regime_shares"] = shares
-    main = max(REGIMES, key=lambda r: shares[r])
+    main = setting_regime(shares)
     row["regime"] = main
     other_hw = other_hardware(job.deployment, combo)
     err = worst_error(job.errors.get(main) or {})
@@ -203,7 +204,7 @@ def mark_cliff(row: dict[str, Any], more: Mapping[str, Any]) -> None:
     # a quarter of the requests newly overloaded is a tip even where p90 was already long
     tips = over_b - over_a >= CLIFF_TIP_SHARE
     grows = a is not None and b is not None and b >= CLIFF_FACTOR * a
-    past_it = row.get("regime") == "overloaded"
+    past_it = over_a > 0.5  # mostly overloaded already: past the cliff, not at it
     row["cliff"] = bool(more.get("feasible")) and not past_it and (tips or grows)
     if row["cliff"]:
         row["expected_error"] += (
