@@ -15,7 +15,9 @@ from phaselens.whatif.knobs import (
     apply_deploy,
     apply_load,
     choose,
+    combo_at,
     grid,
+    grid_size,
     parse_sets,
     valid_names,
 )
@@ -62,12 +64,20 @@ def test_unknown_knob_lists_the_valid_ones() -> None:
 @pytest.mark.parametrize(
     ("item", "needle"),
     [
-        ("policy.max_num_seqs=0", "positive integer"),
+        ("policy.max_num_seqs=0", r"policy.max_num_seqs: must be > 0 \(got 0\)"),
+        ("share.sm_fraction=2", r"share.sm_fraction: must be <= 1"),  # the deployment's bound
+        ("policy.gpu_memory_utilization=1.5", "gpu_memory_utilization: must be <= 1"),
+        ("policy.max_num_seqs=1.5", "an integer"),
+        ("policy.max_wait_ms=nan", "a finite number"),
         ("policy.chunked_prefill=maybe", "true or false"),
         ("policy.type=greedy", "continuous, dynamic, static"),
         ("gpu.type=B300", "H100-SXM"),
         ("pd.split=2", "P:D"),
-        ("load.scale=-1", "positive number"),
+        ("load.scale=-1", "from 0.001 to 1000"),
+        ("load.scale=1e-9", "from 0.001 to 1000"),
+        ("load.burstiness=101", "from 0 to 100"),
+        ("pd.split=0:1", "1 to "),
+        ("pd.split=1:100000", "1 to "),
         ("policy.max_num_seqs", "KNOB=V1,V2"),
         ("engines.nope.policy.max_num_seqs=2", "no engine"),
         ("engines.e0.load.scale=2", "only policy"),
@@ -79,13 +89,11 @@ def test_bad_values_are_one_line(item: str, needle: str) -> None:
 
 
 def test_grid_limit_and_seeded_sample() -> None:
-    combos = grid(
-        {
-            "policy.max_num_seqs": list(range(1, 11)),
-            "load.scale": [1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0],
-        }
-    )
-    assert len(combos) == 70 > MAX_GRID
+    combos = {
+        "policy.max_num_seqs": list(range(1, 11)),
+        "load.scale": [1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0],
+    }
+    assert len(grid(combos)) == grid_size(combos) == 70 > MAX_GRID
     with pytest.raises(InputError, match="--max-runs 70"):
         choose(combos, None, None, 0)
     assert len(choose(combos, 70, None, 0)) == 70
@@ -95,6 +103,47 @@ def test_grid_limit_and_seeded_sample() -> None:
     assert a == b and a != c and len(a) == 10
     with pytest.raises(InputError, match="over the limit"):
         choose(combos, None, 65, 0)
+    # the sample is drawn from the grid's order: each picked combination is a grid row
+    full = grid(combos)
+    assert all(c in full for c in a)
+
+
+def test_combo_at_follows_the_grid_order() -> None:
+    sets = {"a": [1, 2], "b": ["x", "y", "z"], "c": [True, False]}
+    assert [combo_at(sets, i) for i in range(grid_size(sets))] == grid(sets)
+
+
+def _huge() -> dict[str, list[int]]:
+    """9 knobs x 10 values: 10^9 combinations (the issue's hang)."""
+    return {f"k{i}": list(range(1, 11)) for i in range(9)}
+
+
+def test_a_billion_combination_grid_is_refused_without_enumerating_it() -> None:
+    import time
+
+    t0 = time.process_time()
+    with pytest.raises(InputError, match="1,000,000,000 combinations"):
+        choose(_huge(), 10, None, 0)
+    with pytest.raises(InputError, match="--max-runs 100000: over the limit of 10,000"):
+        choose(_huge(), 100_000, None, 0)
+    # --sample draws 10 of the 10^9 without building them; the picks are distinct grid rows
+    picks = choose(_huge(), 10, 10, seed=3)
+    assert len(picks) == 10 and len({tuple(p.values()) for p in picks}) == 10
+    assert all(set(p) == set(_huge()) for p in picks)
+    assert time.process_time() - t0 < 5.0  # enumerating 10^9 dicts would take hours
+
+
+def test_run_limit_can_be_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PHASELENS_LIMIT_WHATIF_RUNS", "2000000000")
+    with pytest.raises(InputError, match="pass --max-runs 1000000000"):
+        choose(_huge(), None, None, 0)
+    assert choose({"a": [1, 2]}, 100_000, None, 0) == [{"a": 1}, {"a": 2}]
+
+
+def test_too_many_values_for_one_knob() -> None:
+    vals = ",".join(str(i) for i in range(1, 1002))
+    with pytest.raises(InputError, match="more than 1000 values"):
+        parse_sets([f"policy.max_num_seqs={vals}"], ENGINES)
 
 
 def test_apply_policy_engine_prefix_gpu_and_spatial() -> None:

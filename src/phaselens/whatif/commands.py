@@ -21,7 +21,7 @@ from phaselens.whatif.calibrate import (
     load_deploy_mapping,
     write_calibration,
 )
-from phaselens.whatif.knobs import choose, grid, parse_sets
+from phaselens.whatif.knobs import choose, parse_sets
 from phaselens.whatif.render import errors_table, print_calibration, print_sweep, write_html
 from phaselens.whatif.sweep import sweep
 
@@ -86,7 +86,7 @@ def whatif_cmd(
     c = load_calibration(calib)
     engines = [str(e.get("name")) for e in c.deployment.get("engines") or [] if isinstance(e, dict)]
     knobs = parse_sets(sets, engines)
-    combos = choose(grid(knobs), max_runs, sample, seed) if knobs else []
+    combos = choose(knobs, max_runs, sample, seed) if knobs else []
     run = load_run(run_dir)
     result = sweep(run, c, combos, jobs=jobs, seed=seed, gpu_cost_per_hour=gpu_cost_per_hour)
     if output is not None or not as_json:

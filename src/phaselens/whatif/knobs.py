@@ -20,13 +20,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ValidationError
 
+from phaselens.bounds import limit
 from phaselens.errors import InputError
+from phaselens.fields import describe
+from phaselens.sim.deploy import MAX_GPUS, PolicyIn, ShareIn
 from phaselens.sim.hardware import GPUS
 from phaselens.types import Schedule
 from phaselens.whatif.replay import scale_load, set_burstiness
 
 MAX_GRID = 64  # combinations run without --max-runs
+MAX_RUNS = 10_000  # --max-runs / --sample ceiling (PHASELENS_LIMIT_WHATIF_RUNS raises it)
+MAX_VALUES = 1_000  # values of one --set knob
+MAX_PRODUCT = 2**62  # a grid larger than this cannot even be indexed for --sample
+LOAD_SCALE = (1e-3, 1e3)  # load.scale: 1000x slower or faster than measured
+MAX_BURSTINESS = 100.0  # load.burstiness: inter-arrival CV
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,54 +119,76 @@ def resolve_name(name: str, engines: Sequence[str]) -> tuple[str, str | None]:
 
 
 def parse_value(knob: Knob, raw: str, where: str) -> Any:
+    """One typed value of a knob, in the same bounds as the deployment file's field.
+
+    Why the deployment's own models: a knob that writes `share.sm_fraction` must accept exactly
+    what a deployment file accepts there (a fraction of 2 was taken here and refused there).
+    """
     v = raw.strip()
     try:
-        if knob.kind == "int":
-            x = int(v)
-            if x <= 0:
-                raise ValueError
-            return x
-        if knob.kind == "float":
-            f = float(v)
-            if not math.isfinite(f) or f <= 0:
-                raise ValueError
-            return f
-        if knob.kind == "bool":
-            low = v.lower()
-            if low in ("true", "yes", "on", "1"):
-                return True
-            if low in ("false", "no", "off", "0"):
-                return False
-            raise ValueError
-        if knob.kind == "choice":
-            if v not in knob.choices:
-                raise ValueError
-            return v
-        if knob.kind == "split":
-            if v.lower() in ("off", "none", "no"):
-                return "off"
-            p, _, d = v.partition(":")
-            if int(p) <= 0 or int(d) <= 0:
-                raise ValueError
-            return f"{int(p)}:{int(d)}"
-        if knob.kind == "burst":
-            if v.lower() == "measured":
-                return "measured"
-            f = float(v)
-            if not math.isfinite(f) or f < 0:
-                raise ValueError
-            return f
+        value = _typed(knob, v)
     except ValueError:
-        pass
-    expect = {
-        "int": "a positive integer",
-        "float": "a positive number",
+        value = None
+    if value is None:
+        raise InputError(f"--set {where}: {raw[:40]!r}: expected {_expect(knob)}")
+    group, _, field = knob.name.partition(".")
+    model = _MODELS.get(group)
+    if model is not None:
+        try:
+            model.model_validate({field: value})
+        except ValidationError as e:
+            raise InputError(f"--set {where}: {group}.{describe(e)}") from None
+    return value
+
+
+def _expect(knob: Knob) -> str:
+    if knob.kind == "float" and knob.name == "load.scale":
+        return f"a number from {LOAD_SCALE[0]:g} to {LOAD_SCALE[1]:g}"
+    if knob.kind == "choice":
+        return "one of " + ", ".join(knob.choices)
+    return {
+        "int": "an integer",
+        "float": "a finite number",
         "bool": "true or false",
-        "choice": "one of " + ", ".join(knob.choices),
-        "split": "off or P:D (GPUs in the prefill and decode pools, e.g. 1:1)",
-        "burst": "measured or a coefficient of variation >= 0",
+        "split": f"off or P:D (GPUs in the prefill and decode pools, 1 to {MAX_GPUS} each, "
+        "e.g. 1:1)",
+        "burst": f"measured or a coefficient of variation from 0 to {MAX_BURSTINESS:g}",
     }[knob.kind]
-    raise InputError(f"--set {where}: {raw!r}: expected {expect}")
+
+
+_MODELS: dict[str, type[BaseModel]] = {"policy": PolicyIn, "share": ShareIn}
+
+
+def _typed(knob: Knob, v: str) -> Any:
+    """The value, or None / ValueError when it is not one; global knobs bounded here,
+    policy/share knobs by the deployment's models (`parse_value`)."""
+    if knob.kind == "int":
+        return int(v)
+    if knob.kind == "float":
+        f = float(v)
+        if not math.isfinite(f):
+            return None
+        if knob.name == "load.scale" and not LOAD_SCALE[0] <= f <= LOAD_SCALE[1]:
+            return None
+        return f
+    if knob.kind == "bool":
+        low = v.lower()
+        return True if low in ("true", "yes", "on", "1") else False if low in _FALSE else None
+    if knob.kind == "choice":
+        return v if v in knob.choices else None
+    if knob.kind == "split":
+        if v.lower() in ("off", "none", "no"):
+            return "off"
+        p, _, d = v.partition(":")
+        ok = 1 <= int(p) <= MAX_GPUS and 1 <= int(d) <= MAX_GPUS
+        return f"{int(p)}:{int(d)}" if ok else None
+    if v.lower() == "measured":  # burst
+        return "measured"
+    f = float(v)
+    return f if math.isfinite(f) and 0 <= f <= MAX_BURSTINESS else None
+
+
+_FALSE = ("false", "no", "off", "0")
 
 
 def parse_sets(items: Sequence[str], engines: Sequence[str]) -> dict[str, list[Any]]:
@@ -172,7 +203,10 @@ def parse_sets(items: Sequence[str], engines: Sequence[str]) -> dict[str, list[A
             )
         base, engine = resolve_name(name, engines)
         key = f"engines.{engine}.{base}" if engine else base
-        vals = [parse_value(KNOBS[base], r, item) for r in raw.split(",")]
+        parts = raw.split(",", MAX_VALUES)
+        if len(parts) > MAX_VALUES:
+            raise InputError(f"--set {name}: more than {MAX_VALUES} values for one knob")
+        vals = [parse_value(KNOBS[base], r, item) for r in parts]
         dedup = list(dict.fromkeys(vals))
         if key in out:
             raise InputError(f"--set {item}: {key} is set twice")
@@ -181,32 +215,67 @@ def parse_sets(items: Sequence[str], engines: Sequence[str]) -> dict[str, list[A
 
 
 def grid(sets: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
-    """Every combination (the cartesian product), in a stable order."""
+    """Every combination (the cartesian product), in a stable order (small grids only: the
+    command goes through `choose`, which never builds a product it will not run)."""
     keys = list(sets)
     return [dict(zip(keys, vals, strict=True)) for vals in itertools.product(*sets.values())]
 
 
+def grid_size(sets: Mapping[str, Sequence[Any]]) -> int:
+    """Number of combinations, computed, not enumerated."""
+    return math.prod(len(v) for v in sets.values())
+
+
+def combo_at(sets: Mapping[str, Sequence[Any]], index: int) -> dict[str, Any]:
+    """The `index`-th combination in `grid` order (the last knob varies fastest)."""
+    out: dict[str, Any] = {}
+    for key in reversed(list(sets)):
+        vals = sets[key]
+        index, j = divmod(index, len(vals))
+        out[key] = vals[j]
+    return {k: out[k] for k in sets}
+
+
 def choose(
-    combos: list[dict[str, Any]], max_runs: int | None, sample: int | None, seed: int
+    sets: Mapping[str, Sequence[Any]], max_runs: int | None, sample: int | None, seed: int
 ) -> list[dict[str, Any]]:
-    """The combinations to run: all, or a seeded random sample; refuse an oversized grid."""
-    limit = max_runs if max_runs is not None else MAX_GRID
+    """The combinations to run: all, or a seeded random sample; refuse an oversized grid.
+
+    The grid's size is computed before anything is built: a 10^9-combination grid is refused
+    (or sampled) at once instead of being enumerated.
+    """
+    cap = limit("WHATIF_RUNS", MAX_RUNS)
+    if max_runs is not None and max_runs > cap:
+        raise InputError(
+            f"--max-runs {max_runs}: over the limit of {cap:,} simulations "
+            "(raise it with PHASELENS_LIMIT_WHATIF_RUNS=N)"
+        )
+    lim = max_runs if max_runs is not None else MAX_GRID
+    n = grid_size(sets)
     if sample is not None:
         if sample <= 0:
             raise InputError(f"--sample: must be > 0, got {sample}")
-        if sample > limit:
-            raise InputError(f"--sample {sample}: over the limit of {limit} runs; pass --max-runs")
-        if sample >= len(combos):
-            return combos
+        if sample > lim:
+            raise InputError(f"--sample {sample}: over the limit of {lim} runs; pass --max-runs")
+        if sample >= n:
+            return grid(sets)
+        if n > MAX_PRODUCT:
+            raise InputError(f"--set: the grid has {n:.3g} combinations, over 2^62: fewer values")
         rng = np.random.default_rng(seed)
-        pick = sorted(rng.choice(len(combos), size=sample, replace=False).tolist())
-        return [combos[i] for i in pick]
-    if len(combos) > limit:
+        pick = sorted(int(i) for i in rng.choice(n, size=sample, replace=False))
+        return [combo_at(sets, i) for i in pick]
+    if n > lim:
+        size = f"{n:,}" if n < 10**15 else f"{n:.3g}"
+        if n <= cap:
+            raise InputError(
+                f"--set: the grid has {size} combinations, over the limit of {lim}: pass "
+                f"--max-runs {n} to run them all, or --sample K for a random subset"
+            )
         raise InputError(
-            f"--set: the grid has {len(combos)} combinations, over the limit of {limit}: pass "
-            f"--max-runs {len(combos)} to run them all, or --sample K for a random subset"
+            f"--set: the grid has {size} combinations, more than the {cap:,} simulations "
+            "--max-runs allows: pass --sample K for a random subset, or give fewer values"
         )
-    return combos
+    return grid(sets)
 
 
 # ---- applying a combination --------------------------------------------------------------------
