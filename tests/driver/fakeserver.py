@@ -127,6 +127,11 @@ async def handle(request: web.Request) -> web.StreamResponse:
         "fault": fault,
     }
 
+    if fault == "echo":  # (not in FAULTS; the secrets test) a 401 that echoes what it got
+        h = request.headers
+        seen = f"auth={h.get('Authorization')} token={h.get('X-Custom-Token')}"
+        seen += f" url={request.path_qs}"
+        return web.json_response({"error": {"message": f"denied: {seen} {dict(h)}"}}, status=401)
     if fault in ("500body", "429body"):
         status = int(fault[:3])
         return web.json_response({"error": {"message": f"fault {fault}"}}, status=status)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from phaselens.cli import _parse_pairs, _parse_targets
-from phaselens.driver.runner import DriverOptions, check_targets, endpoint_url, redact_url
+from phaselens.driver.runner import DriverOptions, check_targets, endpoint_url
 from phaselens.errors import InputError
+from phaselens.redact import redact_url
 
 from .conftest import make_schedule
 
@@ -27,10 +28,14 @@ def test_endpoint_url(base: str, endpoint: str, want: str) -> None:
 
 
 def test_bad_urls_and_redaction() -> None:
-    for bad in ("ftp://h:1", "h:8000", "http://"):
-        with pytest.raises(InputError, match="expected http://HOST:PORT"):
+    for bad, why in (
+        ("ftp://h:1", "unsupported scheme 'ftp'"),
+        ("h:8000", "expected http"),
+        ("http://", "no host"),
+    ):
+        with pytest.raises(InputError, match=f"^--target: .*{why}"):
             endpoint_url(bad, "chat")
-    assert redact_url("http://user:secret@h:8000/v1") == "http://h:8000/v1"
+    assert redact_url("http://user:secret@h:8000/v1") == "http://user:***@h:8000/v1"
     assert redact_url("http://h:8000/v1") == "http://h:8000/v1"
     with pytest.raises(InputError) as e:
         endpoint_url("ftp://user:secret@h:1", "chat")

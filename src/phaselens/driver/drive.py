@@ -8,6 +8,7 @@ telemetry samples (which arrive from the sampler's thread) and records share one
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import queue
 import signal
@@ -15,7 +16,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,6 @@ from phaselens.driver.runner import (
     LiveStats,
     RunSummary,
     check_targets,
-    redact_url,
     relay_stop,
     resolve_loop,
     run_loop,
@@ -37,6 +37,7 @@ from phaselens.driver.runner import (
 )
 from phaselens.driver.selfcheck import Verdict, verdict
 from phaselens.errors import InputError
+from phaselens.redact import Secrets, redact_url
 from phaselens.store import RunWriter, clock_anchor, write_schedule
 from phaselens.telemetry.sampler import parse_spec as parse_telemetry
 from phaselens.telemetry.sampler import start_telemetry
@@ -145,6 +146,7 @@ def drive(
             f"--workers: {workers} workers for --concurrency {options.concurrency} users; "
             "give at most one worker per user"
         )
+    secrets = Secrets.of(targets.values(), options.headers, options.api_key)
     safe_targets = {m: redact_url(u) for m, u in targets.items()}
     label = (
         safe_targets["*"]
@@ -194,6 +196,7 @@ def drive(
         "invalid_reasons": [],
     }
     manifest.update(manifest_extra or {})
+    manifest = _scrub(manifest, secrets)
     if _telemetry_on(telemetry):
         parse_telemetry(telemetry, sorted(set(targets.values())))  # bad spec: fail before the run
     writer = RunWriter.create(out_root, name, manifest)
@@ -201,6 +204,10 @@ def drive(
     wt = _WriterThread(writer)
     stats = LiveStats()
     stop = threading.Event()
+
+    def record(r: RequestRecord) -> None:
+        wt.record(_scrub_record(r, secrets))
+
     state: dict[str, Any] = {"t0": 0, "tel": None}
     progress: Any = None
 
@@ -243,7 +250,9 @@ def drive(
         if workers == 1:
             lead_s = 1.0 if _telemetry_on(telemetry) else 0.05
             summary, _ = run_loop(
-                _single(schedule, targets, options, wt, on_start, stop, stats, lead_s, prompts),
+                _single(
+                    schedule, targets, options, record, wt, on_start, stop, stats, lead_s, prompts
+                ),
                 loop_kind,
             )
             summaries.append(summary)
@@ -257,7 +266,7 @@ def drive(
                     targets,
                     options,
                     workers,
-                    wt.records,
+                    lambda rs: wt.records([_scrub_record(r, secrets) for r in rs]),
                     on_start,
                     stop,
                     wt.samples,
@@ -265,11 +274,16 @@ def drive(
                     lead_s=1.0 if _telemetry_on(telemetry) else 0.1,
                 )
             except Exception as e:  # the run dir exists: close it, every request recorded
-                failure = f"{type(e).__name__}: {e}"
+                failure = secrets.text(f"{type(e).__name__}: {e}")
                 results = []
             for r in results:
                 worker_info.append(
-                    {"index": r.index, "pid": r.pid, "clock": dict(r.clock), "error": r.error}
+                    {
+                        "index": r.index,
+                        "pid": r.pid,
+                        "clock": dict(r.clock),
+                        "error": secrets.text(r.error),
+                    }
                 )
                 if r.summary is not None:
                     summaries.append(r.summary)
@@ -282,6 +296,7 @@ def drive(
                 tel_status = dict(state["tel"].stop())
             except Exception as e:
                 tel_status = {"sampler": f"unavailable: {type(e).__name__}: {e}"}
+            tel_status = _scrub(tel_status, secrets)
         tel_status["client"] = "ok"  # the driver's own series (source "client")
         if progress is not None:
             progress.stop()
@@ -362,10 +377,31 @@ def _seen_ids(wt: _WriterThread) -> set[int]:
     return set(wt.ids)
 
 
+def _scrub(obj: Any, secrets: Secrets) -> Any:
+    """`obj` (manifest JSON) with every string redacted: URLs by the URL rule, and every
+    known secret masked; keys too (telemetry sources are named by their URL)."""
+    if isinstance(obj, str):
+        return secrets.text(obj)
+    if isinstance(obj, Mapping):
+        return {secrets.text(str(k)): _scrub(v, secrets) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_scrub(v, secrets) for v in obj]
+    return obj
+
+
+def _scrub_record(r: RequestRecord, secrets: Secrets) -> RequestRecord:
+    """The record with its error text redacted (a server may echo credentials back)."""
+    if not r.error:
+        return r
+    safe = secrets.text(r.error)
+    return r if safe == r.error else dataclasses.replace(r, error=safe)
+
+
 async def _single(
     schedule: Schedule,
     targets: Mapping[str, str],
     options: DriverOptions,
+    record: Callable[[RequestRecord], None],
     wt: _WriterThread,
     on_start: Any,
     stop: threading.Event,
@@ -383,7 +419,7 @@ async def _single(
             schedule,
             targets,
             options,
-            wt.record,
+            record,
             run_start_perf_ns=t0,
             stop=ev,
             stats=stats,

@@ -42,6 +42,7 @@ from phaselens.driver.prompts import PromptMaker
 from phaselens.driver.selfcheck import LoopLagMonitor, cpu_seconds, raise_fd_limit
 from phaselens.errors import InputError
 from phaselens.types import RequestRecord, Schedule, Status, TelemetrySample
+from phaselens.urls import check_url
 
 RecordSink = Callable[[RequestRecord], None]
 _ERR_BODY_MAX = 4096
@@ -123,24 +124,13 @@ class DriverOptions:
 
 def endpoint_url(base: str, endpoint: Endpoint) -> str:
     """The full request URL: `base` plus the endpoint path unless `base` already has one."""
-    parts = urlsplit(base)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise InputError(f"--target: {redact_url(base)}: expected http://HOST:PORT[/path]")
+    parts = urlsplit(check_url(base, "--target"))
     path = parts.path.rstrip("/")
     if path.endswith(("/completions", "/chat/completions")):
         return base
     want = ENDPOINTS[endpoint]
     path = path + want[3:] if path.endswith("/v1") else path + want
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
-
-
-def redact_url(url: str) -> str:
-    """The URL without user:password (safe for manifests and messages)."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
 
 @dataclass(slots=True)
