@@ -97,14 +97,11 @@ def describe(
         msg = f"must be a finite number (got {got})"
     elif kind in _OPS:
         msg = f"must be {_OPS[kind]} {_bound(next(iter(ctx.values()), '?'))} (got {got})"
-    elif kind in ("too_long", "too_short"):
-        what = "characters" if isinstance(err.get("input"), str) else "items"
-        n = ctx.get("max_length" if kind == "too_long" else "min_length")
-        msg = f"{'at most' if kind == 'too_long' else 'at least'} {_bound(n)} {what} (got {got})"
-    elif kind in ("string_too_long", "string_too_short"):
-        n = ctx.get("max_length" if kind == "string_too_long" else "min_length")
-        most = "at most" if kind == "string_too_long" else "at least"
-        msg = f"{most} {_bound(n)} characters (got {got})"
+    elif kind in ("too_long", "too_short", "string_too_long", "string_too_short"):
+        n = ctx.get("max_length" if kind.endswith("long") else "min_length")
+        what = "character" if kind.startswith("string") else "item"
+        most = "at most" if kind.endswith("long") else "at least"
+        msg = f"expected {most} {_bound(n)} {what}{'' if n == 1 else 's'} (got {got})"
     elif kind == "value_error":
         msg = msg.removeprefix("Value error, ")
         m = _FIELD_PREFIX.match(msg)

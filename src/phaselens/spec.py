@@ -33,6 +33,7 @@ from pydantic import (
     model_validator,
 )
 
+from phaselens.bounds import limit
 from phaselens.errors import InputError
 from phaselens.fields import (
     INT64,
@@ -48,11 +49,13 @@ from phaselens.fields import (
 )
 from phaselens.yamlio import clip, load_yaml, parse_yaml
 
-MAX_MODELS = 100  # models in one spec
-MAX_STAGES = 1000  # stages (or ramp steps) in one spec
-MAX_DURATION_S = 30 * 86_400.0  # any window: duration_s, a stage, all stages, a scaled trace
+# Limits on what a spec may ask for; each can be raised with PHASELENS_LIMIT_<NAME> (bounds.py).
+MAX_MODELS = limit("MODELS", 100)  # models in one spec (and model labels split from a trace)
+MAX_STAGES = limit("STAGES", 1000)  # stages (or ramp steps) in one spec
+MAX_DURATION_S = float(limit("WINDOW_S", 30 * 86_400))  # any window: duration_s, all stages,
+# a scaled trace, a trace's own span (30 days)
 MAX_RATE = 1e9  # requests/s of one model
-MAX_REQUESTS = 50_000_000  # requests in one plan (estimated before drawing, counted after)
+MAX_REQUESTS = limit("REQUESTS", 50_000_000)  # requests in one plan (estimated, then counted)
 
 Seconds = Annotated[float, Field(gt=0, le=MAX_DURATION_S, allow_inf_nan=False)]
 Rate = Annotated[float, Field(gt=0, le=MAX_RATE, allow_inf_nan=False)]

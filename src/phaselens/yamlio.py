@@ -24,12 +24,14 @@ import yaml
 from yaml.events import AliasEvent
 from yaml.nodes import Node
 
+from phaselens.bounds import limit
 from phaselens.errors import InputError
 
-MAX_FILE_BYTES = 16 * 1024 * 1024  # YAML and config.json files (traces are streamed)
-MAX_DEPTH = 64  # nested mappings/lists (YAML and JSON)
-MAX_ALIASES = 100  # YAML `*name` references in one document
-MAX_NODES = 1_000_000  # YAML nodes of one document with every alias expanded
+# Each can be raised with PHASELENS_LIMIT_<NAME> (bounds.py): YAML_BYTES, DEPTH, ALIASES, NODES.
+MAX_FILE_BYTES = limit("YAML_BYTES", 16 * 1024 * 1024)  # YAML and config.json (traces stream)
+MAX_DEPTH = limit("DEPTH", 64)  # nested mappings/lists (YAML and JSON)
+MAX_ALIASES = limit("ALIASES", 100)  # YAML `*name` references in one document
+MAX_NODES = limit("NODES", 1_000_000)  # YAML nodes of one document, every alias expanded
 MAX_SHOWN = 200  # characters of input a message may quote
 MAX_INT_DIGITS = 19  # JSON integers: int64 at most
 

@@ -417,7 +417,15 @@ def test_any_staged_plan_is_sorted_and_stage_consistent(
         f"seed={seed}",
         f"stages=[{stages}]",
     )
-    s = plan(*sets)
+    if all(x == 0 for x in scales):
+        with pytest.raises(InputError, match="the spec plans no requests"):
+            plan(*sets)
+        return
+    try:
+        s = plan(*sets)
+    except InputError as e:  # a short window at a low rate may draw nothing at all
+        assert "the spec plans no requests" in str(e)
+        return
     assert np.all(np.diff(s.t_ns) >= 0)
     assert len(s.stages) == len(scales) and s.duration_ns == s.stages[-1].t_end_ns
     starts = np.array([stage.t_start_ns for stage in s.stages])

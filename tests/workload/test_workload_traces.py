@@ -141,7 +141,7 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
             "neg.csv",
             "Timestamp,Model,Request tokens,Response tokens\n1,A,5,3\n2,A,-4,3\n",
             (),
-            r"neg\.csv: line 3: input_tokens: expected >= 0, got -4",
+            r"neg\.csv: line 3: input_tokens: expected 0 to 10,000,000, got -4",
         ),
         (
             "bad.jsonl",

@@ -3,28 +3,41 @@
 Why pydantic only here: the YAML is user input and every mistake must become one line naming the
 field (`InputError`). Inside the simulator the resolved deployment is plain frozen dataclasses.
 Memory is checked before simulating: each engine's weights, reserve and a minimal KV cache must
-fit its share of every GPU it uses, or the error says by how much it does not.
+fit its share of every GPU it uses, or the error says by how much it does not. The file is read
+by `yamlio` (bounded, UTF-8); every number is finite and bounded, and a deployment holds at most
+`MAX_GPUS` GPUs and `MAX_ENGINES` engines (prefill and decode engines of a P/D split included).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from phaselens.bounds import limit
 from phaselens.errors import InputError
+from phaselens.fields import MAX_TOKENS, Fraction, Int32, Name, describe
 from phaselens.sim.cost import CostParams
 from phaselens.sim.hardware import GPUS, GPUSpec
 from phaselens.sim.models import MODELS, ModelSpec, resolve_model
+from phaselens.yamlio import clip, load_yaml
 
 MIN_KV_TOKENS = (
     4096  # an engine whose KV cache holds fewer tokens is refused (unless max_model_len)
 )
+MAX_GPUS = limit("GPUS", 1024)  # GPUs in one deployment (PHASELENS_LIMIT_GPUS raises it)
+MAX_ENGINES = limit("ENGINES", 256)  # engines in one deployment (PHASELENS_LIMIT_ENGINES)
+MAX_SERVES = 100  # spec models one engine serves
+
+Hw = Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]  # TFLOPS, GB/s, ...
+Count = Annotated[int, Field(gt=0, le=10_000_000)]
+Ms = Annotated[float, Field(ge=0, le=1e7, allow_inf_nan=False)]
+ElemBytes = Annotated[float, Field(ge=0.1, le=8, allow_inf_nan=False)]
+CostValue = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
 
 
 class _Strict(BaseModel):
@@ -32,53 +45,53 @@ class _Strict(BaseModel):
 
 
 class GpuIn(_Strict):
-    name: str
-    type: str | None = None
-    tflops: float | None = Field(default=None, gt=0)
-    bandwidth_gbs: float | None = Field(default=None, gt=0)
-    memory_gb: float | None = Field(default=None, gt=0)
-    link_gbs: float | None = Field(default=None, gt=0)
+    name: Name
+    type: str | None = Field(default=None, max_length=100)
+    tflops: Hw | None = None
+    bandwidth_gbs: Hw | None = None
+    memory_gb: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
+    link_gbs: Hw | None = None
 
 
 class ShareIn(_Strict):
     mode: Literal["time_slice", "spatial"] = "time_slice"
-    sm_fraction: float | None = Field(default=None, gt=0, le=1)
-    memory_fraction: float | None = Field(default=None, gt=0, le=1)
-    priority: int = 0  # time_slice: a lower value gets the GPU first; equal values take turns
+    sm_fraction: Fraction | None = None
+    memory_fraction: Fraction | None = None
+    priority: Int32 = 0  # time_slice: a lower value gets the GPU first; equal values take turns
 
 
 class PolicyIn(_Strict):
     type: Literal["continuous", "dynamic", "static"] = "continuous"
-    max_num_seqs: int = Field(default=256, gt=0)
-    max_num_batched_tokens: int = Field(default=2048, gt=0)
+    max_num_seqs: Count = 256
+    max_num_batched_tokens: Count = 2048
     chunked_prefill: bool = True
     scheduling: Literal["fcfs", "priority", "short_first"] = "fcfs"
     prefix_cache: bool = True
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    max_model_len: int | None = Field(default=None, gt=0)
-    block_size: int = Field(default=16, gt=0)
-    max_wait_tokens: int = Field(default=512, gt=0)  # dynamic
-    max_wait_ms: float = Field(default=20.0, ge=0)  # dynamic / static
-    max_batch_size: int = Field(default=64, gt=0)  # dynamic
-    batch_size: int = Field(default=8, gt=0)  # static
+    gpu_memory_utilization: Fraction = 0.9
+    max_model_len: Annotated[int, Field(gt=0, le=MAX_TOKENS)] | None = None
+    block_size: Annotated[int, Field(gt=0, le=65_536)] = 16
+    max_wait_tokens: Count = 512  # dynamic
+    max_wait_ms: Ms = 20.0  # dynamic / static
+    max_batch_size: Count = 64  # dynamic
+    batch_size: Count = 8  # static
 
 
 class QuantIn(_Strict):
-    weight_bytes: float | None = Field(default=None, gt=0)
-    kv_bytes: float | None = Field(default=None, gt=0)
+    weight_bytes: ElemBytes | None = None
+    kv_bytes: ElemBytes | None = None
 
 
 class HandoffIn(_Strict):
-    to: str
-    link_gbs: float = Field(default=50.0, gt=0)
-    latency_ms: float = Field(default=0.05, ge=0)
+    to: Name
+    link_gbs: Hw = 50.0
+    latency_ms: Ms = 0.05
 
 
 class EngineIn(_Strict):
-    name: str
-    model: str
-    serves: list[str] = Field(default_factory=list)
-    gpus: list[str] = Field(min_length=1)
+    name: Name
+    model: str = Field(min_length=1, max_length=4096)  # a catalog id or a config.json path
+    serves: list[Name] = Field(default_factory=list, max_length=MAX_SERVES)
+    gpus: list[Name] = Field(min_length=1, max_length=MAX_GPUS)
     share: ShareIn = Field(default_factory=ShareIn)
     policy: PolicyIn = Field(default_factory=PolicyIn)
     quant: QuantIn | None = None
@@ -87,9 +100,9 @@ class EngineIn(_Strict):
 
 
 class DeploymentIn(_Strict):
-    gpus: list[GpuIn] = Field(min_length=1)
-    engines: list[EngineIn] = Field(min_length=1)
-    cost: dict[str, float] = Field(default_factory=dict)
+    gpus: list[GpuIn] = Field(min_length=1, max_length=MAX_GPUS)
+    engines: list[EngineIn] = Field(min_length=1, max_length=MAX_ENGINES)
+    cost: dict[str, CostValue] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,12 +202,6 @@ class Deployment:
         return {"gpus": gpus, "engines": engines}
 
 
-def _loc(err: Mapping[str, Any]) -> str:
-    return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in err["loc"]).replace(
-        ".[", "["
-    )
-
-
 def parse_deployment(data: Any, source: str) -> Deployment:
     """Validate a deployment mapping (already loaded from YAML) and resolve it."""
     if not isinstance(data, dict):
@@ -202,23 +209,14 @@ def parse_deployment(data: Any, source: str) -> Deployment:
     try:
         d = DeploymentIn.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        raise InputError(f"{source}: {_loc(err)}: {err['msg']}") from None
+        raise InputError(f"{source}: {describe(e)}") from None
     return _resolve(d, source)
 
 
 def load_deployment(path: Path | str) -> Deployment:
     """Read and validate a deployment YAML file."""
     p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{p}: deployment file not found")
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f"line {mark.line + 1}" if mark is not None else "?"
-        raise InputError(f"{p}: {line}: invalid YAML") from None
-    return parse_deployment(data, str(p))
+    return parse_deployment(load_yaml(p, "deployment"), str(p))
 
 
 def _resolve_gpu(g: GpuIn, i: int, source: str) -> Gpu:
@@ -226,7 +224,8 @@ def _resolve_gpu(g: GpuIn, i: int, source: str) -> Gpu:
         base = GPUS.get(g.type)
         if base is None:
             raise InputError(
-                f"{source}: gpus[{i}].type: unknown GPU {g.type!r} (catalog: {', '.join(GPUS)})"
+                f"{source}: gpus[{i}].type: unknown GPU {clip(g.type, 60)!r} "
+                f"(catalog: {', '.join(GPUS)})"
             )
         spec = GPUSpec(
             base.type,
@@ -250,8 +249,11 @@ def _resolve(d: DeploymentIn, source: str) -> Deployment:
         raise InputError(f"{source}: gpus: GPU names must be unique, got {names}")
     bad_cost = sorted(set(d.cost) - {f.name for f in fields(CostParams)})
     if bad_cost:
-        raise InputError(f"{source}: cost.{bad_cost[0]}: not a CostParams field")
+        raise InputError(f"{source}: cost.{clip(bad_cost[0], 60)}: not a CostParams field")
     cost = CostParams(**d.cost)
+    zero = [k for k in ("eta_linear", "eta_attention", "eta_memory") if getattr(cost, k) <= 0]
+    if zero:
+        raise InputError(f"{source}: cost.{zero[0]}: must be > 0 (an efficiency)")
     enames = [e.name for e in d.engines]
     if len(set(enames)) != len(enames):
         raise InputError(f"{source}: engines: engine names must be unique, got {enames}")

@@ -3,16 +3,21 @@
 Why the shape fields and not a parameter count: FLOPs, weight bytes and KV bytes all follow from
 layers, hidden size, heads, KV heads, head dim, MLP width and vocab (notes/simulator.md). The
 head dim is read from the config, never derived, because models like Qwen3 break d/h.
+A config.json is user input: it is read by `yamlio` (UTF-8 text, at most 16 MiB, 64-bit ints,
+finite numbers, bounded nesting) and each shape field must be an integer in 1..MAX_SHAPE.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from phaselens.errors import InputError
+from phaselens.fields import MAX_NAME
+from phaselens.yamlio import clip, loads_json, read_text, show
+
+MAX_SHAPE = 10_000_000  # layers, widths, heads, vocab of a config.json
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +88,14 @@ _DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0, "float8": 1.0, 
 
 def _int_field(cfg: dict[str, Any], path: str, key: str) -> int:
     v = cfg.get(key)
-    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-        raise InputError(f"{path}: {key}: expected a positive integer, got {v!r}")
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= MAX_SHAPE:
+        raise InputError(f"{path}: {key}: expected an integer in 1..{MAX_SHAPE:,}, got {show(v)}")
     return v
+
+
+def _name(v: object) -> str:
+    """A printable name of at most MAX_NAME characters from whatever the config holds."""
+    return clip("".join(c if c.isprintable() else "?" for c in str(v)[: MAX_NAME * 2]), MAX_NAME)
 
 
 def read_hf_config(path: Path | str) -> ModelSpec:
@@ -95,10 +105,7 @@ def read_hf_config(path: Path | str) -> ModelSpec:
         p = p / "config.json"
     if not p.is_file():
         raise InputError(f"{p}: model config not found (expected a catalog id or config.json)")
-    try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise InputError(f"{p}: line {e.lineno}: invalid JSON ({e.msg})") from None
+    cfg = loads_json(read_text(p, "model config"), str(p))
     if not isinstance(cfg, dict):
         raise InputError(f"{p}: expected a JSON object")
     hidden = _int_field(cfg, str(p), "hidden_size")
@@ -107,7 +114,7 @@ def read_hf_config(path: Path | str) -> ModelSpec:
     head_dim = cfg.get("head_dim") or hidden // heads
     dtype = str(cfg.get("torch_dtype", "bfloat16"))
     spec = ModelSpec(
-        name=str(cfg.get("_name_or_path") or p.parent.name or p.stem),
+        name=_name(cfg.get("_name_or_path") or p.parent.name or p.stem),
         layers=_int_field(cfg, str(p), "num_hidden_layers"),
         hidden=hidden,
         heads=heads,
@@ -126,6 +133,8 @@ def resolve_model(ref: str, where: str) -> ModelSpec:
     """A catalog id, or a path to a config.json (or its directory)."""
     if ref in MODELS:
         return MODELS[ref]
-    if "/" in ref or ref.endswith(".json") or Path(ref).exists():
+    if "\x00" not in ref and ("/" in ref or ref.endswith(".json") or Path(ref).exists()):
         return read_hf_config(ref)
-    raise InputError(f"{where}: unknown model {ref!r} (catalog: {', '.join(MODELS)}; or a path)")
+    raise InputError(
+        f"{where}: unknown model {clip(ref, 80)!r} (catalog: {', '.join(MODELS)}; or a path)"
+    )

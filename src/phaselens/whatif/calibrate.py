@@ -25,15 +25,17 @@ import datetime as _dt
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import polars as pl
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from phaselens.errors import InputError
+from phaselens.fields import describe
 from phaselens.sim.cost import CostParams
-from phaselens.sim.deploy import Deployment, parse_deployment
+from phaselens.sim.deploy import CostValue, Deployment, parse_deployment
 from phaselens.store import Run
 from phaselens.types import Schedule
 from phaselens.whatif.basis import (
@@ -61,6 +63,7 @@ from phaselens.whatif.predict import (
     with_kv,
 )
 from phaselens.whatif.replay import schedule_from_run
+from phaselens.yamlio import clip, load_yaml
 
 MIN_OK = 20  # fewer successful requests: nothing trustworthy to fit
 MIN_ISOLATED = 8  # lone requests needed for the exact light-load equations
@@ -138,52 +141,73 @@ def write_calibration(c: Calibration, path: Path | str) -> Path:
     return p
 
 
+Overhead = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
+KvTokens = Annotated[int, Field(ge=1, le=2**53)]
+SloMs = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
+
+
+class _CalibIn(BaseModel):
+    """What `whatif` computes with from a calib.yaml: typed, finite and bounded at load."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    format: int
+    deployment: dict[str, Any]
+    cost: dict[str, CostValue] = Field(default_factory=dict)
+    request_overhead_s: Overhead = 0.0
+    kv_capacity_tokens: dict[str, KvTokens] = Field(default_factory=dict)
+    identified: dict[str, bool] = Field(default_factory=dict)
+    slo: dict[str, dict[str, SloMs]] = Field(default_factory=dict)
+    run: str = ""
+    method: str = ""
+    deployment_source: str = ""
+    fit: dict[str, Any] = Field(default_factory=dict)
+    errors: dict[str, Any] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+
+
 def load_calibration(path: Path | str) -> Calibration:
-    """Read a calib.yaml written by `calibrate` (one clear line when it is not one)."""
+    """Read a calib.yaml written by `calibrate` (one clear line when it is not one).
+
+    Everything is validated here, the deployment and its fitted constants included, so a
+    tampered file fails at load naming the field, not later inside a replay.
+    """
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise InputError(f"{p}: calibration file not found (write one with `phaselens calibrate`)")
-    try:
-        d = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError:
-        raise InputError(f"{p}: invalid YAML") from None
+    d = load_yaml(p, "calibration")
     if not isinstance(d, dict) or d.get("format") != FORMAT or "deployment" not in d:
         raise InputError(f"{p}: not a phaselens calibration (format {FORMAT} with a deployment)")
-    cost_d = d.get("cost") or {}
-    names = {f.name for f in fields(CostParams)}
-    bad = sorted(set(cost_d) - names)
-    if bad:
-        raise InputError(f"{p}: cost.{bad[0]}: not a CostParams field")
     try:
-        cost = CostParams(**{k: float(v) for k, v in cost_d.items()})
-        return Calibration(
-            run=str(d.get("run", "")),
-            deployment=d["deployment"],
-            deployment_source=str(d.get("deployment_source", str(p))),
-            cost=cost,
-            request_overhead_s=float(d.get("request_overhead_s", 0.0)),
-            method=str(d.get("method", "")),
-            identified=dict(d.get("identified") or {}),
-            fit=dict(d.get("fit") or {}),
-            errors=dict(d.get("errors") or {}),
-            slo=dict(d.get("slo") or {}),
-            kv_capacity_tokens={
-                str(k): int(v) for k, v in (d.get("kv_capacity_tokens") or {}).items()
-            },
-            notes=tuple(str(n) for n in d.get("notes") or ()),
-        )
-    except (TypeError, ValueError) as e:
-        raise InputError(f"{p}: malformed calibration ({e})") from None
+        c = _CalibIn.model_validate({k: v for k, v in d.items() if v is not None})
+    except ValidationError as e:
+        raise InputError(f"{p}: {describe(e)}") from None
+    names = {f.name for f in fields(CostParams)}
+    bad = sorted(set(c.cost) - names)
+    if bad:
+        raise InputError(f"{p}: cost.{clip(bad[0], 60)}: not a CostParams field")
+    cost = CostParams(**c.cost)
+    # the deployment with the fitted constants, validated now: one line naming the field
+    parse_deployment(with_cost(c.deployment, cost), f"{p}: deployment")
+    return Calibration(
+        run=c.run,
+        deployment=c.deployment,
+        deployment_source=c.deployment_source or str(p),
+        cost=cost,
+        request_overhead_s=c.request_overhead_s,
+        method=c.method,
+        identified=c.identified,
+        fit=c.fit,
+        errors=c.errors,
+        slo=c.slo,
+        kv_capacity_tokens=c.kv_capacity_tokens,
+        notes=tuple(c.notes),
+    )
 
 
 def load_deploy_mapping(path: Path | str) -> dict[str, Any]:
     p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{p}: deployment file not found")
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError:
-        raise InputError(f"{p}: invalid YAML") from None
+    data = load_yaml(p, "deployment")
     if not isinstance(data, dict):
         raise InputError(f"{p}: expected a mapping with `gpus` and `engines`")
     parse_deployment(data, str(p))  # validate now: one line naming the field

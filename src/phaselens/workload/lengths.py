@@ -2,9 +2,9 @@
 
 Why: load behaviour depends on the length mix (long prompts stress prefill, long outputs keep
 decode batches alive), so each model draws its own lengths from its own random stream. Every
-distribution draws floats, then clips to its optional [min, max], rounds to the nearest integer
-and floors at 1 token (a request needs at least one token each way). Clipping piles the clipped
-mass onto the bounds; it does not resample.
+distribution draws floats, then clips to its optional [min, max], rounds to the nearest integer,
+floors at 1 token (a request needs at least one token each way) and caps at `MAX_TOKENS`.
+Clipping piles the clipped mass onto the bounds; it does not resample.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
+from phaselens.fields import MAX_TOKENS
 from phaselens.spec import (
     EmpiricalLength,
     FixedLength,
@@ -90,8 +91,12 @@ SAMPLERS: dict[str, Sampler] = {
 
 
 def sample_lengths(d: LengthDist, n: int, rng: np.random.Generator) -> I64:
-    """n token counts from `d`: drawn, clipped to [min, max], rounded, at least 1."""
+    """n token counts from `d`: drawn, clipped to [min, max], rounded, in [1, MAX_TOKENS].
+
+    The upper cap keeps a long lognormal tail (sigma up to 10) inside int64 and inside what any
+    server accepts; it only bites far beyond real context lengths.
+    """
     x = SAMPLERS[d.type](d, n, rng)
     if d.min is not None or d.max is not None:
         x = np.clip(x, d.min, d.max)
-    return np.maximum(np.rint(x), 1).astype(np.int64)
+    return np.clip(np.rint(x), 1, MAX_TOKENS).astype(np.int64)

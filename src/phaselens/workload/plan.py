@@ -24,8 +24,17 @@ import numpy.typing as npt
 import polars as pl
 from rich.table import Table
 
+from phaselens.bounds import limit
 from phaselens.errors import InputError
-from phaselens.spec import ModelSpec, TraceArrival, WorkloadSpec
+from phaselens.spec import (
+    MAX_DURATION_S,
+    MAX_MODELS,
+    MAX_REQUESTS,
+    ModelSpec,
+    OnOffArrival,
+    TraceArrival,
+    WorkloadSpec,
+)
 from phaselens.types import Schedule, StageInfo
 from phaselens.workload.arrivals import arrival_times
 from phaselens.workload.lengths import sample_lengths
@@ -35,7 +44,7 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
 
-MAX_REQUESTS = 50_000_000
+MAX_SOJOURNS = limit("SOJOURNS", 10_000_000)  # onoff burst/quiet periods over the window
 BYTES_PER_REQUEST = 60  # t_ns, lengths, prefix (8 B each) + model, stage, group, priority (4 B)
 STREAMS = ("arrival", "input", "output", "prefix", "thin")
 PERCENTILES = (50, 90, 99)
@@ -83,8 +92,30 @@ def _check_size(spec: WorkloadSpec, n: int, field: str) -> None:
         raise InputError(
             f"{spec.source}: {field}: the plan would hold about {n:,} requests (~{gb:.1f} GB at "
             f"~{BYTES_PER_REQUEST} bytes/request); the limit is {MAX_REQUESTS:,}: shorten the "
-            "run or lower the rates"
+            "run or lower the rates (or raise PHASELENS_LIMIT_REQUESTS)"
         )
+
+
+def _check_window(spec: WorkloadSpec, horizon_s: float) -> None:
+    """Refuse windows past the limit, and onoff sojourns too short for the window, up front."""
+    if horizon_s > MAX_DURATION_S + 1.0:  # (a trace's end may sit a hair past the limit)
+        rate = sum(m.rate or 0.0 for m in spec.models if not m.is_trace)
+        raise InputError(
+            f"{spec.source}: requests: {spec.requests or 0:,} requests at {rate:g} req/s need "
+            f"about {horizon_s:,.0f} s; limit {MAX_DURATION_S:,.0f} s (PHASELENS_LIMIT_WINDOW_S): "
+            "raise the rates"
+        )
+    for i, m in enumerate(spec.models):
+        a = m.arrival
+        if isinstance(a, OnOffArrival):
+            n = 2.0 * horizon_s / (a.burst_s + a.quiet_s)
+            if n > MAX_SOJOURNS:
+                raise InputError(
+                    f"{spec.source}: models[{i}].arrival: burst_s + quiet_s = "
+                    f"{a.burst_s + a.quiet_s:g} s over a {horizon_s:,.0f} s window means about "
+                    f"{n:,.0f} burst and quiet periods; limit {MAX_SOJOURNS:,} "
+                    "(PHASELENS_LIMIT_SOJOURNS=N raises it)"
+                )
 
 
 # ---------------------------------------------------------------- per model
@@ -150,6 +181,13 @@ def _trace_times(spec: WorkloadSpec, i: int, m: ModelSpec, tr: Trace) -> Trace:
         factor = ((t.size - 1) / span) / target
     else:
         factor = a.time_scale
+    span_s = float(t[-1]) * factor
+    if span_s > MAX_DURATION_S:
+        what = "rate" if target is not None else "time_scale"
+        raise InputError(
+            f"{spec.source}: models[{i}].arrival.{what}: the scaled trace spans "
+            f"{span_s / 86_400:,.1f} days; limit {MAX_DURATION_S / 86_400:.0f} days"
+        )
     return Trace(
         tr.path,
         tr.format,
@@ -213,6 +251,11 @@ def _traced(
             )
         sel = idx == labels.index(a.model)
         groups: list[tuple[str, npt.NDArray[np.bool_]]] = [(m.name, sel)]
+    elif idx is not None and len(labels) > MAX_MODELS:
+        raise InputError(
+            f"{spec.source}: models[{i}].arrival.model: trace {tr.path} names {len(labels):,} "
+            f"models; limit {MAX_MODELS} (pick one with arrival.model)"
+        )
     elif idx is not None and len(labels) > 1:
         groups = [(f"{m.name}/{lab}", idx == k) for k, lab in enumerate(labels)]
     else:
@@ -273,6 +316,7 @@ def build_schedule(spec: WorkloadSpec) -> Schedule:
     _check_size(spec, estimate_requests(spec) + sum(len(t) for t in traces.values()), field)
 
     horizon = _horizon(spec, traces)
+    _check_window(spec, horizon)
     open_ended = spec.requests is not None and not spec.stages and spec.duration_s is None
     has_synthetic = any(not m.is_trace for m in spec.models)
     while True:
@@ -281,6 +325,12 @@ def build_schedule(spec: WorkloadSpec) -> Schedule:
         if not open_ended or not has_synthetic or total > (spec.requests or 0):
             break
         horizon *= 2.0  # too few arrivals for `requests`: plan again over a longer window
+        _check_window(spec, horizon)
+    if total == 0:
+        raise InputError(
+            f"{spec.source}: the spec plans no requests (the rates and durations give none, "
+            "or every trace row was cut); raise duration_s or the rates"
+        )
     return _merge(spec, parts, windows)
 
 

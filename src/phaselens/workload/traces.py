@@ -6,12 +6,14 @@ offsets, lengths, an optional model label and optional prefix sharing; everythin
 specific (datetime strings, milliseconds, hash-id blocks, failed rows) stays here. Bad cells are
 reported with file and line number; rows out of time order are sorted with a `TraceWarning`
 (real logs merged from several frontends are rarely perfectly ordered, and replay is defined
-by the timestamps, not by row order).
+by the timestamps, not by row order). A file is checked to be UTF-8 text before it is parsed,
+JSON lines go through `yamlio.loads_json` (64-bit ints, finite numbers, bounded nesting),
+lengths must be at most `MAX_TOKENS`, and a trace spanning more than 30 days is refused: that
+is almost always millisecond timestamps read as seconds.
 """
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections import Counter
 from collections.abc import Mapping
@@ -24,7 +26,9 @@ import numpy.typing as npt
 import polars as pl
 
 from phaselens.errors import InputError
-from phaselens.spec import TIME_UNITS
+from phaselens.fields import MAX_NAME, MAX_TOKENS
+from phaselens.spec import MAX_DURATION_S, TIME_UNITS
+from phaselens.yamlio import check_text_file, clip, loads_json, show
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -99,25 +103,24 @@ class Trace:
         )
 
 
-def _first_line(path: Path) -> str:
+def _first_line(path: Path) -> tuple[int, str]:
+    """(line number, text) of the first non-blank line; the file was checked to be text."""
     try:
         with open(path, encoding="utf-8") as f:
-            for line in f:
+            for n, line in enumerate(f, start=1):
                 if line.strip():
-                    return line.strip()
+                    return n, line.strip()
     except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: cannot read ({e})") from None
+        raise InputError(f"{path}: cannot read ({clip(str(e), 120)})") from None
     raise InputError(f"{path}: empty trace (no header and no requests)")
 
 
 def detect_format(path: Path) -> str:
     """azure, burstgpt or mooncake from the header / first object; else csv or jsonl."""
-    first = _first_line(path)
+    n, first = _first_line(path)
     if first.startswith("{"):
-        try:
-            keys = set(json.loads(first))
-        except (json.JSONDecodeError, TypeError):
-            raise InputError(f"{path}: line 1: invalid JSON") from None
+        obj = loads_json(first, str(path), n)
+        keys = set(obj) if isinstance(obj, dict) else set()
         return "mooncake" if {"timestamp", "input_length", "output_length"} <= keys else "jsonl"
     header = {h.strip().strip('"') for h in first.split(",")}
     if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= header:
@@ -135,6 +138,7 @@ def read_trace(
 ) -> Trace:
     """Read a trace; `columns` (field -> column) overrides or completes the format's mapping."""
     p = Path(path)
+    check_text_file(p)
     fmt = detect_format(p) if format == "auto" else format
     if fmt not in FORMATS:
         raise InputError(f"{p}: unknown trace format {fmt!r}")
@@ -144,10 +148,11 @@ def read_trace(
             f"{p}: cannot tell the trace format from its header; give arrival.format "
             "(azure, mooncake, burstgpt, csv, jsonl) and arrival.columns (at least timestamp)"
         )
-    unit = TIME_UNITS[time_unit or DEFAULT_UNIT[fmt]]
-    is_jsonl = fmt in ("mooncake", "jsonl") or _first_line(p).startswith("{")
+    unit_name = time_unit or DEFAULT_UNIT[fmt]
+    unit = TIME_UNITS[unit_name]
+    is_jsonl = fmt in ("mooncake", "jsonl") or _first_line(p)[1].startswith("{")
     raw = _read_jsonl(p, cols, unit) if is_jsonl else _read_csv(p, fmt, cols, unit)
-    return _finish(p, fmt, raw)
+    return _finish(p, fmt, raw, unit_name if fmt != "azure" else "")
 
 
 # ---------------------------------------------------------------- CSV
@@ -156,8 +161,8 @@ def _read_csv_frame(p: Path) -> pl.DataFrame:
         df = pl.read_csv(p, infer_schema=False, truncate_ragged_lines=False)
     except pl.exceptions.NoDataError:
         raise InputError(f"{p}: empty trace (no header and no requests)") from None
-    except (pl.exceptions.ComputeError, OSError) as e:
-        raise InputError(f"{p}: not a readable CSV ({str(e).splitlines()[0]})") from None
+    except (pl.exceptions.PolarsError, OSError) as e:
+        raise InputError(f"{p}: not a readable CSV ({clip(str(e).splitlines()[0], 120)})") from None
     if df.height == 0:
         raise InputError(f"{p}: empty trace (a header but no requests)")
     return df
@@ -165,9 +170,8 @@ def _read_csv_frame(p: Path) -> pl.DataFrame:
 
 def _need(p: Path, df: pl.DataFrame, col: str, field: str) -> pl.Series:
     if col not in df.columns:
-        raise InputError(
-            f"{p}: line 1: missing column {col!r} for {field} (header: {', '.join(df.columns)})"
-        )
+        header = clip(", ".join(df.columns), 120)
+        raise InputError(f"{p}: line 1: missing column {clip(col, 60)!r} for {field} ({header})")
     return df[col]
 
 
@@ -175,7 +179,10 @@ def _bad_cell(p: Path, s: pl.Series, ok: pl.Series, what: str, line0: int = 2) -
     bad = (~ok.fill_null(False)).arg_true()
     if bad.len():
         i = int(bad[0])
-        raise InputError(f"{p}: line {i + line0}: column {s.name!r}: expected {what}, got {s[i]!r}")
+        raise InputError(
+            f"{p}: line {i + line0}: column {clip(s.name, 60)!r}: expected {what}, "
+            f"got {clip(repr(s[i]), 60)}"
+        )
 
 
 def _numeric(p: Path, s: pl.Series) -> F64:
@@ -216,11 +223,11 @@ def _read_csv(p: Path, fmt: str, cols: Mapping[str, str], unit: float) -> dict[s
 # ---------------------------------------------------------------- JSONL
 def _num(p: Path, line: int, obj: Mapping[str, Any], key: str) -> float:
     if key not in obj:
-        raise InputError(f"{p}: line {line}: missing key {key!r}")
+        raise InputError(f"{p}: line {line}: missing key {clip(key, 60)!r}")
     v = obj[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
-        raise InputError(f"{p}: line {line}: {key!r}: expected a number, got {v!r}")
-    return float(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise InputError(f"{p}: line {line}: {clip(key, 60)!r}: expected a number, got {show(v)}")
+    return float(v)  # finite: loads_json refuses NaN, inf and ints past 64 bits
 
 
 def _read_jsonl(p: Path, cols: Mapping[str, str], unit: float) -> dict[str, Any]:
@@ -234,13 +241,10 @@ def _read_jsonl(p: Path, cols: Mapping[str, str], unit: float) -> dict[str, Any]
     except OSError as e:
         raise InputError(f"{p}: cannot read ({e})") from None
     with f:
-        for n, line in enumerate(f, start=1):
+        for n, line in enumerate(_lines(p, f), start=1):
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{p}: line {n}: invalid JSON ({e.msg})") from None
+            obj = loads_json(line, str(p), n)
             if not isinstance(obj, dict):
                 raise InputError(f"{p}: line {n}: expected a JSON object")
             t.append(_num(p, n, obj, cols["timestamp"]) * unit)
@@ -255,7 +259,8 @@ def _read_jsonl(p: Path, cols: Mapping[str, str], unit: float) -> dict[str, Any]
                     isinstance(x, int) and not isinstance(x, bool) for x in h
                 ):
                     raise InputError(
-                        f"{p}: line {n}: {cols['hash_ids']!r}: expected a list of integers"
+                        f"{p}: line {n}: {clip(cols['hash_ids'], 60)!r}: expected a list of "
+                        "integers"
                     )
                 hashes.append(h)
     if not t:
@@ -268,6 +273,14 @@ def _read_jsonl(p: Path, cols: Mapping[str, str], unit: float) -> dict[str, Any]
     if "hash_ids" in cols:
         out["hash_ids"] = hashes
     return out
+
+
+def _lines(p: Path, f: Any) -> Any:
+    """The file's lines; a decoding error (the file changed since it was checked) is one line."""
+    try:
+        yield from f
+    except UnicodeDecodeError:
+        raise InputError(f"{p}: not UTF-8 text; expected a text file") from None
 
 
 def mooncake_prefixes(hashes: list[list[int]], input_tokens: I64 | None) -> tuple[I32, I64]:
@@ -295,10 +308,12 @@ def mooncake_prefixes(hashes: list[list[int]], input_tokens: I64 | None) -> tupl
 
 # ---------------------------------------------------------------- common tail
 def _lengths(p: Path, name: str, v: F64, lines: npt.NDArray[Any]) -> I64:
-    neg = np.flatnonzero(v < 0)
+    neg = np.flatnonzero((v < 0) | (v > MAX_TOKENS))
     if neg.size:
         i = int(neg[0])
-        raise InputError(f"{p}: line {int(lines[i])}: {name}: expected >= 0, got {v[i]:g}")
+        raise InputError(
+            f"{p}: line {int(lines[i])}: {name}: expected 0 to {MAX_TOKENS:,}, got {v[i]:g}"
+        )
     out = np.rint(v).astype(np.int64)
     low = int((out < 1).sum())
     if low:
@@ -311,7 +326,32 @@ def _lengths(p: Path, name: str, v: F64, lines: npt.NDArray[Any]) -> I64:
     return out
 
 
-def _finish(p: Path, fmt: str, raw: dict[str, Any]) -> Trace:
+def _check_span(p: Path, t: F64, unit: str) -> None:
+    span = float(t[-1] - t[0]) if t.size else 0.0
+    if span > MAX_DURATION_S:
+        read = f" read as {unit}" if unit else ""
+        hint = (
+            "; if its timestamps are in ms (or us, ns), say so with arrival.time_unit"
+            if unit and unit != "ns"
+            else ""
+        )
+        raise InputError(
+            f"{p}: the trace spans {span / 86_400:,.1f} days{read}; limit "
+            f"{MAX_DURATION_S / 86_400:.0f} days{hint}"
+        )
+
+
+def _check_labels(p: Path, names: tuple[str, ...], labels: list[str], lines: Any) -> None:
+    for name in names:
+        if len(name) > MAX_NAME or any(ord(c) < 32 or ord(c) == 127 for c in name):
+            line = int(lines[labels.index(name)])
+            raise InputError(
+                f"{p}: line {line}: model: expected a name of at most {MAX_NAME} characters "
+                f"without control characters, got {show(name)}"
+            )
+
+
+def _finish(p: Path, fmt: str, raw: dict[str, Any], unit: str) -> Trace:
     t: F64 = raw["t"]
     lines = raw["line"]
     order = np.argsort(t, kind="stable")
@@ -325,6 +365,7 @@ def _finish(p: Path, fmt: str, raw: dict[str, Any]) -> Trace:
         )
     t = t[order]
     lines = lines[order]
+    _check_span(p, t, unit)
     t = t - t[0]
     inp = (
         _lengths(p, "input_tokens", raw["input_tokens"][order], lines)
@@ -344,6 +385,7 @@ def _finish(p: Path, fmt: str, raw: dict[str, Any]) -> Trace:
         for lab in labels:
             first.setdefault(lab, len(first))
         names = tuple(first)
+        _check_labels(p, names, labels, lines)
         midx = np.asarray([first[lab] for lab in labels], np.int32)
     pg = pt = None
     if "hash_ids" in raw:
@@ -354,7 +396,8 @@ def _finish(p: Path, fmt: str, raw: dict[str, Any]) -> Trace:
 def read_column(path: str | Path, column: str) -> F64:
     """All numeric values of one CSV column or JSONL key (for empirical length distributions)."""
     p = Path(path)
-    if _first_line(p).startswith("{"):
+    check_text_file(p)
+    if _first_line(p)[1].startswith("{"):
         return np.asarray(_read_jsonl(p, {"timestamp": column}, 1.0)["t"])
     df = _read_csv_frame(p)
     return _numeric(p, _need(p, df, column, "column"))
