@@ -25,6 +25,7 @@ import polars as pl
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from phaselens.errors import InputError
+from phaselens.names import slugify
 from phaselens.runcheck import EventLog, parse_manifest, read_events, read_frame
 from phaselens.runcheck import RunFormatError as RunFormatError
 from phaselens.types import RequestRecord, Schedule, StepRecord, TelemetrySample
@@ -192,7 +193,7 @@ def _atomic_write_json(path: Path, obj: Mapping[str, Any]) -> None:
 
 def new_run_dir(root: Path | str, name: str) -> Path:
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    base = Path(root) / f"{name}-{stamp}"
+    base = Path(root) / f"{slugify(name)}-{stamp}"  # a spec name is user text: one safe component
     path, n = base, 1
     while path.exists():
         n += 1
