@@ -24,6 +24,7 @@ from typing import IO, Any
 import polars as pl
 import pyarrow as pa  # type: ignore[import-untyped]
 
+from phaselens.colcheck import check_values
 from phaselens.errors import InputError
 from phaselens.names import slugify
 from phaselens.runcheck import EventLog, parse_manifest, read_events, read_frame
@@ -114,6 +115,19 @@ _ARROW = {
 }
 
 
+_KINDS = [(k, str(REQUEST_SCHEMA[k])) for k in _SCALARS]
+
+
+def check_record(r: RequestRecord) -> array[int]:
+    """Every value of `r` fits its column (ValueError naming the field if not); returns the
+    token times as an int64 array (built for the check, reused by the caller).
+
+    Why before the record is logged or kept: one value that does not fit (a server's 1e20
+    token count) used to raise while the run was being written, and the run lost every record.
+    A record is kept whole or not at all."""
+    return check_values(r, _KINDS)
+
+
 class RequestColumns:
     """Request records kept as columns (token times in flat int64 arrays with offsets).
 
@@ -129,12 +143,15 @@ class RequestColumns:
         self.offsets = array("q", [0])
 
     def add(self, r: RequestRecord) -> None:
+        """Keep `r`; a record that does not fit the columns raises ValueError, keeping nothing."""
+        self.append_checked(r, check_record(r))
+
+    def append_checked(self, r: RequestRecord, token_ns: array[int]) -> None:
+        """Keep `r`, already checked by `check_record` (which gave `token_ns`)."""
         for k, col in self.scalars.items():
             col.append(getattr(r, k))
-        self.token_ns.extend(r.token_ns)
+        self.token_ns.extend(token_ns)
         self.token_counts.extend(r.token_counts)
-        if len(self.token_ns) != len(self.token_counts):
-            raise ValueError(f"request {r.id}: token_ns and token_counts differ in length")
         self.offsets.append(len(self.token_ns))
 
     def frame(self) -> pl.DataFrame:
@@ -240,10 +257,13 @@ class RunWriter:
         return cls(new_run_dir(root, name), manifest)
 
     def add_record(self, r: RequestRecord) -> None:
+        """Log and keep `r`; ValueError (nothing logged or kept) when a value does not fit."""
+        token_ns = check_record(r)
         row = [getattr(r, k) for k in _SCALARS]  # schema order; the two lists come last
-        self._push([_KIND_REQ, *row, _pack(r.token_ns), _pack(r.token_counts)])
+        self._push([_KIND_REQ, *row, _pack(token_ns), _pack(r.token_counts)], flush=False)
         if self._mem is not None:
-            self._mem[0].add(r)
+            self._mem[0].append_checked(r, token_ns)
+        self._flush_if_due()  # (last: a failing flush leaves the record kept in memory)
 
     def add_samples(self, samples: Iterable[TelemetrySample]) -> None:
         for s in samples:
@@ -262,8 +282,12 @@ class RunWriter:
         self.manifest.update(fields)
         _atomic_write_json(self.path / MANIFEST, self.manifest)
 
-    def _push(self, row: list[Any]) -> None:
+    def _push(self, row: list[Any], flush: bool = True) -> None:
         self._buf.append(json.dumps(row, separators=(",", ":")))
+        if flush:
+            self._flush_if_due()
+
+    def _flush_if_due(self) -> None:
         due = time.monotonic() - self._last_flush > self._flush_s
         if due or len(self._buf) >= self._flush_every:
             self.flush()

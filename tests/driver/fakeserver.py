@@ -6,10 +6,14 @@ client's timing would be measured against itself. Both processes read the same m
 chunk and the test compares those instants with the driver's stamps directly.
 
 Run: `python fakeserver.py --port 0 [--t0-ms 20,50] [--d-ms 5,10] [--usage continuous|final|none]
-[--per-chunk 1] [--faults kind,kind,...] [--reject-optional]`; prints `PORT <n>` when ready.
-Request i (from the `X-Request-Id: pl-<tag>-<i>` header) uses profile i mod len(list) and, with
-`--faults`, fault kind faults[i mod len].  GET /truth returns what was written and when; GET /log
-the requests as received (headers and body keys).
+[--per-chunk 1] [--faults kind,kind,...] [--reject-optional] [--idle-close-ms T]`; prints
+`PORT <n>` when ready. Request i (from the `X-Request-Id: pl-<tag>-<i>` header) uses profile
+i mod len(list) and, with `--faults`, fault kind faults[i mod len] (FAULTS: broken responses;
+UNTRUSTED: valid streams carrying absurd numbers). `--idle-close-ms T`: a request that arrives on
+a keep-alive connection idle for T ms or more gets that connection closed without a response,
+as when a server's close of an idle connection crosses the client's next request. GET /truth
+returns what was written and when; GET /log the requests as received (headers and body keys);
+GET /stats how many connections were closed that way.
 """
 
 from __future__ import annotations
@@ -43,6 +47,36 @@ FAULTS = (
     "json200",  # 200 with a plain JSON body instead of a stream
     "resetafterdone",  # a complete stream, [DONE] included, then a reset before the body's end
 )
+
+# Valid streams whose numbers are absurd: the last event (usage, with llama.cpp-style `timings`
+# for the timings_* kinds) carries what the name says. Its raw JSON text, after `"usage":`.
+_DIGITS = "7" * 5000  # Python's int() refuses strings of more than 4300 digits
+_T_OK = '{"prompt_n": 8, "prompt_ms": 12.5, "cache_n": 3, "predicted_ms": 40.25}'
+UNTRUSTED: dict[str, tuple[str, str]] = {  # kind -> (completion_tokens, timings) as JSON text
+    "usage_1e20": ("100000000000000000000", ""),
+    "usage_digits": (_DIGITS, ""),  # (also as prompt_tokens)
+    "usage_negative": ("-5", ""),
+    "usage_float": ("3.5", ""),
+    "usage_nan": ("NaN", ""),
+    "usage_string": ('"4"', ""),
+    "timings_ok": ("", _T_OK),
+    "timings_str": ("", '"fast"'),
+    "timings_strings": ("", '{"prompt_ms": "12", "cache_n": "0", "predicted_ms": "3"}'),
+    "timings_nested": ("", '{"prompt_ms": {"v": 1}, "cache_n": [1], "predicted_ms": {"x": {}}}'),
+    "timings_nan": ("", '{"prompt_ms": NaN, "cache_n": Infinity, "predicted_ms": -Infinity}'),
+    "timings_huge": ("", '{"prompt_ms": 1e308, "cache_n": 1e20, "predicted_ms": -1}'),
+    "timings_digits": ("", '{"prompt_ms": 1.5, "cache_n": ' + _DIGITS + "}"),
+    "timings_unclosed": ("", '{"prompt_ms": 1.5, "cache_n": [[[[['),
+}
+
+
+def _untrusted_end(kind: str, n: int, pt: int) -> bytes:
+    """The last event of an UNTRUSTED stream: usage (and timings) as the kind says."""
+    ct, timings = UNTRUSTED[kind]
+    ptxt = _DIGITS if kind == "usage_digits" else str(pt)
+    usage = f'{{"prompt_tokens": {ptxt}, "completion_tokens": {ct or n}}}'
+    tail = f', "timings": {timings}' if timings else ""
+    return f'data: {{"id": "x", "choices": [], "usage": {usage}{tail}}}\n\n'.encode()
 
 
 def _chunk(i: int, text: str, ct: int | None, pt: int, chat: bool) -> bytes:
@@ -86,6 +120,9 @@ class State:
         self.per_chunk = args.per_chunk
         self.faults = args.faults.split(",") if args.faults else ["ok"]
         self.reject_optional = args.reject_optional
+        self.idle_close_s = args.idle_close_ms / 1e3
+        self.idle_since: dict[Any, float] = {}  # transport -> when its last response ended
+        self.closed_idle = 0
         self.truth: dict[str, dict[str, Any]] = {}
         self.log: list[dict[str, Any]] = []
         self.open = 0  # streams being written
@@ -93,6 +130,25 @@ class State:
 
 async def handle(request: web.Request) -> web.StreamResponse:
     st: State = request.app["state"]
+    tr = request.transport
+    since = st.idle_since.pop(tr, None)
+    if (
+        st.idle_close_s
+        and tr is not None
+        and since is not None
+        and time.monotonic() - since >= st.idle_close_s
+    ):
+        st.closed_idle += 1
+        tr.close()  # idle too long: closed, the request unanswered
+        return web.Response(status=503)  # (never reaches the closed connection)
+    try:
+        return await _handle(request, st)
+    finally:
+        if tr is not None and not tr.is_closing():
+            st.idle_since[tr] = time.monotonic()
+
+
+async def _handle(request: web.Request, st: State) -> web.StreamResponse:
     recv_ns = time.perf_counter_ns()
     raw = await request.read()
     body = json.loads(raw)
@@ -207,7 +263,9 @@ async def _stream(
             _reset(request)
             return resp
         due += d
-    if usage in ("final", "continuous"):
+    if fault in UNTRUSTED:
+        await resp.write(_untrusted_end(fault, n, pt))
+    elif usage in ("final", "continuous"):
         await resp.write(_usage_only(n, pt))
     if fault != "noend":
         await resp.write(b"data: [DONE]\n\n")
@@ -239,6 +297,10 @@ async def log(request: web.Request) -> web.Response:
     return web.json_response(request.app["state"].log)
 
 
+async def stats(request: web.Request) -> web.Response:
+    return web.json_response({"closed_idle": request.app["state"].closed_idle})
+
+
 async def main(args: argparse.Namespace) -> None:
     app = web.Application(client_max_size=64 << 20)
     app["state"] = State(args)
@@ -247,6 +309,7 @@ async def main(args: argparse.Namespace) -> None:
     app.router.add_get("/truth", truth)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/log", log)
+    app.router.add_get("/stats", stats)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=1024)
@@ -265,6 +328,7 @@ if __name__ == "__main__":
     ap.add_argument("--per-chunk", type=int, default=1)
     ap.add_argument("--faults", default="")
     ap.add_argument("--reject-optional", action="store_true")
+    ap.add_argument("--idle-close-ms", type=float, default=0.0)
     try:
         asyncio.run(main(ap.parse_args()))
     except KeyboardInterrupt:

@@ -200,6 +200,8 @@ def test_body_bytes_before_the_sink_keep_their_own_stamps() -> None:
     ("resp", "why"),
     [
         (b"SSH-2.0-OpenSSH\r\n\r\n", "status line"),
+        (b"HTTP/1.1 " + b"9" * 5000 + b" OK\r\n\r\n", "status line"),  # int() refuses 5000 digits
+        (b"HTTP/1.1 2000 OK\r\nContent-Length: 0\r\n\r\n", "status line"),  # not 3 digits
         (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "header line"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", "Content-Length"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "chunk size"),
@@ -211,7 +213,38 @@ def test_body_bytes_before_the_sink_keep_their_own_stamps() -> None:
 def test_bad_responses_fail_with_a_reason(resp: bytes, why: str) -> None:
     head, _, conn, _ = _run(resp, [])
     assert isinstance(head, http.HttpError), head
-    assert "bad HTTP response" in str(head) and why in str(head), str(head)
+    assert str(head).startswith("bad HTTP response: ") and why in str(head), str(head)
+    assert str(head).count("bad HTTP response") == 1, str(head)  # said once, not doubled
+    assert len(str(head)) < 200
+    assert conn.state == http._CLOSED
+
+
+def test_a_sink_that_raises_ends_the_exchange_with_its_exception() -> None:
+    """A parser bug (or bytes no check foresaw) must not escape `data_received` into the event
+    loop, which would log a traceback and turn the request into a disconnect: the body's
+    future fails with the exception itself and the connection is closed."""
+
+    class Raises(_Sink):
+        def data(self, payload: bytes, t_ns: int) -> int:
+            raise ValueError("parser bug")
+
+    async def go() -> tuple[BaseException | None, http.Conn]:
+        pool = http.Pool(asyncio.get_running_loop())
+        conn = http.Conn(pool, ("http", "h", 80))
+        conn.connection_made(_Transport())  # type: ignore[arg-type]
+        fut = conn.send(b"x")
+        conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
+        await fut
+        body = conn.read_body(Raises())
+        conn.data_received(b"data: {}\n\n")  # must not raise here
+        try:
+            await asyncio.wait_for(body, 1)
+        except ValueError as e:
+            return e, conn
+        return None, conn
+
+    exc, conn = asyncio.run(go())
+    assert isinstance(exc, ValueError) and str(exc) == "parser bug"
     assert conn.state == http._CLOSED
 
 
@@ -322,19 +355,17 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
 
 def test_exchange_retries_once_when_a_reused_connection_dies_before_any_response() -> None:
     """The race the pool cannot see: the server closes an idle keep-alive connection just as
-    the request goes out. Nothing of a response came, so the request goes once more on a new
-    connection; a fresh connection that dies, or a second failure, is not retried."""
+    the request goes out. Nothing of a response came, so the request goes once more on a NEW
+    connection (not another idle one: those are as stale); a fresh connection that dies, or a
+    second failure, is not retried."""
 
-    async def go(plan: list[tuple[bool, bool]]) -> tuple[str, int]:
+    async def go(reused: bool, dies: tuple[bool, bool]) -> tuple[str, list[str]]:
         loop = asyncio.get_running_loop()
         pool = http.Pool(loop)
-        calls = 0
+        calls: list[str] = []
 
-        async def acquire(target: http.Target) -> tuple[http.Conn, bool]:
-            nonlocal calls
-            reused, dies = plan[calls]
-            calls += 1
-            conn = http.Conn(pool, target.key)
+        def conn_that(dies: bool) -> http.Conn:
+            conn = http.Conn(pool, ("http", "h", 80))
             conn.connection_made(_Transport())  # type: ignore[arg-type]
             real_send = conn.send
 
@@ -347,17 +378,79 @@ def test_exchange_retries_once_when_a_reused_connection_dies_before_any_response
                 return fut
 
             conn.send = send  # type: ignore[method-assign]
-            return conn, reused
+            return conn
+
+        async def acquire(target: http.Target) -> tuple[http.Conn, bool]:
+            calls.append("acquire")
+            return conn_that(dies[len(calls) - 1]), reused
+
+        async def connect(target: http.Target) -> http.Conn:
+            calls.append("connect")
+            return conn_that(dies[len(calls) - 1])
 
         pool.acquire = acquire  # type: ignore[method-assign]
+        pool.connect = connect  # type: ignore[method-assign]
         try:
             _, head = await http.exchange(pool, http.Target.of("http://h/"), b"x")
             return f"status {head.status}", calls
         except http.ConnectionLost as e:
             return f"lost: {e}", calls
 
-    assert asyncio.run(go([(True, True), (False, False)])) == ("status 204", 2)
-    lost, calls = asyncio.run(go([(False, True)]))
-    assert lost.startswith("lost: connection lost before the response head") and calls == 1
-    lost, calls = asyncio.run(go([(True, True), (False, True)]))
-    assert lost.startswith("lost:") and calls == 2
+    assert asyncio.run(go(True, (True, False))) == ("status 204", ["acquire", "connect"])
+    lost, calls = asyncio.run(go(False, (True, False)))
+    assert lost.startswith("lost: connection lost before the response head")
+    assert calls == ["acquire"]
+    lost, calls = asyncio.run(go(True, (True, True)))
+    assert lost.startswith("lost:") and calls == ["acquire", "connect"]
+
+
+def test_the_retry_never_takes_another_idle_connection() -> None:
+    """Real sockets: a server that closes any connection whose request comes after it has been
+    idle (as if its close crossed the request). Two stale idle connections in the pool: the
+    request written on one of them is retried on a new connection, not on the other."""
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi"
+    served: list[int] = []
+
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        n = len(served)
+        served.append(n)
+        first = True
+        while True:
+            try:
+                await r.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break
+            if not first:
+                break  # idle, then a request: closed without a response
+            first = False
+            w.write(ok)
+            await w.drain()
+        w.close()
+
+    async def go() -> tuple[bytes, int]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        loop = asyncio.get_running_loop()
+        pool = http.Pool(loop)
+        target = http.Target.of(f"http://127.0.0.1:{port}/")
+        req = b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
+        # two connections, each used once and back in the pool (now stale)
+        pairs = [await http.exchange(pool, target, req) for _ in range(2)]
+        for conn, _head in pairs:
+            s = _Sink()
+            await conn.read_body(s)
+            conn.finish()
+        idle_before = len(pool._idle[target.key])
+        conn, _head = await http.exchange(pool, target, req)
+        s = _Sink()
+        await conn.read_body(s)
+        conn.finish()
+        pool.close()
+        server.close()
+        await server.wait_closed()
+        return b"".join(s.got), idle_before
+
+    got, idle_before = asyncio.run(go())
+    assert idle_before == 2
+    assert got == b"hi"
+    assert len(served) == 3  # two stale ones, then the retry's new connection

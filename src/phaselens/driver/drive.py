@@ -49,7 +49,7 @@ class DriveResult:
     """Where the run went and what the client saw."""
 
     path: Path
-    status: str  # complete | interrupted
+    status: str  # complete | interrupted | partial (the run writer failed: see `error`)
     planned: int
     by_status: Mapping[str, int]
     verdict: Verdict
@@ -58,14 +58,65 @@ class DriveResult:
 
 
 class _WriterThread:
-    """Owns the RunWriter: records and telemetry samples arrive through one queue."""
+    """Owns the RunWriter: records and telemetry samples arrive through one queue.
+
+    Never fails silently, and never stops taking items: what it cannot write is counted, the
+    first such failure kept in `failure` (the run then fails with it, see `drive`), and it goes
+    on with the rest. A record whose values do not fit the run's columns is replaced by a
+    stand-in (same id, status client_error, the reason as its error): still exactly one record
+    per planned request. Why: this thread dying on one bad record used to lose the whole run
+    under a manifest that said `complete`.
+    """
 
     def __init__(self, writer: RunWriter) -> None:
         self.writer = writer
         self.q: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
         self.ids: set[int] = set()
+        self.failure = ""  # the first write that failed, and why
+        self.failures = 0
         self._t = threading.Thread(target=self._run, name="phaselens-writer", daemon=True)
         self._t.start()
+
+    @property
+    def error(self) -> str:
+        """One line for the run's error ("" when every write succeeded)."""
+        if not self.failures:
+            return ""
+        more = f" (and {self.failures - 1} more)" if self.failures > 1 else ""
+        return f"run writer: {self.failure}{more}; the run is marked partial"
+
+    def _fail(self, e: BaseException, what: str = "") -> None:
+        self.failures += 1
+        if not self.failure:
+            self.failure = f"{what}{type(e).__name__}: {e}"
+
+    def _guard(self, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as e:  # counted and said; the thread goes on
+            self._fail(e)
+
+    def _store(self, r: RequestRecord) -> None:
+        if r.id in self.ids:  # exactly one record per planned request
+            return
+        self.ids.add(r.id)
+        try:
+            self.writer.add_record(r)
+        except ValueError as e:  # a value that does not fit its column: nothing was kept
+            self._fail(e, "record not stored: ")
+            stand_in = RequestRecord(
+                id=r.id,
+                model=r.model,
+                stage=r.stage,
+                scheduled_ns=r.scheduled_ns,
+                status="client_error",
+                priority=r.priority,
+                input_tokens=r.input_tokens,
+                error=f"record could not be stored: {e}",
+            )
+            self._guard(self.writer.add_record, stand_in)
+        except Exception as e:  # e.g. a failed flush: the record is kept
+            self._fail(e)
 
     def record(self, r: RequestRecord) -> None:
         self.q.put(("r", r))
@@ -83,20 +134,18 @@ class _WriterThread:
             try:
                 item = self.q.get(timeout=0.5)
             except queue.Empty:
-                w.flush()
+                self._guard(w.flush)
                 continue
             if item is None:
-                w.flush()
+                self._guard(w.flush)
                 return
             kind, obj = item
             if kind == "sync":
                 obj.set()
             elif kind == "r":
-                if obj.id not in self.ids:  # exactly one record per planned request
-                    self.ids.add(obj.id)
-                    w.add_record(obj)
+                self._store(obj)
             else:
-                w.add_samples(obj)
+                self._guard(w.add_samples, obj)
 
     def join(self) -> None:
         self.q.put(None)
@@ -344,8 +393,12 @@ def drive(
     wall = max((s.wall_s for s in summaries), default=0.0)
     interrupted = count[0] > 0 or any(s.interrupted for s in summaries) or bool(failure)
     status = "interrupted" if interrupted else "complete"
+    if wt.failures:
+        status = "partial"  # (as a run rebuilt after its writer died: not known complete)
     dropped = sorted({redact_url(u) for s in summaries for u in s.dropped_optional})
-    path = writer.close(
+    path = _close(
+        writer,
+        wt,
         status,
         valid=v.valid,
         invalid_reasons=list(v.invalid_reasons),
@@ -363,17 +416,31 @@ def drive(
         },
         workers=worker_info,
         optional_fields_rejected_by=dropped,
-        error=failure or None,
+        error=failure or wt.error or None,
         ended_perf_ns=time.perf_counter_ns() - t0 if t0 else None,
     )
+    if wt.failures:
+        status = "partial"
+    failure = failure or wt.error
     return DriveResult(path, status, len(schedule), dict(by_status), v, method, failure)
+
+
+def _close(writer: RunWriter, wt: _WriterThread, status: str, **fields: Any) -> Path:
+    """Close the run; a close that fails is the run's failure, and the directory keeps its
+    event log (every record written so far; `load_run` rebuilds the run from it)."""
+    try:
+        return writer.close(status, **fields)
+    except Exception as e:  # said as the run's error (cli: exit 1)
+        wt._fail(e, "could not close the run: ")
+        return writer.path
 
 
 def _seen_ids(wt: _WriterThread) -> set[int]:
     """Ids recorded so far (waits until the writer thread has taken everything queued)."""
     done = threading.Event()
     wt.q.put(("sync", done))
-    done.wait(timeout=30)
+    while not done.wait(timeout=0.5) and wt._t.is_alive():
+        pass
     return set(wt.ids)
 
 

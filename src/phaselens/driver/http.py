@@ -161,21 +161,27 @@ class Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         t = time.perf_counter_ns()
         self.last_ns = t
-        if self.state == _BODY:
-            if self._mode == _LENGTH:  # inlined: a Content-Length body still running
-                left = self._left - len(data)
-                if left > 0:
-                    self._left = left
-                    rc = self._feed(data, t)
-                    if rc:
-                        self._sunk(rc)
-                    return
-            self._body(data, t)
-        elif self.state == _HEAD:
-            self.received = True
-            self._head(data, t)
-        elif self.state == _IDLE:
-            self.abort()  # bytes nobody asked for: the connection is out of step
+        try:
+            if self.state == _BODY:
+                if self._mode == _LENGTH:  # inlined: a Content-Length body still running
+                    left = self._left - len(data)
+                    if left > 0:
+                        self._left = left
+                        rc = self._feed(data, t)
+                        if rc:
+                            self._sunk(rc)
+                        return
+                self._body(data, t)
+            elif self.state == _HEAD:
+                self.received = True
+                self._head(data, t)
+            elif self.state == _IDLE:
+                self.abort()  # bytes nobody asked for: the connection is out of step
+        except Exception as e:  # a sink or parser bug on bytes nobody foresaw
+            # Left to the event loop, it would log a traceback and close the transport, and the
+            # request would read as a disconnect; this way its record names the exception.
+            self.abort()
+            self._fail(e)
 
     def eof_received(self) -> bool:
         return False  # close our side too; connection_lost follows
@@ -479,15 +485,20 @@ def _cause(exc: BaseException | None, default: str) -> str:
 def _parse_head(raw: bytes) -> Head:
     lines = raw.replace(b"\r\n", b"\n").split(b"\n")
     parts = lines[0].split(None, 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-        raise HttpError(f"bad HTTP response: status line {lines[0][:60]!r}")
+    if (
+        len(parts) < 2
+        or not parts[0].startswith(b"HTTP/1.")
+        or len(parts[1]) != 3  # RFC 9110: a three-digit status (and never a 5000-digit int)
+        or not parts[1].isdigit()
+    ):
+        raise HttpError(f"status line {lines[0][:60]!r}")
     status = int(parts[1])
     reason = parts[2].decode("latin-1").strip() if len(parts) > 2 else ""
     headers: dict[str, str] = {}
     for line in lines[1:]:
         k, sep, v = line.partition(b":")
         if not sep:
-            raise HttpError(f"bad HTTP response: header line {line[:60]!r}")
+            raise HttpError(f"header line {line[:60]!r}")
         name = k.strip().lower().decode("latin-1")
         val = v.strip().decode("latin-1")
         headers[name] = f"{headers[name]}, {val}" if name in headers else val
@@ -518,9 +529,10 @@ class Pool:
         c = self.take_idle(target.key)
         if c is not None:
             return c, True
-        return await self._connect(target), False
+        return await self.connect(target), False
 
-    async def _connect(self, target: Target) -> Conn:
+    async def connect(self, target: Target) -> Conn:
+        """A new connection to `target` (never one from the idle pool)."""
         loop = self.loop
         where = f"{target.host}:{target.port}"
         addrs = self._addrs.get((target.host, target.port))
@@ -558,7 +570,7 @@ class Pool:
 
     async def warm(self, target: Target, n: int) -> int:
         """Open up to n idle connections to `target` ahead of the run; how many opened."""
-        tries = (self._connect(target) for _ in range(n))
+        tries = (self.connect(target) for _ in range(n))
         got = await asyncio.gather(*tries, return_exceptions=True)
         opened = [c for c in got if isinstance(c, Conn)]
         for c in opened:
@@ -589,13 +601,18 @@ async def exchange(
     `sent`: the request was already written on a reused connection (`Conn.send` on one from
     `Pool.take_idle`); wait for its head. A reused keep-alive connection that the server
     closed just before our request (nothing of a response received) is retried once on a new
-    connection, as browsers and urllib3 do.
+    connection, as browsers and urllib3 do. New, not another idle one: the other idle
+    connections have been idle as long and are as likely closed by now (a server that closes
+    idle connections would fail the retry too).
     """
     for attempt in (0, 1):
         if sent is not None and attempt == 0:
             (conn, fut), reused = sent, True
-        else:
+        elif attempt == 0:
             conn, reused = await pool.acquire(target)
+            fut = conn.send(data)
+        else:
+            conn, reused = await pool.connect(target), False
             fut = conn.send(data)
         try:
             head = await fut

@@ -10,7 +10,9 @@ with `json.loads` on generated chunks).
 Token counting per chunk: when the server sends continuous usage stats (every chunk carries
 `usage.completion_tokens`), a chunk carries the difference from the previous count; otherwise
 every chunk with non-empty generated text carries one token. `usage.prompt_tokens` is kept as the
-true input length.
+true input length. These numbers come from the server and are untrusted (`values.py`): one that is
+not an integer in range is ignored and noted (`StreamParser.notes`), and from then on the stream's
+usage counts are not used (its tokens are counted per chunk).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import re
 from collections.abc import Mapping
 from itertools import repeat
 from typing import Any, Literal
+
+from phaselens.driver.values import count, count_note, timings
 
 Endpoint = Literal["completions", "chat"]
 ENDPOINTS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -32,15 +36,12 @@ OPTIONAL_FIELDS: tuple[str, ...] = ("stream_options", "ignore_eos", "min_tokens"
 CONTINUE, DONE, FAILED = 0, 1, 2
 
 _DATA = b"data:"
-_CT = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-_PT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+# The raw text of a count's value (whatever it is: checked by `values.count`).
+_CT = re.compile(rb'"completion_tokens"\s*:\s*([^,}\]\s]*)')
+_PT = re.compile(rb'"prompt_tokens"\s*:\s*([^,}\]\s]*)')
 # llama.cpp's final event: "timings": {"cache_n": 0, "prompt_n": 18, "prompt_ms": 1.107, ...,
 # "predicted_n": 3, "predicted_ms": 0.487, ...}
-_TIMINGS_OBJ = re.compile(rb'"timings"\s*:\s*\{')
-_TIMING_FIELDS = {
-    k: re.compile(rb'"' + k.encode() + rb'"\s*:\s*(-?[0-9.]+(?:[eE][-+]?[0-9]+)?)')
-    for k in ("prompt_ms", "cache_n", "predicted_ms")
-}
+_TIMINGS = re.compile(rb'"timings"\s*:')
 _USAGE_OBJ = re.compile(rb'"usage"\s*:\s*\{')
 _EMPTY_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 # A key holding generated text whose value is a non-empty string (or any tool call).
@@ -91,6 +92,8 @@ class StreamParser:
         "_held",
         "_key",
         "_parts",
+        "_pt_seen",
+        "_timed",
         "continuous",
         "done",
         "end_ns",
@@ -99,10 +102,12 @@ class StreamParser:
         "final_tokens",
         "last_ct",
         "max_event_bytes",
+        "notes",
         "prompt_tokens",
         "timings",
         "token_counts",
         "token_ns",
+        "untrusted",
         "usage_chunks",
     )
 
@@ -126,6 +131,10 @@ class StreamParser:
         self.events = 0  # non-empty data payloads seen
         self.error = ""
         self.max_event_bytes = max_event_bytes
+        self.notes: list[str] = []  # server values ignored, and why (kept in the record)
+        self.untrusted = False  # a usage count was bad: the stream's counts are not used
+        self._pt_seen = False  # a prompt_tokens value was seen (good or bad)
+        self._timed = False  # a timings value was seen (good or bad)
 
     def feed(self, data: bytes, t_ns: int) -> int:
         """Consume one read; returns CONTINUE, DONE ([DONE] seen) or FAILED (see `error`)."""
@@ -308,17 +317,25 @@ class StreamParser:
         self.events += 1
         u = _USAGE_OBJ.search(p)
         # (a substring test first: with continuous usage every event has `usage`)
-        if u is not None and not self.timings and b'"timings"' in p:
-            tm = _TIMINGS_OBJ.search(p)
-            self.timings = _timings(p, tm.end()) if tm is not None else {}
+        if u is not None and not self._timed and b'"timings"' in p:
+            tm = _TIMINGS.search(p)
+            if tm is not None:
+                self._timed = True
+                self.timings, notes = timings(p, tm.end())
+                self.notes += notes
         if u is not None:
-            ct_m = _CT.search(p, u.end())
-            if self.prompt_tokens is None:
+            if not self._pt_seen:
                 pt_m = _PT.search(p, u.end())
-                if pt_m is not None:
-                    self.prompt_tokens = int(pt_m.group(1))
-            if ct_m is not None:
-                ct = int(ct_m.group(1))
+                if pt_m is not None and (raw := pt_m.group(1)) != b"null":
+                    self._pt_seen = True
+                    self.prompt_tokens = count(raw)
+                    if self.prompt_tokens is None:
+                        self.notes.append(count_note("usage.prompt_tokens", raw))
+            ct_m = _CT.search(p, u.end()) if not self.untrusted else None
+            ct = count(ct_m.group(1)) if ct_m is not None else None
+            if ct_m is not None and ct is None and ct_m.group(1) != b"null":
+                self._distrust(ct_m.group(1))
+            elif ct is not None:
                 self.final_tokens = ct
                 summary = _EMPTY_CHOICES.search(p) is not None
                 if not self.continuous and not summary and not self.token_ns:
@@ -336,6 +353,14 @@ class StreamParser:
             self.token_counts.append(1)
         return CONTINUE
 
+    def _distrust(self, raw: bytes) -> None:
+        """A bad completion_tokens: note it, and count this stream's tokens per chunk from here
+        on (the deltas already taken stay; the server's final count is not used)."""
+        self.notes.append(count_note("usage.completion_tokens", raw) + "; tokens counted per chunk")
+        self.untrusted = True
+        self.continuous = False
+        self.final_tokens = None
+
     @property
     def output_tokens(self) -> int:
         """The server's final count when it gave one, else the tokens counted per chunk."""
@@ -350,23 +375,11 @@ class StreamParser:
         return "usage" if self.usage_chunks == len(self.token_ns) else "chunks"
 
 
-def _timings(p: bytes, start: int) -> dict[str, float]:
-    """The fields of a `timings` object that starts at `start` (it holds no nested object)."""
-    end = p.find(b"}", start)
-    body = p[start : end if end >= 0 else len(p)]
-    out = {}
-    for k, rx in _TIMING_FIELDS.items():
-        m = rx.search(body)
-        if m is not None:
-            out[k] = float(m.group(1))
-    return out
-
-
 def _error_message(p: bytes) -> str | None:
     """The message of a top-level `{"error": ...}` object, or None when there is none."""
     try:
         obj = json.loads(p)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, a 5000-digit integer, deep nesting
         return None
     if not isinstance(obj, dict) or "error" not in obj or obj["error"] is None:
         return None
@@ -383,7 +396,7 @@ def error_text(status: int, reason: str | None, body: bytes) -> str:
     if text:
         try:
             obj = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             obj = None
         if isinstance(obj, dict):
             err = obj.get("error", obj.get("detail", obj.get("message", obj)))

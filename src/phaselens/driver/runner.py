@@ -473,6 +473,9 @@ class _Driver:
             end = p.end_ns - t0
         if status == "ok":
             self.methods[p.method] += 1
+        if p.notes:  # server values that were ignored (driver/values.py): said in the record
+            note = "note: " + "; ".join(p.notes)
+            error = f"{error}; {note}" if error else note
         self.emit(
             self._record(
                 i,
