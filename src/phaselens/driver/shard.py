@@ -11,9 +11,12 @@ the parent in batches; the parent owns the run writer, so the run stays one dire
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import multiprocessing as mp
+import os
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -54,7 +57,35 @@ def split(n: int, workers: int) -> list[np.ndarray]:
     return [np.arange(w, n, workers, dtype=np.int64) for w in range(workers)]
 
 
+PARENT_POLL_S = 0.5  # the watchdog's period where PR_SET_PDEATHSIG is not available
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """End this worker when the process that started it dies, even by kill -9.
+
+    Why: a killed parent cannot stop its workers, and an orphan would keep sending the schedule
+    to the server. Linux: the kernel sends SIGKILL (prctl PR_SET_PDEATHSIG); everywhere, a
+    thread also polls the parent's pid (a reparented worker sees another one).
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # died before the prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="phaselens-parent-watch", daemon=True).start()
+
+
 def _worker(
+    parent_pid: int,
     index: int,
     schedule: Schedule,
     rows: np.ndarray,
@@ -66,8 +97,7 @@ def _worker(
     stop: Any,
 ) -> None:
     """Worker process body: wait for the common start, drive its rows, stream records back."""
-    import os
-
+    die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it sets `stop`
     anchor = clock_anchor()
     prompts = PromptMaker(options.prompt_seed, options.tokenizer)  # setup before t = 0
@@ -163,7 +193,7 @@ def run_workers(
             opt = replace(options, concurrency=max(1, per[w]))
         p = ctx.Process(
             target=_worker,
-            args=(w, schedule, rows[w], targets, opt, out, go, t0, mstop),
+            args=(os.getpid(), w, schedule, rows[w], targets, opt, out, go, t0, mstop),
             name=f"phaselens-worker-{w}",
             daemon=True,
         )
