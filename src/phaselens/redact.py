@@ -18,11 +18,15 @@ masked by the URL rule.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote
+
+from phaselens.types import RequestRecord
 
 MASK = "***"
 _MIN_LEN = 4  # shorter header / query values are masked in texts only under a secret name
@@ -176,3 +180,23 @@ def redact_text(text: str, secrets: Secrets | Iterable[str] = ()) -> str:
     """`text` with the given secrets masked (and any URL's user:password)."""
     s = secrets if isinstance(secrets, Secrets) else Secrets.of(extra=secrets)
     return s.text(text)
+
+
+def scrub_json(obj: Any, secrets: Secrets) -> Any:
+    """`obj` (manifest JSON) with every string redacted: URLs by the URL rule, and every
+    known secret masked; keys too (telemetry sources are named by their URL)."""
+    if isinstance(obj, str):
+        return secrets.text(obj)
+    if isinstance(obj, Mapping):
+        return {secrets.text(str(k)): scrub_json(v, secrets) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [scrub_json(v, secrets) for v in obj]
+    return obj
+
+
+def scrub_record(r: RequestRecord, secrets: Secrets) -> RequestRecord:
+    """The record with its error text redacted (a server may echo credentials back)."""
+    if not r.error:
+        return r
+    safe = secrets.text(r.error)
+    return r if safe == r.error else dataclasses.replace(r, error=safe)

@@ -8,7 +8,6 @@ telemetry samples (which arrive from the sampler's thread) and records share one
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import queue
 import signal
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from phaselens import __version__
+from phaselens.driver.preflight import context_preflight
 from phaselens.driver.prompts import PromptMaker
 from phaselens.driver.runner import (
     DriverOptions,
@@ -37,7 +37,7 @@ from phaselens.driver.runner import (
 )
 from phaselens.driver.selfcheck import Verdict, verdict
 from phaselens.errors import InputError
-from phaselens.redact import Secrets, redact_url
+from phaselens.redact import Secrets, redact_url, scrub_json, scrub_record
 from phaselens.store import RunWriter, clock_anchor, write_schedule
 from phaselens.telemetry.sampler import parse_spec as parse_telemetry
 from phaselens.telemetry.sampler import start_telemetry
@@ -179,11 +179,13 @@ def drive(
     telemetry_interval_s: float = 0.1,
     manifest_extra: Mapping[str, Any] | None = None,
     handle_sigint: bool = True,
+    preflight: bool = True,
 ) -> DriveResult:
     """Run `schedule` against `targets` ({model: URL}, or {"*": URL}) and write a run directory.
 
     First Ctrl-C: stop sending, cancel in-flight requests, close the run as `interrupted`.
     Second Ctrl-C: exit at once (the run is rebuilt from events.jsonl by `load_run`).
+    `preflight`: ask each server its context length first and warn about longer requests.
     """
     check_targets(schedule, targets, options)  # bad input fails before a run dir exists
     loop_kind = resolve_loop(options.event_loop)
@@ -244,8 +246,10 @@ def drive(
         "valid": True,
         "invalid_reasons": [],
     }
+    if preflight:
+        manifest.update(context_preflight(schedule, targets, options))
     manifest.update(manifest_extra or {})
-    manifest = _scrub(manifest, secrets)
+    manifest = scrub_json(manifest, secrets)
     if _telemetry_on(telemetry):
         parse_telemetry(telemetry, sorted(set(targets.values())))  # bad spec: fail before the run
     writer = RunWriter.create(out_root, name, manifest)
@@ -255,7 +259,7 @@ def drive(
     stop = threading.Event()
 
     def record(r: RequestRecord) -> None:
-        wt.record(_scrub_record(r, secrets))
+        wt.record(scrub_record(r, secrets))
 
     state: dict[str, Any] = {"t0": 0, "tel": None}
     progress: Any = None
@@ -315,7 +319,7 @@ def drive(
                     targets,
                     options,
                     workers,
-                    lambda rs: wt.records([_scrub_record(r, secrets) for r in rs]),
+                    lambda rs: wt.records([scrub_record(r, secrets) for r in rs]),
                     on_start,
                     stop,
                     wt.samples,
@@ -345,7 +349,7 @@ def drive(
                 tel_status = dict(state["tel"].stop())
             except Exception as e:
                 tel_status = {"sampler": f"unavailable: {type(e).__name__}: {e}"}
-            tel_status = _scrub(tel_status, secrets)
+            tel_status = scrub_json(tel_status, secrets)
         tel_status["client"] = "ok"  # the driver's own series (source "client")
         if progress is not None:
             progress.stop()
@@ -442,26 +446,6 @@ def _seen_ids(wt: _WriterThread) -> set[int]:
     while not done.wait(timeout=0.5) and wt._t.is_alive():
         pass
     return set(wt.ids)
-
-
-def _scrub(obj: Any, secrets: Secrets) -> Any:
-    """`obj` (manifest JSON) with every string redacted: URLs by the URL rule, and every
-    known secret masked; keys too (telemetry sources are named by their URL)."""
-    if isinstance(obj, str):
-        return secrets.text(obj)
-    if isinstance(obj, Mapping):
-        return {secrets.text(str(k)): _scrub(v, secrets) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_scrub(v, secrets) for v in obj]
-    return obj
-
-
-def _scrub_record(r: RequestRecord, secrets: Secrets) -> RequestRecord:
-    """The record with its error text redacted (a server may echo credentials back)."""
-    if not r.error:
-        return r
-    safe = secrets.text(r.error)
-    return r if safe == r.error else dataclasses.replace(r, error=safe)
 
 
 async def _single(
