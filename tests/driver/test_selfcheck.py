@@ -11,7 +11,39 @@ from rich.console import Console
 
 from phaselens.driver.progress import ProgressLine
 from phaselens.driver.runner import LiveStats
-from phaselens.driver.selfcheck import LoopLagMonitor, verdict
+from phaselens.driver.selfcheck import (
+    MAX_LAG_SHARE,
+    LatencyScale,
+    LoopLagMonitor,
+    advice,
+    same_host,
+    verdict,
+)
+from phaselens.types import RequestRecord
+
+MS = 1_000_000
+
+
+def _scale(ttft_ms: float, itl_ms: float, n: int = 9) -> LatencyScale:
+    """n successful records with this TTFT and 4 chunks of 1 token at this gap."""
+    sc = LatencyScale()
+    for i in range(n):
+        t0 = 1000 * MS * i
+        first = t0 + round(ttft_ms * MS)
+        gap = round(itl_ms * MS)
+        sc.add(
+            RequestRecord(
+                id=i,
+                model="m",
+                stage=0,
+                scheduled_ns=t0,
+                status="ok",
+                first_token_ns=first,
+                token_ns=tuple(first + j * gap for j in range(4)),
+                token_counts=(1, 1, 1, 1),
+            )
+        )
+    return sc
 
 
 def test_verdict_thresholds_by_hand() -> None:
@@ -31,6 +63,93 @@ def test_verdict_thresholds_by_hand() -> None:
     assert not loop_bad.valid and "event-loop lag p99 3.00 ms > 2 ms" in loop_bad.invalid_reasons[0]
     empty = verdict([], [])
     assert empty.valid and empty.send_lag_p99_ms == 0.0
+
+
+def test_latency_scale_medians_by_hand() -> None:
+    sc = _scale(1900.0, 40.0)
+    # the medians come from a log histogram, 20 bins a decade: within 12% of the truth
+    assert sc.ttft_p50_ns is not None and abs(sc.ttft_p50_ns / (1900 * MS) - 1) < 0.13
+    assert sc.itl_p50_ns is not None and abs(sc.itl_p50_ns / (40 * MS) - 1) < 0.13
+    # a failed record and one without a first token do not count
+    sc2 = LatencyScale()
+    sc2.add(RequestRecord(id=0, model="m", stage=0, scheduled_ns=0, status="http_error"))
+    sc2.add(RequestRecord(id=1, model="m", stage=0, scheduled_ns=0, status="ok"))
+    assert sc2.ttft_p50_ns is None and sc2.itl_p50_ns is None
+    # a 3-token chunk 30 ms after the previous one is 3 gaps of 10 ms
+    sc3 = LatencyScale()
+    sc3.add(
+        RequestRecord(
+            id=0,
+            model="m",
+            stage=0,
+            scheduled_ns=0,
+            status="ok",
+            first_token_ns=5 * MS,
+            token_ns=(5 * MS, 35 * MS),
+            token_counts=(1, 3),
+        )
+    )
+    assert sc3.itl_p50_ns is not None and abs(sc3.itl_p50_ns / (10 * MS) - 1) < 0.13
+
+
+# (send p99 ms, loop p99 ms, TTFT p50 ms, ITL p50 ms) -> (valid, warnings, which is invalid)
+TRUTH = [
+    # the issue's run: llama-server on this 2-core machine, TTFT p50 1.9 s, ITL ~100 ms
+    ((1.19, 2.52, 1900.0, 100.0), (True, 2, "")),
+    # under the floors: nothing to say, whatever the scale
+    ((0.9, 1.9, 10.0, 1.0), (True, 0, "")),
+    # send lag 3 ms against a 20 ms TTFT: 15% > 5%: invalid (send)
+    ((3.0, 0.0, 20.0, 5.0), (False, 0, "send lag")),
+    # loop lag 3 ms against ITL 20 ms: 15% > 5%: invalid (loop); TTFT is long but ITL is not
+    ((0.0, 3.0, 1900.0, 20.0), (False, 0, "event-loop lag")),
+    # loop lag 3 ms against ITL 80 ms: 3.75% <= 5%: a warning only
+    ((0.0, 3.0, 1900.0, 80.0), (True, 1, "")),
+]
+
+
+def test_verdict_truth_table_relative_to_what_it_measures() -> None:
+    for (send, loop, ttft, itl), (valid, n_warn, bad) in TRUTH:
+        v = verdict(
+            [round(send * MS)] * 100, [round(loop * MS)] * 100, 1, _scale(ttft, itl), False, 16
+        )
+        assert v.valid is valid, (send, loop, ttft, itl)
+        assert len(v.warnings) == n_warn, (send, loop, ttft, itl, v.warnings)
+        assert all("too small to change the results" in w for w in v.warnings)
+        if bad:
+            assert len(v.invalid_reasons) == 1 and bad in v.invalid_reasons[0]
+            assert f"(> {MAX_LAG_SHARE:.0%})" in v.invalid_reasons[0]
+
+
+def test_verdict_messages_name_the_share_and_the_scale() -> None:
+    v = verdict([round(1.19 * MS)] * 100, [round(2.52 * MS)] * 100, 1, _scale(1900, 100), True, 2)
+    assert v.valid and v.invalid_reasons == ()
+    # 1.19 ms of a 1.9 s TTFT p50 is 0.06%; the loop lag is judged against the smaller scale,
+    # the ITL p50 (~100 ms): ~2.5%
+    assert v.warnings[0].startswith("send lag p99 1.19 ms > 1 ms, but only 0.1% of the TTFT p50")
+    assert v.warnings[1].startswith("event-loop lag p99 2.52 ms > 2 ms, but only 2.")
+    assert "% of the ITL p50" in v.warnings[1]
+    # without anything measured the floors decide, as before
+    bare = verdict([round(1.19 * MS)] * 100, [0] * 100, 1, LatencyScale(), False, 16)
+    assert not bare.valid and bare.invalid_reasons[0].startswith("client-bound: send lag p99")
+
+
+def test_advice_fits_the_machine() -> None:
+    assert advice(1, local=True, cpus=2).startswith(
+        "the server runs on this 2-core machine with the client"
+    )
+    assert "add --workers (now 3)" in advice(3, local=True, cpus=32)
+    assert "add --workers (now 1)" in advice(1, local=False, cpus=2)
+    bad = verdict([5 * MS] * 100, [0] * 100, 1, _scale(20, 5), local=True, cpus=2)
+    assert "run the client on another machine" in bad.invalid_reasons[0]
+    assert "--workers (now" not in bad.invalid_reasons[0]
+
+
+def test_same_host() -> None:
+    assert same_host(["http://127.0.0.1:8080", "http://localhost:9000/v1"])
+    assert same_host(["http://[::1]:8000"])
+    assert not same_host(["http://10.1.2.3:8000"])
+    assert not same_host(["http://127.0.0.1:1", "http://example.com"])
+    assert not same_host([])
 
 
 def test_loop_lag_monitor_sees_a_blocked_loop() -> None:
