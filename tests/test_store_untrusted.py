@@ -286,6 +286,8 @@ def test_a_corrupted_run_is_one_line_and_left_as_it_was(
         ["analyze", str(d)],
         ["report", str(d), "-o", str(tmp_path / "r.html")],
         ["trace", str(d), "-o", str(tmp_path / "t.json")],
+        ["compare", str(d), str(d), "-o", str(tmp_path / "c.html")],
+        ["calibrate", str(d), "--deploy", str(tmp_path / "deploy.yaml")],
     ):
         code, out, err = _cli(args, capsys)
         lines = err.strip().splitlines()
@@ -293,7 +295,7 @@ def test_a_corrupted_run_is_one_line_and_left_as_it_was(
         assert lines == [f"phaselens: error: {msg}"], err
         assert "Traceback" not in out + err
     assert _hashes(d) == before
-    assert not (tmp_path / "r.html").exists() and not (tmp_path / "t.json").exists()
+    assert not [p.name for p in tmp_path.iterdir() if p.name != "run"]  # nothing written
 
 
 def test_analyze_does_not_rewrite_a_run_without_requests_parquet(
@@ -368,6 +370,26 @@ def test_a_bad_event_line_is_skipped_and_counted(
     code, out, err = _cli(["analyze", str(path), "--json"], capsys)
     assert code == 0, err
     assert json.loads(out)["requests"]["planned"] == N
+
+
+def test_a_run_still_being_written_is_read_without_a_change(tmp_path: Path) -> None:
+    """A live writer (here: a sleeping process's pid on this host) keeps its files as they are;
+    the Run shows what is flushed so far, with the lines it had to skip counted."""
+    import socket
+    import subprocess
+
+    path = _crashed(tmp_path, [b"\xff\n"])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _manifest(path, pid=sleeper.pid, host={"hostname": socket.gethostname()})
+        before = _hashes(path)
+        run = load_run(path)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert run.manifest["status"] == "running" and run.requests.height == N
+    assert run.manifest["event_log"]["skipped_lines"] == 1
+    assert _hashes(path) == before
 
 
 def test_a_torn_last_line_is_noted_not_counted_as_bad(tmp_path: Path) -> None:

@@ -9,12 +9,8 @@ file or the key path of manifest.json) and what was expected. The schemas themse
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import math
-import sys
-from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,16 +24,18 @@ from phaselens.errors import InputError
 FORMAT = 1  # the newest run format this version reads (and the one it writes)
 RUN_STATUSES = ("running", "complete", "partial", "interrupted")
 MAX_MANIFEST_BYTES = 64 << 20  # a manifest is a few kB; a bigger one is not ours
-MAX_EVENT_LINE_BYTES = 256 << 20  # one record: ~25 bytes per token timestamp, base64
-_I64 = (-(2**63), 2**63 - 1)
-_I32 = (-(2**31), 2**31 - 1)
+I64_RANGE = (-(2**63), 2**63 - 1)
+I32_RANGE = (-(2**31), 2**31 - 1)
 
 
 class RunFormatError(InputError):
     """The directory is not a readable phaselens run (one clear line for the CLI)."""
 
 
-def _desc(v: Any) -> str:
+def describe(v: Any) -> str:
+    """A value as quoted in a message: its type and a clipped repr."""
+    if isinstance(v, int) and v.bit_length() > 256:
+        return f"an integer of {v.bit_length()} bits"
     r = repr(v)
     return f"{type(v).__name__} {r[:60]}{'…' if len(r) > 60 else ''}"
 
@@ -46,9 +44,9 @@ def _desc(v: Any) -> str:
 Check = Callable[[Any], str | None]  # None: fine; else what was expected
 
 
-def _int(lo: int = _I64[0], hi: int = _I64[1]) -> Check:
-    what = "an integer" if (lo, hi) == _I64 else f"an integer in [{lo}, {hi}]"
-    if hi == _I64[1] and lo != _I64[0]:
+def int_check(lo: int = I64_RANGE[0], hi: int = I64_RANGE[1]) -> Check:
+    what = "an integer" if (lo, hi) == I64_RANGE else f"an integer in [{lo}, {hi}]"
+    if hi == I64_RANGE[1] and lo != I64_RANGE[0]:
         what = f"an integer >= {lo}"
 
     def c(v: Any) -> str | None:
@@ -62,7 +60,7 @@ def _num(v: Any) -> str | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return "a number"
     if isinstance(v, int):
-        return None if _I64[0] <= v <= _I64[1] else "a number below 2^63"
+        return None if I64_RANGE[0] <= v <= I64_RANGE[1] else "a number below 2^63"
     return None if math.isfinite(v) else "a finite number"
 
 
@@ -106,7 +104,7 @@ _Spec = Check | _Obj | _List | _Map
 def _check(spec: _Spec, v: Any, where: str, f: Path) -> None:
     if isinstance(spec, _Obj):
         if not isinstance(v, dict):
-            raise RunFormatError(f"{f}: {where}: expected a JSON object, got {_desc(v)}")
+            raise RunFormatError(f"{f}: {where}: expected a JSON object, got {describe(v)}")
         for k in spec.required:
             if k not in v:
                 raise RunFormatError(f"{f}: {where}: missing key {k!r}")
@@ -115,24 +113,24 @@ def _check(spec: _Spec, v: Any, where: str, f: Path) -> None:
                 _check(sub, v[k], f"{where}.{k}".lstrip("."), f)
     elif isinstance(spec, _List):
         if not isinstance(v, list):
-            raise RunFormatError(f"{f}: {where}: expected a JSON list, got {_desc(v)}")
+            raise RunFormatError(f"{f}: {where}: expected a JSON list, got {describe(v)}")
         for i, x in enumerate(v):
             _check(spec.item, x, f"{where}[{i}]", f)
     elif isinstance(spec, _Map):
         if not isinstance(v, dict):
-            raise RunFormatError(f"{f}: {where}: expected a JSON object, got {_desc(v)}")
+            raise RunFormatError(f"{f}: {where}: expected a JSON object, got {describe(v)}")
         for k, x in v.items():
             _check(spec.value, x, f"{where}.{k}".lstrip("."), f)
     else:
         why = spec(v)
         if why is not None:
-            raise RunFormatError(f"{f}: {where}: expected {why}, got {_desc(v)}")
+            raise RunFormatError(f"{f}: {where}: expected {why}, got {describe(v)}")
 
 
 # Every key some reader uses, with the type it relies on (docs/run-format.md). Others pass.
 MANIFEST_SPEC = _Obj(
     {
-        "format": _int(1),
+        "format": int_check(1),
         "status": lambda v: None if v in RUN_STATUSES else "one of " + ", ".join(RUN_STATUSES),
         "name": _str,
         "kind": _str,
@@ -142,7 +140,7 @@ MANIFEST_SPEC = _Obj(
         "spec": _Obj(
             {
                 "name": _str,
-                "seed": _int(),
+                "seed": int_check(),
                 "models": _List(_any),
                 "gpu_cost_per_hour": _opt(_num),
             }
@@ -150,11 +148,16 @@ MANIFEST_SPEC = _Obj(
         "slo": _Map(_any),  # checked by _check_slo (a number or {stat: number})
         "stages": _List(
             _Obj(
-                {"index": _int(), "rate_scale": _num, "t_start_ns": _int(), "t_end_ns": _int()},
+                {
+                    "index": int_check(),
+                    "rate_scale": _num,
+                    "t_start_ns": int_check(),
+                    "t_end_ns": int_check(),
+                },
                 required=("index", "rate_scale", "t_start_ns", "t_end_ns"),
             )
         ),
-        "clock": _Map(_int()),
+        "clock": _Map(int_check()),
         "valid": _bool,
         "invalid_reasons": _List(_str),
         "gpus": _List(
@@ -174,13 +177,13 @@ MANIFEST_SPEC = _Obj(
                 "cost_params": _Obj({"eta_linear": _num}),
             }
         ),
-        "counts": _Map(_int(0)),
+        "counts": _Map(int_check(0)),
         "telemetry": _Map(_str),
-        "pid": _int(1, 2**31 - 1),
+        "pid": int_check(1, 2**31 - 1),
         "host": _Obj({"hostname": _str}),
         "gpu_cost_per_hour": _opt(_num),
         "driver": _Obj({"loop": _str}),
-        "schedule": _Obj({"requests": _int(0)}),
+        "schedule": _Obj({"requests": int_check(0)}),
     }
 )
 
@@ -226,7 +229,7 @@ def parse_manifest(path: Path) -> dict[str, Any]:
         why = "an integer too long" if "digits" in str(e) else str(e)[:80]
         raise RunFormatError(f"{mf}: invalid JSON ({why})") from None
     if not isinstance(data, dict):
-        raise RunFormatError(f"{mf}: expected a JSON object, got {_desc(data)}")
+        raise RunFormatError(f"{mf}: expected a JSON object, got {describe(data)}")
     fmt = data.get("format", 1)
     if isinstance(fmt, int) and not isinstance(fmt, bool) and fmt > FORMAT:
         raise RunFormatError(
@@ -321,163 +324,3 @@ def check_values(f: Path, df: pl.DataFrame) -> None:
                 obj = None
             if not isinstance(obj, dict):
                 raise RunFormatError(f"{f}: column 'labels': {lab[:60]!r}; expected a JSON object")
-
-
-# ---- events.jsonl ------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class EventLog:
-    """The rows an event log proves, and what had to be skipped (counted, never fatal)."""
-
-    requests: list[tuple[Any, ...]]
-    telemetry: list[tuple[Any, ...]]
-    steps: list[tuple[Any, ...]]
-    skipped: int  # lines that are not a valid event (binary, bad JSON, wrong shape or type)
-    first_skipped: str  # "line N: why" of the first one, "" when none
-    torn_last_line: bool  # the last line has no newline and is not valid (a killed writer)
-
-    def note(self) -> dict[str, Any]:
-        """The manifest's `event_log` entry (docs/run-format.md)."""
-        return {
-            "skipped_lines": self.skipped,
-            "first_skipped": self.first_skipped,
-            "torn_last_line": self.torn_last_line,
-        }
-
-
-class _Bad(Exception):
-    pass
-
-
-def unpack_tokens(v: Any) -> list[int]:
-    """A token list of the event log: base64 of little-endian int64, or a plain JSON list."""
-    if isinstance(v, list):
-        if not all(_int()(x) is None for x in v):
-            raise _Bad("token list: expected integers")
-        return v
-    if not isinstance(v, str):
-        raise _Bad(f"token list: expected base64 text or a list, got {type(v).__name__}")
-    try:
-        raw = base64.b64decode(v, validate=True)
-    except (binascii.Error, ValueError):
-        raise _Bad("token list: invalid base64") from None
-    if len(raw) % 8:
-        raise _Bad("token list: not a whole number of int64")
-    a = array("q")
-    a.frombytes(raw)
-    if sys.byteorder != "little":
-        a.byteswap()
-    return a.tolist()
-
-
-def _typed(v: Any, t: pl.DataType, name: str) -> Any:
-    if v is None:
-        return None
-    if t == pl.String():
-        ok = isinstance(v, str)
-    elif t.is_integer():
-        ok = _int(*(_I32 if t == pl.Int32() else _I64))(v) is None
-    else:  # a float column (NaN and infinities pass: telemetry may report them)
-        ok = isinstance(v, float) or (_int()(v) is None)
-    if not ok:
-        raise _Bad(f"{name}: expected {t}, got {_desc(v)}")
-    return v
-
-
-def _row(
-    vals: list[Any], schema: Mapping[str, pl.DataType], not_null: tuple[str, ...]
-) -> tuple[Any, ...]:
-    out = []
-    for v, (k, t) in zip(vals, schema.items(), strict=True):
-        if v is None and k in not_null:
-            raise _Bad(f"{k}: null; expected a value")
-        out.append(_typed(v, t, k))
-    return tuple(out)
-
-
-def read_events(
-    events: Path,
-    schemas: Mapping[str, Mapping[str, pl.DataType]],
-    min_request_scalars: int,
-) -> EventLog:
-    """Every valid row of `events`; an invalid line is skipped and counted (a torn last line from
-    a killed writer is the usual one). `schemas`: {"r": requests, "t": telemetry, "s": steps}."""
-    req: list[tuple[Any, ...]] = []
-    tel: list[tuple[Any, ...]] = []
-    stp: list[tuple[Any, ...]] = []
-    skipped, first, torn = 0, "", False
-    if not events.exists():
-        return EventLog(req, tel, stp, 0, "", False)
-    if not events.is_file():
-        raise RunFormatError(f"{events}: not a regular file")
-    rs = schemas["r"]
-    scalars = {k: t for k, t in rs.items() if not isinstance(t, pl.List)}
-    try:
-        fh = open(events, "rb")  # noqa: SIM115
-    except OSError as e:
-        raise RunFormatError(f"{events}: cannot read ({e.strerror or e})") from None
-    with fh:
-        n = 0
-        while True:
-            line = fh.readline(MAX_EVENT_LINE_BYTES)
-            if not line:
-                break
-            n += 1
-            complete = line.endswith(b"\n")
-            if not complete and len(line) >= MAX_EVENT_LINE_BYTES:
-                while (more := fh.readline(MAX_EVENT_LINE_BYTES)) and not more.endswith(b"\n"):
-                    pass
-            try:
-                if not complete and len(line) >= MAX_EVENT_LINE_BYTES:
-                    raise _Bad(f"longer than {MAX_EVENT_LINE_BYTES >> 20} MiB")
-                row = _event(line, scalars, rs, schemas, min_request_scalars)
-            except _Bad as e:
-                if not complete and len(line) < MAX_EVENT_LINE_BYTES:
-                    torn = True  # a line without its newline can only be the last one
-                else:
-                    skipped += 1
-                    first = first or f"line {n}: {e}"
-                continue
-            {"r": req, "t": tel, "s": stp}[row[0]].append(row[1])
-    return EventLog(req, tel, stp, skipped, first, torn)
-
-
-def _event(
-    line: bytes,
-    scalars: Mapping[str, pl.DataType],
-    rs: Mapping[str, pl.DataType],
-    schemas: Mapping[str, Mapping[str, pl.DataType]],
-    min_request_scalars: int,
-) -> tuple[str, tuple[Any, ...]]:
-    try:
-        row = json.loads(line.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise _Bad("not UTF-8 text") from None
-    except (ValueError, RecursionError):
-        raise _Bad("not JSON") from None
-    if not isinstance(row, list) or not row or row[0] not in schemas:
-        raise _Bad('expected a JSON list starting with "r", "t" or "s"')
-    kind, rest = row[0], row[1:]
-    if kind == "r":
-        vals = rest[:-2]
-        if len(rest) < 2 or not min_request_scalars <= len(vals) <= len(scalars):
-            raise _Bad(f"request: {len(rest)} fields; expected {len(scalars) + 2}")
-        vals = vals + [None] * (len(scalars) - len(vals))  # an older log lacks newer columns
-        base = _row(vals, scalars, NOT_NULL["requests.parquet"])
-        t_ns, counts = unpack_tokens(rest[-2]), unpack_tokens(rest[-1])
-        if len(t_ns) != len(counts):
-            raise _Bad("request: token_ns and token_counts differ in length")
-        if any(not _I32[0] <= c <= _I32[1] for c in counts):
-            raise _Bad("request: token_counts: expected int32 values")
-        return kind, (*base, t_ns, counts)
-    schema = schemas[kind]
-    if len(rest) != len(schema):
-        raise _Bad(f"{len(rest)} fields; expected {len(schema)}")
-    if kind == "t":
-        labels = rest[-1]
-        if not isinstance(labels, dict) or not all(isinstance(x, str) for x in labels.values()):
-            raise _Bad("labels: expected a JSON object of strings")
-        base = _row([*rest[:-1], None], schema, ())
-        if any(x is None for x in base[:4]):
-            raise _Bad("telemetry: null field; expected a value")
-        return kind, (*base[:-1], labels)
-    return kind, _row(rest, schema, NOT_NULL["steps.parquet"])

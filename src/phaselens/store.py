@@ -26,9 +26,10 @@ import pyarrow as pa  # type: ignore[import-untyped]
 
 from phaselens.colcheck import check_values
 from phaselens.errors import InputError
+from phaselens.eventlog import EventLog, read_events
 from phaselens.names import slugify
-from phaselens.runcheck import EventLog, parse_manifest, read_events, read_frame
 from phaselens.runcheck import RunFormatError as RunFormatError
+from phaselens.runcheck import parse_manifest, read_frame
 from phaselens.types import RequestRecord, Schedule, StepRecord, TelemetrySample
 
 MANIFEST = "manifest.json"

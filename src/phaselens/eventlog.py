@@ -1,0 +1,183 @@
+"""events.jsonl read as untrusted input: every valid row, every bad line skipped and counted.
+
+Why its own module: the event log is what crash recovery rebuilds a run from, so a line that is
+binary, not JSON, of the wrong shape or with a value that does not fit its column must cost
+that line only (counted in the manifest), never the run. Checks use `runcheck`'s rules.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import sys
+from array import array
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from phaselens.runcheck import I32_RANGE, I64_RANGE, NOT_NULL, RunFormatError, describe, int_check
+
+MAX_EVENT_LINE_BYTES = 256 << 20  # one record: ~25 bytes per token timestamp, base64
+
+
+@dataclass(frozen=True, slots=True)
+class EventLog:
+    """The rows an event log proves, and what had to be skipped (counted, never fatal)."""
+
+    requests: list[tuple[Any, ...]]
+    telemetry: list[tuple[Any, ...]]
+    steps: list[tuple[Any, ...]]
+    skipped: int  # lines that are not a valid event (binary, bad JSON, wrong shape or type)
+    first_skipped: str  # "line N: why" of the first one, "" when none
+    torn_last_line: bool  # the last line has no newline and is not valid (a killed writer)
+
+    def note(self) -> dict[str, Any]:
+        """The manifest's `event_log` entry (docs/run-format.md)."""
+        return {
+            "skipped_lines": self.skipped,
+            "first_skipped": self.first_skipped,
+            "torn_last_line": self.torn_last_line,
+        }
+
+
+class _Bad(Exception):
+    pass
+
+
+def unpack_tokens(v: Any) -> list[int]:
+    """A token list of the event log: base64 of little-endian int64, or a plain JSON list."""
+    if isinstance(v, list):
+        if not all(int_check()(x) is None for x in v):
+            raise _Bad("token list: expected integers")
+        return v
+    if not isinstance(v, str):
+        raise _Bad(f"token list: expected base64 text or a list, got {type(v).__name__}")
+    try:
+        raw = base64.b64decode(v, validate=True)
+    except (binascii.Error, ValueError):
+        raise _Bad("token list: invalid base64") from None
+    if len(raw) % 8:
+        raise _Bad("token list: not a whole number of int64")
+    a = array("q")
+    a.frombytes(raw)
+    if sys.byteorder != "little":
+        a.byteswap()
+    return a.tolist()
+
+
+def _typed(v: Any, t: pl.DataType, name: str) -> Any:
+    if v is None:
+        return None
+    if t == pl.String():
+        ok = isinstance(v, str)
+    elif t.is_integer():
+        ok = int_check(*(I32_RANGE if t == pl.Int32() else I64_RANGE))(v) is None
+    else:  # a float column (NaN and infinities pass: telemetry may report them)
+        ok = isinstance(v, float) or (int_check()(v) is None)
+    if not ok:
+        raise _Bad(f"{name}: expected {t}, got {describe(v)}")
+    return v
+
+
+def _row(
+    vals: list[Any], schema: Mapping[str, pl.DataType], not_null: tuple[str, ...]
+) -> tuple[Any, ...]:
+    out = []
+    for v, (k, t) in zip(vals, schema.items(), strict=True):
+        if v is None and k in not_null:
+            raise _Bad(f"{k}: null; expected a value")
+        out.append(_typed(v, t, k))
+    return tuple(out)
+
+
+def read_events(
+    events: Path,
+    schemas: Mapping[str, Mapping[str, pl.DataType]],
+    min_request_scalars: int,
+) -> EventLog:
+    """Every valid row of `events`; an invalid line is skipped and counted (a torn last line from
+    a killed writer is the usual one). `schemas`: {"r": requests, "t": telemetry, "s": steps}."""
+    req: list[tuple[Any, ...]] = []
+    tel: list[tuple[Any, ...]] = []
+    stp: list[tuple[Any, ...]] = []
+    skipped, first, torn = 0, "", False
+    if not events.exists():
+        return EventLog(req, tel, stp, 0, "", False)
+    if not events.is_file():
+        raise RunFormatError(f"{events}: not a regular file")
+    rs = schemas["r"]
+    scalars = {k: t for k, t in rs.items() if not isinstance(t, pl.List)}
+    try:
+        fh = open(events, "rb")  # noqa: SIM115
+    except OSError as e:
+        raise RunFormatError(f"{events}: cannot read ({e.strerror or e})") from None
+    with fh:
+        n = 0
+        while True:
+            line = fh.readline(MAX_EVENT_LINE_BYTES)
+            if not line:
+                break
+            n += 1
+            complete = line.endswith(b"\n")
+            if not complete and len(line) >= MAX_EVENT_LINE_BYTES:
+                while (more := fh.readline(MAX_EVENT_LINE_BYTES)) and not more.endswith(b"\n"):
+                    pass
+            try:
+                if not complete and len(line) >= MAX_EVENT_LINE_BYTES:
+                    raise _Bad(f"longer than {MAX_EVENT_LINE_BYTES >> 20} MiB")
+                row = _event(line, scalars, rs, schemas, min_request_scalars)
+            except _Bad as e:
+                if not complete and len(line) < MAX_EVENT_LINE_BYTES:
+                    torn = True  # a line without its newline can only be the last one
+                else:
+                    skipped += 1
+                    first = first or f"line {n}: {e}"
+                continue
+            {"r": req, "t": tel, "s": stp}[row[0]].append(row[1])
+    return EventLog(req, tel, stp, skipped, first, torn)
+
+
+def _event(
+    line: bytes,
+    scalars: Mapping[str, pl.DataType],
+    rs: Mapping[str, pl.DataType],
+    schemas: Mapping[str, Mapping[str, pl.DataType]],
+    min_request_scalars: int,
+) -> tuple[str, tuple[Any, ...]]:
+    try:
+        row = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise _Bad("not UTF-8 text") from None
+    except (ValueError, RecursionError):
+        raise _Bad("not JSON") from None
+    if not isinstance(row, list) or not row or row[0] not in schemas:
+        raise _Bad('expected a JSON list starting with "r", "t" or "s"')
+    kind, rest = row[0], row[1:]
+    if kind == "r":
+        vals = rest[:-2]
+        if len(rest) < 2 or not min_request_scalars <= len(vals) <= len(scalars):
+            raise _Bad(f"request: {len(rest)} fields; expected {len(scalars) + 2}")
+        vals = vals + [None] * (len(scalars) - len(vals))  # an older log lacks newer columns
+        base = _row(vals, scalars, NOT_NULL["requests.parquet"])
+        t_ns, counts = unpack_tokens(rest[-2]), unpack_tokens(rest[-1])
+        if len(t_ns) != len(counts):
+            raise _Bad("request: token_ns and token_counts differ in length")
+        if any(not I32_RANGE[0] <= c <= I32_RANGE[1] for c in counts):
+            raise _Bad("request: token_counts: expected int32 values")
+        return kind, (*base, t_ns, counts)
+    schema = schemas[kind]
+    if len(rest) != len(schema):
+        raise _Bad(f"{len(rest)} fields; expected {len(schema)}")
+    if kind == "t":
+        labels = rest[-1]
+        if not isinstance(labels, dict) or not all(isinstance(x, str) for x in labels.values()):
+            raise _Bad("labels: expected a JSON object of strings")
+        base = _row([*rest[:-1], None], schema, ())
+        if any(x is None for x in base[:4]):
+            raise _Bad("telemetry: null field; expected a value")
+        return kind, (*base[:-1], labels)
+    return kind, _row(rest, schema, NOT_NULL["steps.parquet"])
