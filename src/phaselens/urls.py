@@ -83,5 +83,9 @@ def check_url(url: str, what: str) -> str:
     """`url` if usable, else InputError `<what>: <url, password masked>: <why>`."""
     why = url_problem(url)
     if why is not None:
-        raise InputError(f"{what}: {redact_url(url)[:200]}: {why}")
+        shown = "".join(
+            c if 0x21 <= ord(c) <= 0x7E else c.encode("unicode_escape").decode("ascii")
+            for c in redact_url(url)[:200]
+        )
+        raise InputError(f"{what}: {shown}: {why}")
     return url

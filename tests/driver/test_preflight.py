@@ -66,7 +66,9 @@ VLLM_MODELS = {
 
 
 @contextmanager
-def info_server(routes: dict[str, Callable[[web.Request], Any]]) -> Iterator[tuple[str, list]]:
+def info_server(
+    routes: dict[str, Callable[[web.Request], Any]],
+) -> Iterator[tuple[str, list[dict[str, str]]]]:
     """A tiny aiohttp server on 127.0.0.1 in a thread; yields its URL and the request log."""
     seen: list[dict[str, str]] = []
     ready = threading.Event()
@@ -78,7 +80,8 @@ def info_server(routes: dict[str, Callable[[web.Request], Any]]) -> Iterator[tup
         def wrap(fn: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
             async def h(request: web.Request) -> web.StreamResponse:
                 seen.append({"path": request.path_qs, **dict(request.headers)})
-                return await fn(request)
+                resp: web.StreamResponse = await fn(request)
+                return resp
 
             return h
 

@@ -1,0 +1,138 @@
+"""Broken `/metrics` bodies from a real HTTP server on 127.0.0.1: a bad line is skipped and
+counted (the rest of the scrape is kept), a source that fails repeatedly is not "ok" in the
+manifest, and nothing a server prints can crash the scrape."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from phaselens.telemetry.clock import RunClock
+from phaselens.telemetry.prometheus import ENGINE_KEEP, parse_prometheus_counted
+from phaselens.telemetry.sampler import start_sources
+from phaselens.telemetry.scrape import ScrapeSource, health
+from phaselens.types import TelemetrySample
+
+GOOD = (
+    "# HELP vllm:num_requests_running Number of requests running.\n"
+    "# TYPE vllm:num_requests_running gauge\n"
+    'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
+    "# TYPE vllm:prompt_tokens_total counter\n"
+    'vllm:prompt_tokens_total{engine="0",model_name="m"} 100.0\n'
+)
+BROKEN_LINES = [
+    '{"level": "info", "msg": "engine started"}',  # a JSON log line in the body
+    "vllm:num_requests_waiting not-a-number",
+    'vllm:num_requests_waiting{engine="0" 1',  # unclosed labels
+    "vllm:num_requests_waiting 1e300",  # beyond 1e18: not a reading
+    "# TYPE vllm:foo nonsense",
+    "\x00\xff garbage",
+]
+
+
+class Server:
+    """A /metrics server whose body the test sets between scrapes."""
+
+    def __init__(self) -> None:
+        self.body = GOOD
+        me = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                data = me.body.encode("utf-8", "surrogateescape")
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}/metrics"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    s = Server()
+    yield s
+    s.close()
+
+
+def _values(samples: list[TelemetrySample], metric: str) -> list[float]:
+    return [s.value for s in samples if s.metric == metric]
+
+
+def test_a_json_line_is_skipped_and_the_scrape_kept(server: Server) -> None:
+    src = ScrapeSource(server.url, "engine", RunClock.start(time.perf_counter_ns()))
+    server.body = GOOD + "\n".join(BROKEN_LINES) + "\n"
+    ticks = [src.tick() for _ in range(3)]
+    for t in ticks:
+        assert _values(t, "scrape.ok") == [1.0]
+        assert _values(t, "engine.running") == [3.0]  # the good lines are all there
+    assert src.skipped_lines == 3 * len(BROKEN_LINES)
+    (status,) = src.statuses().values()
+    assert status == (
+        f"degraded: {3 * len(BROKEN_LINES)} unparseable lines skipped "
+        """(first: line 6: '{"level": "info", "msg": "engine started"}')"""
+    )
+
+
+def test_every_scrape_broken_is_unavailable_not_ok(server: Server) -> None:
+    server.body = '{"error": "metrics disabled"}\n'
+    src = ScrapeSource(server.url, "engine", RunClock.start(time.perf_counter_ns()))
+    got: list[TelemetrySample] = []
+    handle = start_sources([src], 0.05, got.extend, time.perf_counter_ns())
+    time.sleep(0.4)
+    (status,) = handle.stop().values()
+    assert status.startswith("unavailable: no successful scrape (ValueError: no vllm:")
+    assert "line 1:" in status
+    assert got and set(_values(got, "scrape.ok")) == {0.0}  # every slot counted as missing
+
+
+def test_failing_repeatedly_after_a_good_start_is_degraded(server: Server) -> None:
+    src = ScrapeSource(server.url, "engine", RunClock.start(time.perf_counter_ns()))
+    assert _values(src.tick(), "scrape.ok") == [1.0]
+    server.body = "<html>502 Bad Gateway</html>\n"
+    for _ in range(3):
+        assert _values(src.tick(), "scrape.ok") == [0.0]
+    (status,) = src.statuses().values()
+    assert status.startswith("degraded: 3 of 4 scrapes failed (last: ValueError: no vllm:")
+    server.body = GOOD  # and back: the counters resume, the history stays in the status
+    assert _values(src.tick(), "scrape.ok") == [1.0]
+    assert src.statuses()[src.name].startswith("degraded: 3 of 5 scrapes failed")
+
+
+def test_health_thresholds() -> None:
+    assert health("scrape", 10, 0, "") == "ok"
+    assert health("scrape", 10, 2, "x") == "ok"  # fewer than 3 failures
+    assert health("scrape", 100, 9, "x") == "ok"  # 3 or more, but under 10 %
+    assert health("scrape", 90, 10, "x") == "degraded: 10 of 100 scrapes failed (last: x)"
+    assert health("scrape", 0, 4, "x") == "unavailable: no successful scrape (x)"
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.text(max_size=60), max_size=12))
+def test_parser_never_raises_on_any_text(lines: list[str]) -> None:
+    parsed = parse_prometheus_counted(GOOD + "\n".join(lines) + "\n", ENGINE_KEEP)
+    assert parsed.skipped >= 0
+    values = [s.value for f in parsed.families.values() for s in f.samples]
+    assert all(isinstance(v, float) and abs(v) <= 1e18 for v in values)
+    if not any("vllm" in x or "{" in x or "}" in x or '"' in x for x in lines):
+        # lines that cannot touch the good families' names or labels: both are kept as they are
+        assert parsed.families["vllm:num_requests_running"].samples[0].value == 3.0
+        assert parsed.families["vllm:prompt_tokens_total"].samples[0].value == 100.0
