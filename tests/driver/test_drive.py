@@ -87,7 +87,7 @@ def test_cli_run_writes_a_complete_run(tmp_path: Path) -> None:
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     spec = _spec(tmp_path)
     for args, want in [
-        (["--target", "ftp://x"], "--target: ftp://x: expected http://HOST:PORT"),
+        (["--target", "ftp://x"], "--target: ftp://x: unsupported scheme 'ftp'"),
         (["--target", "http://127.0.0.1:9", "--api-key-env", "PL_NOPE_UNSET"], "PL_NOPE_UNSET"),
         (
             ["--target", "http://127.0.0.1:9", "--concurrency", "2", "--max-inflight", "2"],
