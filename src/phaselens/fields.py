@@ -63,7 +63,7 @@ def loc_str(parts: Sequence[int | str], skip: Collection[str] = ()) -> str:
 def _bound(v: Any) -> str:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return str(v)
-    if abs(v) < 1e10 and float(v).is_integer():
+    if isinstance(v, int) or (abs(v) < 1e10 and float(v).is_integer()):
         return f"{int(v):,}"
     return f"{v:g}"
 

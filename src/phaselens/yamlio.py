@@ -39,7 +39,7 @@ MAX_INT_DIGITS = 19  # JSON integers: int64 at most
 # ---------------------------------------------------------------- short, safe reprs
 class _Repr(reprlib.Repr):
     def repr_int(self, x: int, level: int) -> str:
-        digits = len(str(abs(x))) if x.bit_length() < 14_000 else int(x.bit_length() * 0.30103)
+        digits = len(str(abs(x))) if x.bit_length() < 14_000 else int(math.log10(abs(x))) + 1
         return f"<a {digits}-digit integer>" if digits > 30 else str(x)
 
 

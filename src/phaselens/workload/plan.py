@@ -102,7 +102,7 @@ def _check_window(spec: WorkloadSpec, horizon_s: float) -> None:
         rate = sum(m.rate or 0.0 for m in spec.models if not m.is_trace)
         raise InputError(
             f"{spec.source}: requests: {spec.requests or 0:,} requests at {rate:g} req/s need "
-            f"about {horizon_s:,.0f} s; limit {MAX_DURATION_S:,.0f} s (PHASELENS_LIMIT_WINDOW_S): "
+            f"about {horizon_s:.3g} s; limit {MAX_DURATION_S:,.0f} s (PHASELENS_LIMIT_WINDOW_S): "
             "raise the rates"
         )
     for i, m in enumerate(spec.models):
