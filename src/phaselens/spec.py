@@ -37,6 +37,7 @@ from phaselens.bounds import limit
 from phaselens.errors import InputError
 from phaselens.fields import (
     INT64,
+    MAX_NAME,
     MAX_TOKENS,
     Int32,
     Name,
@@ -47,7 +48,7 @@ from phaselens.fields import (
     describe,
     loc_str,
 )
-from phaselens.yamlio import clip, load_yaml, parse_yaml
+from phaselens.yamlio import clip, load_yaml, parse_yaml, show
 
 # Limits on what a spec may ask for; each can be raised with PHASELENS_LIMIT_<NAME> (bounds.py).
 MAX_MODELS = limit("MODELS", 100)  # models in one spec (and model labels split from a trace)
@@ -213,14 +214,16 @@ class TraceArrival(_Strict):
     time_scale: Scale = 1.0  # multiplies the trace's time offsets (0.5 = twice as fast)
     rate: Rate | None = None  # instead of time_scale: rescale to this mean rate (req/s)
     start_s: NonNegFloat = 0.0  # skip this many seconds of the trace (offsets, unscaled)
-    model: str | None = None  # keep only rows whose model column equals this
+    model: str | None = Field(None, max_length=MAX_NAME)  # keep only rows with this model label
 
     @field_validator("columns")
     @classmethod
     def _known_fields(cls, v: dict[str, str] | None) -> dict[str, str] | None:
         for k in v or {}:
             if k not in TRACE_FIELDS:
-                raise ValueError(f"unknown field {k!r}; expected one of {', '.join(TRACE_FIELDS)}")
+                raise ValueError(
+                    f"unknown field {show(k)}; expected one of {', '.join(TRACE_FIELDS)}"
+                )
         return v
 
     @model_validator(mode="after")
@@ -314,7 +317,9 @@ class SLOSpec(_Strict):
     def _percentile_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         for k in v or {}:
             if not _PCT.match(k) and k != "mean":
-                raise ValueError(f"{k!r} is not a percentile; expected keys like p50, p90, p99.9")
+                raise ValueError(
+                    f"{show(k)} is not a percentile; expected keys like p50, p90, p99.9"
+                )
         return v
 
 
@@ -470,37 +475,38 @@ _PATH_TOKEN = re.compile(r"([A-Za-z_]\w*)|\[(\d+)\]")
 
 def apply_override(data: dict[str, Any], item: str) -> None:
     """Apply one `a.b[0].c=value` override in place; the value is parsed as YAML."""
+    shown = clip(item, 80)
     if "=" not in item:
-        raise InputError(f"--set {item}: expected PATH=VALUE, e.g. models[0].rate=4")
+        raise InputError(f"--set {shown}: expected PATH=VALUE, e.g. models[0].rate=4")
     path, raw = item.split("=", 1)
     keys: list[str | int] = []
     pos = 0
     for m in _PATH_TOKEN.finditer(path):
         sep = path[pos : m.start()]
         if sep not in ("", ".") or (sep == "." and not keys):
-            raise InputError(f"--set {item}: cannot parse path {path!r}")
+            raise InputError(f"--set {shown}: cannot parse path {show(path)}")
         keys.append(m.group(1) if m.group(1) is not None else int(m.group(2)))
         pos = m.end()
     if not keys or pos != len(path):
-        raise InputError(f"--set {item}: cannot parse path {path!r}")
-    value = parse_yaml(raw, f"--set {clip(item, 80)}")
+        raise InputError(f"--set {shown}: cannot parse path {show(path)}")
+    value = parse_yaml(raw, f"--set {shown}")
     node: Any = data
     for i, k in enumerate(keys[:-1]):
         here = _loc(keys[: i + 1])
         if isinstance(k, int):
             if not isinstance(node, list) or k >= len(node):
-                raise InputError(f"--set {item}: {here}: no such list item")
+                raise InputError(f"--set {shown}: {here}: no such list item")
             node = node[k]
         else:
             if not isinstance(node, dict):
-                raise InputError(f"--set {item}: {here}: not a mapping")
+                raise InputError(f"--set {shown}: {here}: not a mapping")
             node = node.setdefault(k, {})
     last = keys[-1]
     if isinstance(last, int):
         if not isinstance(node, list) or last >= len(node):
-            raise InputError(f"--set {item}: {_loc(keys)}: no such list item")
+            raise InputError(f"--set {shown}: {_loc(keys)}: no such list item")
         node[last] = value
     else:
         if not isinstance(node, dict):
-            raise InputError(f"--set {item}: {_loc(keys[:-1])}: not a mapping")
+            raise InputError(f"--set {shown}: {_loc(keys[:-1])}: not a mapping")
         node[last] = value

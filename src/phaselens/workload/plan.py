@@ -39,6 +39,7 @@ from phaselens.types import Schedule, StageInfo
 from phaselens.workload.arrivals import arrival_times
 from phaselens.workload.lengths import sample_lengths
 from phaselens.workload.traces import Trace, read_trace
+from phaselens.yamlio import clip, show
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -246,8 +247,8 @@ def _traced(
     if idx is not None and a.model is not None:
         if a.model not in labels:
             raise InputError(
-                f"{spec.source}: models[{i}].arrival.model: {a.model!r} is not in the trace's "
-                f"model column (found: {', '.join(labels) or 'none'})"
+                f"{spec.source}: models[{i}].arrival.model: {show(a.model)} is not in the trace's "
+                f"model column (found: {clip(', '.join(labels), 120) or 'none'})"
             )
         sel = idx == labels.index(a.model)
         groups: list[tuple[str, npt.NDArray[np.bool_]]] = [(m.name, sel)]
