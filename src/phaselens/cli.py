@@ -31,6 +31,7 @@ from phaselens.cliargs import (
     usage_message,
 )
 from phaselens.errors import InputError, one_line
+from phaselens.redact import redact_urls_in
 
 if TYPE_CHECKING:
     from phaselens.spec import WorkloadSpec
@@ -606,7 +607,7 @@ def whatif(
 
 
 def _fail(message: str, code: int) -> int:
-    print(f"phaselens: {one_line(message)}", file=sys.stderr)
+    print(f"phaselens: {one_line(redact_urls_in(message))}", file=sys.stderr)
     return code
 
 

@@ -157,3 +157,13 @@ def test_a_password_never_survives_redaction(password: str) -> None:
     assert quote(password, safe="") not in safe.split("@", 1)[0]
     s = Secrets.of([url])
     assert password not in s.text(f"server said: {password} / {basic_auth(url)}")
+
+
+def test_every_cli_error_line_masks_urls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a message the CLI builds from the raw value (not via check_url) is masked when printed
+    code = cli.invoke(["run", str(tmp_path / "s.yaml"), "--target", "=http://u:hunter2@h:1?k=v9"])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and err.startswith("phaselens: error: ")
+    assert "hunter2" not in err and "v9" not in err and "u:***@h:1?k=***" in err
