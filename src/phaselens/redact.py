@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from phaselens.types import RequestRecord
+from phaselens.types import RequestRecord, TelemetrySample
 
 MASK = "***"
 _MIN_LEN = 4  # shorter header / query values are masked in texts only under a secret name
@@ -160,14 +160,17 @@ class Secrets:
         variants = {x for s in found if s for x in _variants(s)}
         return cls(tuple(sorted(variants, key=lambda s: (-len(s), s))))
 
-    def text(self, text: str) -> str:
-        """`text` with every secret (and any URL's user:password) masked."""
+    def text(self, text: str, cut: bool = True) -> str:
+        """`text` with every secret (and any URL's user:password) masked; `cut`: the text may
+        have been cut off inside a secret (a server message truncated to its first bytes)."""
         if not text:
             return text
         out = redact_urls_in(text)
         for s in self.values:
             if s in out:
                 out = out.replace(s, MASK)
+        if not cut:
+            return out
         for s in self.values:  # cut off in the middle of a secret: mask the stump
             for k in range(len(s) - 1, _MIN_TAIL - 1, -1):
                 if out.endswith(s[:k]):
@@ -200,3 +203,15 @@ def scrub_record(r: RequestRecord, secrets: Secrets) -> RequestRecord:
         return r
     safe = secrets.text(r.error)
     return r if safe == r.error else dataclasses.replace(r, error=safe)
+
+
+def scrub_samples(samples: list[TelemetrySample], secrets: Secrets) -> list[TelemetrySample]:
+    """Samples with their label values redacted (a server's own labels might echo a header).
+    Free when the run has no secrets."""
+    if not secrets.values:
+        return samples
+    out = []
+    for x in samples:
+        safe = {k: secrets.text(v, cut=False) for k, v in x.labels.items()}
+        out.append(x if safe == x.labels else dataclasses.replace(x, labels=safe))
+    return out

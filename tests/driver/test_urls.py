@@ -167,3 +167,14 @@ def test_every_cli_error_line_masks_urls(
     _, err = capsys.readouterr()
     assert code == 2 and err.count("\n") == 1 and err.startswith("phaselens: error: ")
     assert "hunter2" not in err and "v9" not in err and "u:***@h:1?k=***" in err
+
+
+def test_sample_labels_scrubbed_only_where_a_secret_is() -> None:
+    from phaselens.redact import scrub_samples
+    from phaselens.types import TelemetrySample
+
+    a = TelemetrySample(1, "vllm", "x", 1.0, {"auth": "Bearer sk-999", "model": "m"})
+    b = TelemetrySample(1, "vllm", "y", 2.0, {"model": "m"})
+    got = scrub_samples([a, b], Secrets.of(api_key="sk-999"))
+    assert got[0].labels == {"auth": "Bearer ***", "model": "m"} and got[1] is b
+    assert scrub_samples([a], Secrets())[0] is a  # no secrets: nothing to do

@@ -37,7 +37,7 @@ from phaselens.driver.runner import (
 )
 from phaselens.driver.selfcheck import Verdict, verdict
 from phaselens.errors import InputError
-from phaselens.redact import Secrets, redact_url, scrub_json, scrub_record
+from phaselens.redact import Secrets, redact_url, scrub_json, scrub_record, scrub_samples
 from phaselens.store import RunWriter, clock_anchor, write_schedule
 from phaselens.telemetry.sampler import parse_spec as parse_telemetry
 from phaselens.telemetry.sampler import start_telemetry
@@ -271,7 +271,13 @@ def drive(
         writer.update_manifest(clock=writer_clock)
         if _telemetry_on(telemetry):
             urls = sorted(set(targets.values()))
-            state["tel"] = start_telemetry(telemetry, urls, telemetry_interval_s, t0, wt.samples)
+            state["tel"] = start_telemetry(
+                telemetry,
+                urls,
+                telemetry_interval_s,
+                t0,
+                lambda ss: wt.samples(scrub_samples(ss, secrets)),
+            )
             # The sampler starts in its own process: give it the lead time before t = 0.
             state["tel"].wait_ready(max(0.0, (t0 - time.perf_counter_ns()) / 1e9 - 0.02))
         nonlocal progress
