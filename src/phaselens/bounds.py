@@ -69,6 +69,6 @@ def fmt_duration(ns: float) -> str:
     s = ns / 1e9
     if s < 3600:
         return f"{s:.1f} s"
-    if s < 2 * 86400:
+    if s < 3 * 86400:
         return f"{s / 3600:.1f} h"
     return f"{s / 86400:.1f} days"

@@ -258,7 +258,8 @@ def _telemetry_frame(deploy: Deployment, res: ClusterResult) -> pl.DataFrame:
     cols: dict[str, list[Any]] = {"t_ns": [], "metric": [], "value": [], "labels": []}
 
     def per_bin(t0: np.ndarray, t1: np.ndarray, q: np.ndarray) -> np.ndarray:
-        return _cum_at(t_s, t0, t1, q) - _cum_at(lo, t0, t1, q)
+        out: np.ndarray = _cum_at(t_s, t0, t1, q) - _cum_at(lo, t0, t1, q)
+        return out
 
     def emit(metric: str, values: np.ndarray, labels: Mapping[str, str]) -> None:
         cols["t_ns"].append(t_s)
