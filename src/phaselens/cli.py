@@ -265,11 +265,14 @@ def run(
     ] = None,
 ) -> None:
     """Run a workload against a server (or the simulator) and write a run directory."""
-    import os
-
+    from phaselens.driver.runner import LOOPS
     from phaselens.spec import load_spec
     from phaselens.workload.plan import build_schedule
 
+    if endpoint not in ("completions", "chat"):
+        raise InputError(f"--endpoint: expected completions or chat, got {endpoint!r}")
+    if loop not in LOOPS:
+        raise InputError(f"--loop: expected {', '.join(LOOPS)}, got {loop!r}")
     targets = _parse_targets(target)
     ws = load_spec(spec, set_ or [])
     schedule = build_schedule(ws)
@@ -287,8 +290,6 @@ def run(
     from phaselens.driver.drive import drive
     from phaselens.driver.runner import DriverOptions
 
-    if endpoint not in ("completions", "chat"):
-        raise InputError(f"--endpoint: expected completions or chat, got {endpoint!r}")
     api_key = None
     if api_key_env:
         api_key = os.environ.get(api_key_env)

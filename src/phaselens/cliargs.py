@@ -36,8 +36,6 @@ def _num(x: float) -> str:
 
 
 def _range_text(lo: float | None, hi: float | None, lo_open: bool) -> str:
-    if lo is None and hi is None:
-        return "a finite number"
     left = "" if lo is None else (f"> {_num(lo)}" if lo_open else f">= {_num(lo)}")
     right = "" if hi is None else f"<= {_num(hi)}"
     return " and ".join(x for x in (left, right) if x)
@@ -53,6 +51,8 @@ def out_of_range(
     if not bad:
         return None
     kind = "an integer" if isinstance(value, int) else "a number"
+    if lo is None and hi is None:
+        return f"expected a finite number, got {value!r}"
     return f"expected {kind} {_range_text(lo, hi, lo_open)}, got {value!r}"
 
 
@@ -119,7 +119,7 @@ def _probe_dir(d: Path, opt: str, path: Path) -> None:
 def check_out_file(path: Path, opt: str) -> Path:
     """An output file the command will write: not a directory, in a writable directory.
 
-    Missing parent directories are created by the writer, so they only need a writable ancestor.
+    Missing parent directories are created here (as `mkdir -p`), after the probe says they can be.
     """
     if "\x00" in str(path):
         raise InputError(f"{opt}: {str(path)!r}: a path cannot contain a NUL byte")
@@ -133,6 +133,10 @@ def check_out_file(path: Path, opt: str) -> Path:
             raise InputError(f"{opt}: {path}: cannot write ({_why(e)})") from None
         return path
     _probe_dir(_nearest_existing(path, opt), opt, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"{opt}: {path}: cannot create {path.parent} ({_why(e)})") from None
     return path
 
 
