@@ -272,8 +272,9 @@ def choose(
                 f"--max-runs {n} to run them all, or --sample K for a random subset"
             )
         raise InputError(
-            f"--set: the grid has {size} combinations, more than the {cap:,} simulations "
-            "--max-runs allows: pass --sample K for a random subset, or give fewer values"
+            f"--set: the grid has {size} combinations, over the limit of {lim} and more than "
+            f"the {cap:,} simulations --max-runs allows: pass --sample K for a random subset, "
+            "or give fewer values"
         )
     return grid(sets)
 
