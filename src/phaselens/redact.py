@@ -8,11 +8,12 @@ The rule (docs/run-format.md): in a URL the password becomes `***` (`user:***@ho
 name without a password (a token used as user name) becomes `***@host`, every query value
 becomes `***` (`?api_key=***`, a bare `?token` item too) and a fragment becomes `#***`; the
 scheme, host, port and path are kept. In any other text, every known secret becomes `***`: the
-API key, the URL password (or lone user name), the base64 Basic credential, header and query
-values (all of them from 4 characters on; shorter ones when the name has auth/key/token/
-secret/pass/cookie/session/sig/cred in it), raw, percent-decoded, JSON- or repr-escaped; so does
-the tail of a text cut off inside one (a truncated server message), and any URL in the text is
-masked by the URL rule.
+API key, the URL password (or lone user name) and the base64 Basic credential always; header
+and query values whose name has auth/key/token/secret/pass/cookie/session/sig/cred in it
+always, other ones from 8 characters on and unless they occur in a public name of the run (a
+model, a served name: `?model=llama` is no secret); raw, percent-decoded, JSON- or
+repr-escaped. So does the tail of a text cut off inside one (a truncated server message), and
+any URL in the text is masked by the URL rule.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from urllib.parse import unquote
 from phaselens.types import RequestRecord, TelemetrySample
 
 MASK = "***"
-_MIN_LEN = 4  # shorter header / query values are masked in texts only under a secret name
+_MIN_LEN = 8  # shorter header / query values are masked in texts only under a secret name
 _SECRET_WORDS = ("auth", "key", "token", "secret", "pass", "cookie", "session", "sig", "cred")
 _MIN_TAIL = 3  # a text ending in the first >= 3 characters of a secret: those are masked too
 # a URL inside a text (one we were not told about): masked by the URL rule
@@ -83,10 +84,13 @@ def _secret_name(name: str) -> bool:
     return any(w in n for w in _SECRET_WORDS)
 
 
-def _keep(value: str, named_secret: bool) -> bool:
+def _keep(value: str, named_secret: bool, public: Iterable[str] = ()) -> bool:
     """Is `value` masked in texts? Always when its name says secret, else from _MIN_LEN on
-    (so `?n=2` or `X-Priority: 1` do not turn every digit of an error text into ***)."""
-    return bool(value) and (named_secret or len(value) >= _MIN_LEN)
+    and when no public name contains it (so `?n=2`, `X-Priority: 1` or `?model=chat-8b` do
+    not turn digits or model names of the manifest and error texts into ***)."""
+    if not value:
+        return False
+    return named_secret or (len(value) >= _MIN_LEN and not any(value in p for p in public))
 
 
 def _basic_token(user: str, password: str) -> str:
@@ -107,7 +111,7 @@ def redact_urls_in(text: str) -> str:
     return _URL_IN_TEXT.sub(lambda m: redact_url(m[0]), text) if "://" in text else text
 
 
-def url_secrets(url: str) -> set[str]:
+def url_secrets(url: str, public: Iterable[str] = ()) -> set[str]:
     """The secrets a URL carries: the password (raw and decoded) or a lone user name, the
     base64 Basic credential, and query values (see `_keep`)."""
     out: set[str] = set()
@@ -120,11 +124,12 @@ def url_secrets(url: str) -> set[str]:
         user, colon, password = userinfo.partition(":")
         cred = password if colon else user  # a lone user name is the credential
         out |= {cred, unquote(cred), _basic_token(user, password)}
+    names = tuple(public)
     for item in query[1:].split("&") if query else ():
         k, eq, v = item.partition("=")
         value = v if eq else k
         for x in (value, unquote(value), unquote(value.replace("+", " "))):
-            if _keep(x, bool(eq) and _secret_name(k)):
+            if _keep(x, bool(eq) and _secret_name(k), names):
                 out.add(x)
     return {s for s in out if s}
 
@@ -148,13 +153,17 @@ class Secrets:
         headers: Mapping[str, str] | None = None,
         api_key: str | None = None,
         extra: Iterable[str] = (),
+        public: Iterable[str] = (),
     ) -> Secrets:
+        """`public`: names of the run that are no secrets (models, served names)."""
+        names = tuple(public)
         found: set[str] = set(extra)
         for u in urls:
-            found |= url_secrets(u)
+            found |= url_secrets(u, names)
         for k, v in (headers or {}).items():
             _, _, token = v.strip().partition(" ")  # "Bearer abc": the token alone too
-            found |= {x for x in (v.strip(), token.strip()) if _keep(x, _secret_name(k))}
+            named = _secret_name(k)
+            found |= {x for x in (v.strip(), token.strip()) if _keep(x, named, names)}
         if api_key:
             found.add(api_key)
         variants = {x for s in found if s for x in _variants(s)}

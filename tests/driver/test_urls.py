@@ -178,3 +178,13 @@ def test_sample_labels_scrubbed_only_where_a_secret_is() -> None:
     got = scrub_samples([a, b], Secrets.of(api_key="sk-999"))
     assert got[0].labels == {"auth": "Bearer ***", "model": "m"} and got[1] is b
     assert scrub_samples([a], Secrets())[0] is a  # no secrets: nothing to do
+
+
+def test_public_names_and_short_values_are_no_secrets() -> None:
+    url = "http://h/v1?model=chat-model-8b&region=eu&session=s1"
+    masked = Secrets.of([url])
+    assert masked.text("chat-model-8b in eu, s1") == "*** in eu, ***"
+    public = Secrets.of([url], {"X-Model": "chat-model-8b"}, public=["chat-model-8b"])
+    # the model name stays readable in the manifest and messages; `session` is secret-named
+    assert public.text("chat-model-8b in eu, s1") == "chat-model-8b in eu, ***"
+    assert redact_url(url) == "http://h/v1?model=***&region=***&session=***"  # URLs: all

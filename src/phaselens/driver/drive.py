@@ -197,7 +197,8 @@ def drive(
             f"--workers: {workers} workers for --concurrency {options.concurrency} users; "
             "give at most one worker per user"
         )
-    secrets = Secrets.of(targets.values(), options.headers, options.api_key)
+    public = [*schedule.models, *options.model_map.values(), options.endpoint]
+    secrets = Secrets.of(targets.values(), options.headers, options.api_key, public=public)
     safe_targets = {m: redact_url(u) for m, u in targets.items()}
     label = (
         safe_targets["*"]
