@@ -298,6 +298,52 @@ def test_any_number_in_any_field_plans_sanely_or_fails_in_one_line(
         ), line
 
 
+TREES = hst.recursive(
+    hst.none()
+    | hst.booleans()
+    | hst.integers(-(2**66), 2**66)
+    | hst.floats()
+    | hst.text(alphabet="abcpoissonfixedtype_:-/.0 ", max_size=12),
+    lambda kids: (
+        hst.lists(kids, max_size=4)
+        | hst.dictionaries(
+            hst.sampled_from(["type", "value", "rate", "min", "max", "cv", "path", "x", "parts"]),
+            kids,
+            max_size=4,
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@settings(HYPO, max_examples=20)
+@given(
+    key=hst.sampled_from(
+        [
+            "models[0].arrival",
+            "models[0].input_tokens",
+            "models[0]",
+            "stages",
+            "ramp",
+            "slo",
+            "name",
+        ]
+    ),
+    tree=TREES,
+)
+def test_any_shape_in_any_field_plans_or_fails_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str, tree: object
+) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(GOOD)
+    value = json.dumps(tree).replace("NaN", ".nan").replace("Infinity", ".inf")
+    code, out, err = call(["plan", str(spec), "--json", "--set", f"{key}={value}"], capsys)
+    if code == 0:
+        assert json.loads(out)["total"] >= 1
+    else:
+        assert f"{spec}: " in one_error_line(code, err)
+
+
 # ---------------------------------------------------------------- ramps down to 0
 @settings(max_examples=60, deadline=None)
 @given(
