@@ -59,6 +59,11 @@ def url_problem(url: str) -> str | None:
     if scheme.lower() not in SCHEMES:
         return f"unsupported scheme {scheme!r} (expected http or https)"
     netloc = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if "@" in rest[len(netloc) :]:
+        return (
+            "an '@' after the host (in a password, percent-encode '/', '?', '#' and '@' as "
+            "%2F, %3F, %23, %40)"
+        )
     hostport = netloc.rpartition("@")[2]
     if hostport.startswith("["):
         inner, bracket, after = hostport.partition("]")
@@ -83,9 +88,14 @@ def check_url(url: str, what: str) -> str:
     """`url` if usable, else InputError `<what>: <url, password masked>: <why>`."""
     why = url_problem(url)
     if why is not None:
+        safe = redact_url(url)
+        scheme, sep, rest = safe.partition("://")
+        netloc = re.split(r"[/?#]", rest, maxsplit=1)[0]
+        if sep and "@" in rest[len(netloc) :]:  # userinfo the URL rule could not see
+            safe = f"{scheme}://***@{rest.rpartition('@')[2]}"
         shown = "".join(
             c if 0x21 <= ord(c) <= 0x7E else c.encode("unicode_escape").decode("ascii")
-            for c in redact_url(url)[:200]
+            for c in safe[:200]
         )
         raise InputError(f"{what}: {shown}: {why}")
     return url

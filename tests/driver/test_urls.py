@@ -43,6 +43,7 @@ from .conftest import make_schedule
         ("http://h:80/\r\nX-Injected: 1", "spaces, control or non-ASCII characters"),
         ("http://h:80/é", "spaces, control or non-ASCII characters"),
         ("http://h/" + "a" * 9000, "longer than 8192 characters"),
+        ("http://u:12/x@h:1", "an '@' after the host (in a password, percent-encode"),
     ],
 )
 def test_bad_urls_refused_with_the_reason(url: str, why: str) -> None:
@@ -71,12 +72,15 @@ def test_good_urls_accepted(url: str) -> None:
 
 
 def test_password_masked_in_the_refusal() -> None:
-    with pytest.raises(InputError) as e:
-        check_targets(make_schedule([0.0]), {"*": "http://u:hunter2@h:99999"}, DriverOptions())
-    assert (
-        str(e.value)
-        == "--target: http://u:***@h:99999: bad port '99999' (expected a number 1-65535)"
-    )
+    for url, shown in (
+        ("http://u:hunter2@h:99999", "http://u:***@h:99999: bad port '99999'"),
+        ("http://u:hunt/er2@h:1", "http://***@h:1: an '@' after the host"),  # an unencoded '/'
+        ("ftp://u:hunt/er2@h", "ftp://***@h: unsupported scheme 'ftp'"),
+    ):
+        with pytest.raises(InputError) as e:
+            check_targets(make_schedule([0.0]), {"*": url}, DriverOptions())
+        assert str(e.value).startswith(f"--target: {shown}")
+        assert "hunt" not in str(e.value)
 
 
 def test_telemetry_urls_checked_the_same_way() -> None:
