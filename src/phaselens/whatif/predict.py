@@ -101,12 +101,17 @@ def regimes(t_ns: np.ndarray, ttft_s: F64, iso_ttft: F64, iso_e2e: F64) -> np.nd
     q = np.maximum(ttft_s - iso_ttft, 0.0) / np.maximum(iso_e2e, 1e-9)
     win = (t_ns // WINDOW_NS).astype(np.int64)
     out = np.empty(t_ns.shape[0], dtype=object)
-    for w in np.unique(win):
-        sel = win == w
-        qs = q[sel]
+    # one pass over the windows in sorted order (a window per request at a low load.scale:
+    # comparing every window with every request would be quadratic)
+    order = np.argsort(win, kind="stable")
+    _, starts = np.unique(win[order], return_index=True)
+    ends = np.append(starts[1:], order.shape[0]) if starts.size else starts
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        rows = order[a:b]
+        qs = q[rows]
         qs = qs[np.isfinite(qs)]
         med = float(np.median(qs)) if qs.size else np.inf
-        out[sel] = (
+        out[rows] = (
             REGIMES[0] if med < LIGHT_MAX_Q else REGIMES[1] if med < NEAR_MAX_Q else REGIMES[2]
         )
     return out
