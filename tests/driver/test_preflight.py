@@ -183,8 +183,8 @@ def test_drive_warns_once_and_notes_the_manifest(
     lines = [x for x in err.splitlines() if x.startswith("phaselens: warning:")]
     assert lines == [
         f"phaselens: warning: 1 of 3 planned requests for m need more tokens (input + output) "
-        f"than the server's context of 64 (llama.cpp /props n_ctx) at {url}; the server will "
-        "likely refuse them"
+        f"than the server's context of 64 (llama.cpp /props n_ctx) at {url}; the server may "
+        "refuse them or cut them short"
     ]
     manifest = json.loads((res.path / "manifest.json").read_text())
     assert manifest["server_context"] == [

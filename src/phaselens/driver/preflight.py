@@ -52,7 +52,7 @@ class ContextNote:
         return (
             f"{self.over} of {self.planned} planned requests for {self.model} need more tokens "
             f"(input + output) than the server's context of {self.context} ({self.where}) at "
-            f"{self.target}; the server will likely refuse them"
+            f"{self.target}; the server may refuse them or cut them short"
         )
 
 
