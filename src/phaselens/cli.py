@@ -330,6 +330,8 @@ def run(
     if not res.verdict.valid:
         for reason in res.verdict.invalid_reasons:
             typer.echo(f"INVALID: {reason}")
+    for warning in res.verdict.warnings:  # client lag too small to matter (docs/metrics.md)
+        typer.echo(f"WARN: {warning}")
     if res.error:
         print(f"phaselens: error: {res.error}", file=sys.stderr)
         raise typer.Exit(1)

@@ -35,7 +35,7 @@ from phaselens.driver.runner import (
     run_loop,
     run_schedule,
 )
-from phaselens.driver.selfcheck import Verdict, verdict
+from phaselens.driver.selfcheck import LatencyScale, Verdict, same_host, verdict
 from phaselens.errors import InputError
 from phaselens.redact import Secrets, redact_url, scrub_json, scrub_record, scrub_samples
 from phaselens.store import RunWriter, clock_anchor, write_schedule
@@ -72,6 +72,7 @@ class _WriterThread:
         self.writer = writer
         self.q: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
         self.ids: set[int] = set()
+        self.scale = LatencyScale()  # TTFT/ITL medians the self-check judges client lag against
         self.failure = ""  # the first write that failed, and why
         self.failures = 0
         self._t = threading.Thread(target=self._run, name="phaselens-writer", daemon=True)
@@ -100,6 +101,7 @@ class _WriterThread:
         if r.id in self.ids:  # exactly one record per planned request
             return
         self.ids.add(r.id)
+        self.scale.add(r)
         try:
             self.writer.add_record(r)
         except ValueError as e:  # a value that does not fit its column: nothing was kept
@@ -387,7 +389,7 @@ def drive(
     wt.join()
     send = np.concatenate([s.send_lags_ns for s in summaries]) if summaries else np.zeros(0)
     loop = np.concatenate([s.loop_lags_ns for s in summaries]) if summaries else np.zeros(0)
-    v = verdict(send, loop, workers)
+    v = verdict(send, loop, workers, wt.scale, same_host(targets.values()))
     methods: Counter[str] = Counter()
     by_status: Counter[str] = Counter()
     for s in summaries:
@@ -421,6 +423,7 @@ def drive(
             "send_lag_max_ms": v.send_lag_max_ms,
             "loop_lag_p99_ms": v.loop_lag_p99_ms,
             "loop_lag_max_ms": v.loop_lag_max_ms,
+            "warnings": list(v.warnings),
             "cpu_s": cpu,
             "wall_s": wall,
             "cpu_pct": 100.0 * cpu / wall if wall > 0 else 0.0,
