@@ -468,12 +468,13 @@ models:
             ", format: csv, columns: {timestamp: ts, input_tokens: in, output_tokens: out}",
             "line 3: input_tokens: expected 0 to 10,000,000",
         ),
-        # 19 requests with millisecond stamps over ~9 days of seconds: the unit is named
+        # 19 rows of millisecond stamps 12 hours apart read as seconds: 9,000 days
         (
             "t.csv",
             ("ts,in,out\n" + "".join(f"{k * 43_200_000},10,5\n" for k in range(19))).encode(),
             ", format: csv, columns: {timestamp: ts, input_tokens: in, output_tokens: out}",
-            "the trace spans 9,000.0 days read as s; limit 30 days; if its timestamps are in ms",
+            "the trace spans 9,000.0 days read as s; limit 366 days (PHASELENS_LIMIT_TRACE_SPAN_S)"
+            "; if its timestamps are in ms (or us, ns), say so with arrival.time_unit",
         ),
     ],
 )
@@ -489,6 +490,34 @@ def test_bad_traces_through_plan(
     trace.write_bytes(data)
     line = plan_text(tmp_path, TRACE_SPEC.format(path=fname, extra=extra), capsys)
     assert f"{trace}: {expected}" in line, line
+
+
+def test_sparse_traces_warn_and_long_ones_need_a_window(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cols = ", format: csv, columns: {timestamp: ts, input_tokens: in, output_tokens: out}"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(TRACE_SPEC.format(path="t.csv", extra=cols))
+    # 13 minutes of millisecond stamps read as seconds: 19 requests over 9 days, one per 12 h
+    trace = tmp_path / "t.csv"
+    trace.write_text("ts,in,out\n" + "".join(f"{k * 43_200},10,5\n" for k in range(19)))
+    code, out, err = call(["plan", str(spec), "--json"], capsys)
+    assert code == 0 and json.loads(out)["total"] == 19
+    assert err == (
+        f"phaselens: warning: {trace}: 19 requests over 9.0 days read as s (one every 12.0 h); "
+        "if its timestamps are in ms (or us, ns), say so with arrival.time_unit\n"
+    )
+    # a real 60-day trace (a request a minute) is read, but replayed only within 30 days
+    trace.write_text("ts,in,out\n" + "".join(f"{k * 60},10,5\n" for k in range(86_400)))
+    line = plan_text(tmp_path, TRACE_SPEC.format(path="t.csv", extra=cols), capsys)
+    assert line.endswith(
+        "spec.yaml: models[0].arrival: the (scaled) trace spans 60.0 days; limit 30 days "
+        "(PHASELENS_LIMIT_WINDOW_S): give duration_s or stages to replay part of it, "
+        "or speed it up with arrival.time_scale"
+    )
+    spec.write_text("duration_s: 3600\n" + TRACE_SPEC.format(path="t.csv", extra=cols))
+    code, out, err = call(["plan", str(spec), "--json"], capsys)
+    assert code == 0 and json.loads(out)["total"] == 60, err
 
 
 @HYPO

@@ -97,8 +97,23 @@ def _check_size(spec: WorkloadSpec, n: int, field: str) -> None:
         )
 
 
-def _check_window(spec: WorkloadSpec, horizon_s: float) -> None:
-    """Refuse windows past the limit, and onoff sojourns too short for the window, up front."""
+def _check_window(
+    spec: WorkloadSpec, horizon_s: float, traces: Mapping[int, Trace] | None = None
+) -> None:
+    """Refuse windows past the limit, and onoff sojourns too short for the window, up front.
+
+    A window given by duration_s or stages is within the limit (the spec checks it); without
+    one, the window is the longest (scaled) trace or what `requests` needs at the rates.
+    """
+    for i, tr in (traces or {}).items():
+        span = float(tr.t_s[-1]) if len(tr) else 0.0
+        if span > MAX_DURATION_S and spec.duration_s is None and not spec.stages:
+            raise InputError(
+                f"{spec.source}: models[{i}].arrival: the (scaled) trace spans "
+                f"{span / 86_400:,.1f} days; limit {MAX_DURATION_S / 86_400:.0f} days "
+                "(PHASELENS_LIMIT_WINDOW_S): give duration_s or stages to replay part of it, "
+                "or speed it up with arrival.time_scale"
+            )
     if horizon_s > MAX_DURATION_S + 1.0:  # (a trace's end may sit a hair past the limit)
         rate = sum(m.rate or 0.0 for m in spec.models if not m.is_trace)
         raise InputError(
@@ -182,13 +197,6 @@ def _trace_times(spec: WorkloadSpec, i: int, m: ModelSpec, tr: Trace) -> Trace:
         factor = ((t.size - 1) / span) / target
     else:
         factor = a.time_scale
-    span_s = float(t[-1]) * factor
-    if span_s > MAX_DURATION_S:
-        what = "rate" if target is not None else "time_scale"
-        raise InputError(
-            f"{spec.source}: models[{i}].arrival.{what}: the scaled trace spans "
-            f"{span_s / 86_400:,.1f} days; limit {MAX_DURATION_S / 86_400:.0f} days"
-        )
     return Trace(
         tr.path,
         tr.format,
@@ -317,7 +325,7 @@ def build_schedule(spec: WorkloadSpec) -> Schedule:
     _check_size(spec, estimate_requests(spec) + sum(len(t) for t in traces.values()), field)
 
     horizon = _horizon(spec, traces)
-    _check_window(spec, horizon)
+    _check_window(spec, horizon, traces)
     open_ended = spec.requests is not None and not spec.stages and spec.duration_s is None
     has_synthetic = any(not m.is_trace for m in spec.models)
     while True:

@@ -8,8 +8,9 @@ reported with file and line number; rows out of time order are sorted with a `Tr
 (real logs merged from several frontends are rarely perfectly ordered, and replay is defined
 by the timestamps, not by row order). A file is checked to be UTF-8 text before it is parsed,
 JSON lines go through `yamlio.loads_json` (64-bit ints, finite numbers, bounded nesting),
-lengths must be at most `MAX_TOKENS`, and a trace spanning more than 30 days is refused: that
-is almost always millisecond timestamps read as seconds.
+lengths must be at most `MAX_TOKENS`, and a trace spanning more than a year is refused (a
+sparse one spanning days is warned about): that is what millisecond timestamps read as seconds
+look like. The planned window itself is bounded by the planner (`spec.MAX_DURATION_S`).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
+from phaselens.bounds import limit
 from phaselens.errors import InputError
 from phaselens.fields import MAX_NAME, MAX_TOKENS
-from phaselens.spec import MAX_DURATION_S, TIME_UNITS
+from phaselens.spec import TIME_UNITS
 from phaselens.yamlio import check_text_file, clip, loads_json, show
 
 F64 = npt.NDArray[np.float64]
@@ -35,6 +37,8 @@ I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
 
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake hash ids name 512-token blocks of the prompt
+MAX_TRACE_SPAN_S = float(limit("TRACE_SPAN_S", 366 * 86_400))  # a trace file's own span
+SPARSE_SPAN_S, SPARSE_GAP_S = 86_400.0, 3600.0  # a day or more, a request an hour or rarer
 
 # Default column mappings per format: field -> column (CSV) or key (JSONL).
 FORMATS: dict[str, dict[str, str]] = {
@@ -327,17 +331,31 @@ def _lengths(p: Path, name: str, v: F64, lines: npt.NDArray[Any]) -> I64:
 
 
 def _check_span(p: Path, t: F64, unit: str) -> None:
+    """Refuse a span past MAX_TRACE_SPAN_S; warn when few requests spread over days.
+
+    Both are what millisecond stamps read as seconds look like: 13 minutes of a real trace
+    become 9 days with one request every 12 hours.
+    """
     span = float(t[-1] - t[0]) if t.size else 0.0
-    if span > MAX_DURATION_S:
-        read = f" read as {unit}" if unit else ""
-        hint = (
-            "; if its timestamps are in ms (or us, ns), say so with arrival.time_unit"
-            if unit and unit != "ns"
-            else ""
-        )
+    read = f" read as {unit}" if unit else ""
+    hint = (
+        "if its timestamps are in ms (or us, ns), say so with arrival.time_unit"
+        if unit and unit != "ns"
+        else ""
+    )
+    if span > MAX_TRACE_SPAN_S:
         raise InputError(
             f"{p}: the trace spans {span / 86_400:,.1f} days{read}; limit "
-            f"{MAX_DURATION_S / 86_400:.0f} days{hint}"
+            f"{MAX_TRACE_SPAN_S / 86_400:.0f} days (PHASELENS_LIMIT_TRACE_SPAN_S)"
+            + (f"; {hint}" if hint else "")
+        )
+    gap = span / max(t.size - 1, 1)
+    if hint and span > SPARSE_SPAN_S and gap > SPARSE_GAP_S:
+        warnings.warn(
+            f"{p}: {t.size:,} requests over {span / 86_400:,.1f} days{read} (one every "
+            f"{gap / 3600:,.1f} h); {hint}",
+            TraceWarning,
+            stacklevel=4,
         )
 
 
