@@ -335,7 +335,7 @@ BAD_LINES: dict[str, tuple[bytes, str]] = {
     "request too short": (b'["r", 99]\n', "request: 1 fields"),
     "id a string": (
         b'["r","abc","m",0,0,0,null,null,null,1,0,"ok","",null,null,null,null,"",""]\n',
-        "id: expected Int64",
+        "id: expected a 64-bit integer, got str",
     ),
     "bad base64": (
         b'["r",99,"m",0,0,0,null,null,null,1,0,"ok","",null,null,null,null,"!!!","AA=="]\n',
@@ -346,8 +346,14 @@ BAD_LINES: dict[str, tuple[bytes, str]] = {
         "not a whole number of int64",
     ),
     "telemetry labels a list": (b'["t",5,"sim","gpu.busy_pct",1.0,[1]]\n', "labels"),
-    "step with a text field": (b'["s",0,1,"e","g",1,1,"many",1.0,1.0]\n', "kv_tokens"),
-    "huge integer": (b'["s",0,' + b"9" * 30 + b',"e","g",1,1,1,1.0,1.0]\n', "t_end_ns"),
+    "step with a text field": (
+        b'["s",0,1,"e","g",1,1,"many",1.0,1.0]\n',
+        "kv_tokens: expected a 64-bit integer",
+    ),
+    "huge integer": (
+        b'["s",0,' + b"9" * 30 + b',"e","g",1,1,1,1.0,1.0]\n',
+        "t_end_ns: expected a 64-bit integer",
+    ),
 }
 
 
@@ -490,3 +496,57 @@ def test_random_byte_damage_is_a_clean_error_or_a_clean_load(
             assert "\n" not in str(e) and str(d) in str(e)
             outcomes["error"] += 1
     assert outcomes["error"] >= 4  # every cut at least is refused
+
+
+# ---- the schedule: every planned request counted ------------------------------------------------
+def _schedule(n: int) -> Any:
+    from phaselens.types import Schedule, StageInfo
+
+    return Schedule(
+        models=("m",),
+        t_ns=np.arange(n, dtype=np.int64) * 100 * MS_NS,
+        model_idx=np.zeros(n, dtype=np.int32),
+        stage=np.zeros(n, dtype=np.int32),
+        input_tokens=np.full(n, 10, dtype=np.int64),
+        output_tokens=np.full(n, 4, dtype=np.int64),
+        prefix_group=np.full(n, -1, dtype=np.int32),
+        prefix_tokens=np.zeros(n, dtype=np.int64),
+        priority=np.ones(n, dtype=np.int32),
+        stages=(StageInfo(0, 1.0, 0, n * 100 * MS_NS),),
+        seed=1,
+        spec_hash="t",
+        duration_ns=n * 100 * MS_NS,
+    )
+
+
+MS_NS = 1_000_000
+
+
+def test_recovery_marks_the_planned_requests_without_a_record_lost(tmp_path: Path) -> None:
+    from phaselens.store import LOST, LOST_ERROR, write_schedule
+
+    path = _crashed(tmp_path)  # records 0..11 logged
+    write_schedule(path, _schedule(20))
+    run = load_run(path)
+    req = run.requests
+    assert req["id"].to_list() == list(range(20))
+    lost = req.filter(pl.col("status") == LOST)
+    assert lost["id"].to_list() == list(range(12, 20))
+    assert lost["scheduled_ns"].to_list() == [k * 100 * MS_NS for k in range(12, 20)]
+    assert set(lost["error"]) == {LOST_ERROR} and lost["sent_ns"].null_count() == 8
+    assert lost["priority"].to_list() == [1] * 8 and lost["input_tokens"].to_list() == [10] * 8
+    assert lost["token_ns"].to_list() == [[]] * 8 and lost["output_tokens"].sum() == 0
+    assert run.manifest["recovery"]["lost"] == 8
+    from phaselens.analysis.summary import analyze
+
+    counts = analyze(run)["requests"]
+    assert counts["planned"] == 20 and counts["ok"] == 12 and counts["by_status"][LOST] == 8
+
+
+def test_recovery_refuses_a_damaged_schedule(tmp_path: Path) -> None:
+    path = _crashed(tmp_path)
+    (path / "schedule.parquet").write_bytes(b"PAR1 not really")
+    before = _hashes(path)
+    with pytest.raises(RunFormatError, match=r"schedule\.parquet: not a readable Parquet file"):
+        load_run(path)
+    assert _hashes(path) == before

@@ -69,29 +69,35 @@ def unpack_tokens(v: Any) -> list[int]:
     return a.tolist()
 
 
-def _typed(v: Any, t: pl.DataType, name: str) -> Any:
-    if v is None:
-        return None
-    if t == pl.String():
-        ok = isinstance(v, str)
-    elif t.is_integer():
-        ok = int_check(*(I32_RANGE if t == pl.Int32() else I64_RANGE))(v) is None
-    else:  # a float column (NaN and infinities pass: telemetry may report them)
-        ok = isinstance(v, float) or (int_check()(v) is None)
-    if not ok:
-        raise _Bad(f"{name}: expected {t}, got {describe(v)}")
-    return v
+Cols = list[tuple[str, str, bool]]  # (name, "s" | "f" | "i32" | "i64", value required)
 
 
-def _row(
-    vals: list[Any], schema: Mapping[str, pl.DataType], not_null: tuple[str, ...]
-) -> tuple[Any, ...]:
-    out = []
-    for v, (k, t) in zip(vals, schema.items(), strict=True):
-        if v is None and k in not_null:
-            raise _Bad(f"{k}: null; expected a value")
-        out.append(_typed(v, t, k))
-    return tuple(out)
+def columns(schema: Mapping[str, pl.DataType], not_null: tuple[str, ...] = ()) -> Cols:
+    """A schema as the per-value checks `_row` makes (computed once per log, not per value)."""
+    code = {"String": "s", "Float64": "f", "Int32": "i32", "Int64": "i64"}
+    return [(k, code[str(t)], k in not_null) for k, t in schema.items()]
+
+
+_WHAT = {"s": "a string", "f": "a number", "i32": "a 32-bit integer", "i64": "a 64-bit integer"}
+
+
+def _row(vals: list[Any], cols: Cols) -> tuple[Any, ...]:
+    for v, (k, code, required) in zip(vals, cols, strict=True):
+        if v is None:
+            if required:
+                raise _Bad(f"{k}: null; expected a value")
+            continue
+        t = type(v)  # exact types: a JSON true is not an integer
+        if code == "s":
+            ok = t is str
+        elif code == "f":  # NaN and infinities pass: telemetry may report them
+            ok = t is float or (t is int and I64_RANGE[0] <= v <= I64_RANGE[1])
+        else:
+            lo, hi = I32_RANGE if code == "i32" else I64_RANGE
+            ok = t is int and lo <= v <= hi
+        if not ok:
+            raise _Bad(f"{k}: expected {_WHAT[code]}, got {describe(v)}")
+    return tuple(vals)
 
 
 def read_events(
@@ -109,8 +115,12 @@ def read_events(
         return EventLog(req, tel, stp, 0, "", False)
     if not events.is_file():
         raise RunFormatError(f"{events}: not a regular file")
-    rs = schemas["r"]
-    scalars = {k: t for k, t in rs.items() if not isinstance(t, pl.List)}
+    scalars = {k: t for k, t in schemas["r"].items() if not isinstance(t, pl.List)}
+    cols = {
+        "r": columns(scalars, NOT_NULL["requests.parquet"]),
+        "t": columns(schemas["t"], NOT_NULL["telemetry.parquet"]),
+        "s": columns(schemas["s"], NOT_NULL["steps.parquet"]),
+    }
     try:
         fh = open(events, "rb")  # noqa: SIM115
     except OSError as e:
@@ -129,7 +139,7 @@ def read_events(
             try:
                 if not complete and len(line) >= MAX_EVENT_LINE_BYTES:
                     raise _Bad(f"longer than {MAX_EVENT_LINE_BYTES >> 20} MiB")
-                row = _event(line, scalars, rs, schemas, min_request_scalars)
+                row = _event(line, cols, min_request_scalars)
             except _Bad as e:
                 if not complete and len(line) < MAX_EVENT_LINE_BYTES:
                     torn = True  # a line without its newline can only be the last one
@@ -141,43 +151,34 @@ def read_events(
     return EventLog(req, tel, stp, skipped, first, torn)
 
 
-def _event(
-    line: bytes,
-    scalars: Mapping[str, pl.DataType],
-    rs: Mapping[str, pl.DataType],
-    schemas: Mapping[str, Mapping[str, pl.DataType]],
-    min_request_scalars: int,
-) -> tuple[str, tuple[Any, ...]]:
+def _event(line: bytes, cols: Mapping[str, Cols], min_request_scalars: int) -> tuple[str, Any]:
     try:
         row = json.loads(line.decode("utf-8"))
     except UnicodeDecodeError:
         raise _Bad("not UTF-8 text") from None
     except (ValueError, RecursionError):
         raise _Bad("not JSON") from None
-    if not isinstance(row, list) or not row or row[0] not in schemas:
+    if type(row) is not list or not row or row[0] not in cols:
         raise _Bad('expected a JSON list starting with "r", "t" or "s"')
     kind, rest = row[0], row[1:]
     if kind == "r":
+        n = len(cols["r"])
         vals = rest[:-2]
-        if len(rest) < 2 or not min_request_scalars <= len(vals) <= len(scalars):
-            raise _Bad(f"request: {len(rest)} fields; expected {len(scalars) + 2}")
-        vals = vals + [None] * (len(scalars) - len(vals))  # an older log lacks newer columns
-        base = _row(vals, scalars, NOT_NULL["requests.parquet"])
+        if len(rest) < 2 or not min_request_scalars <= len(vals) <= n:
+            raise _Bad(f"request: {len(rest)} fields; expected {n + 2}")
+        vals += [None] * (n - len(vals))  # an older log lacks newer columns
+        base = _row(vals, cols["r"])
         t_ns, counts = unpack_tokens(rest[-2]), unpack_tokens(rest[-1])
         if len(t_ns) != len(counts):
             raise _Bad("request: token_ns and token_counts differ in length")
-        if any(not I32_RANGE[0] <= c <= I32_RANGE[1] for c in counts):
+        if counts and (min(counts) < I32_RANGE[0] or max(counts) > I32_RANGE[1]):
             raise _Bad("request: token_counts: expected int32 values")
         return kind, (*base, t_ns, counts)
-    schema = schemas[kind]
-    if len(rest) != len(schema):
-        raise _Bad(f"{len(rest)} fields; expected {len(schema)}")
+    if len(rest) != len(cols[kind]):
+        raise _Bad(f"{len(rest)} fields; expected {len(cols[kind])}")
     if kind == "t":
         labels = rest[-1]
-        if not isinstance(labels, dict) or not all(isinstance(x, str) for x in labels.values()):
+        if type(labels) is not dict or not all(type(x) is str for x in labels.values()):
             raise _Bad("labels: expected a JSON object of strings")
-        base = _row([*rest[:-1], None], schema, ())
-        if any(x is None for x in base[:4]):
-            raise _Bad("telemetry: null field; expected a value")
-        return kind, (*base[:-1], labels)
-    return kind, _row(rest, schema, NOT_NULL["steps.parquet"])
+        return kind, (*_row(rest[:-1], cols["t"][:-1]), labels)
+    return kind, _row(rest, cols["s"])
