@@ -385,9 +385,11 @@ class WorkloadSpec(BaseModel):
 
 
 def ramp_scale(start: float, end: float, k: int, steps: int) -> float:
-    """Step k of a linear ramp: exact at both ends (no -1.4e-17 for a ramp down to 0)."""
-    f = k / (steps - 1)
-    return max(0.0, start * (1.0 - f) + end * f)
+    """Step k of a linear ramp: exactly `end` at the last step (a ramp down to 0 once gave
+    -1.4e-17, refused as a negative rate_scale); inner steps as before, so plans stay the same."""
+    if k == steps - 1:
+        return end
+    return max(0.0, start + (end - start) * k / (steps - 1))
 
 
 # ---------------------------------------------------------------- loading
