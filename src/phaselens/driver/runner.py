@@ -87,7 +87,7 @@ class DriverOptions:
 
     endpoint: Endpoint = "chat"
     model_map: Mapping[str, str] = field(default_factory=dict)  # spec model -> served name
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)  # values: secrets
     api_key: str | None = field(default=None, repr=False)
     max_inflight: int | None = None  # open loop: cap on requests on the wire
     concurrency: int | None = None  # closed loop: number of virtual users
