@@ -90,6 +90,12 @@ def test_latency_scale_medians_by_hand() -> None:
         )
     )
     assert sc3.itl_p50_ns is not None and abs(sc3.itl_p50_ns / (10 * MS) - 1) < 0.13
+    # a record it cannot read is skipped, never raised (the writer thread stores it next)
+    odd = RequestRecord(
+        id=0, model="m", stage=0, scheduled_ns=0, status="ok", first_token_ns=1, token_ns=(1, "x")
+    )  # type: ignore[arg-type]
+    sc3.add(odd)
+    assert sc3.skipped == 1
 
 
 # (send p99 ms, loop p99 ms, TTFT p50 ms, ITL p50 ms) -> (valid, warnings, which is invalid)

@@ -112,9 +112,20 @@ class LatencyScale:
 
     ttft: np.ndarray = field(default_factory=lambda: np.zeros(_H_PER_DECADE * _H_DECADES))
     itl: np.ndarray = field(default_factory=lambda: np.zeros(_H_PER_DECADE * _H_DECADES))
+    skipped: int = 0  # records that could not be read (left out of the medians)
 
     def add(self, r: RequestRecord) -> None:
-        """Count one record: its TTFT when it succeeded, and its chunk gaps per token."""
+        """Count one record: its TTFT when it succeeded, and its chunk gaps per token.
+
+        Never raises: it runs in the run writer's thread, before the record is stored, and a
+        record it cannot read must still be written (it is then left out of the medians).
+        """
+        try:
+            self._add(r)
+        except Exception:
+            self.skipped += 1
+
+    def _add(self, r: RequestRecord) -> None:
         if r.status != "ok" or r.first_token_ns is None:
             return
         _hist_add(self.ttft, np.asarray([r.first_token_ns - r.scheduled_ns], dtype=np.float64))
