@@ -550,3 +550,25 @@ def test_recovery_refuses_a_damaged_schedule(tmp_path: Path) -> None:
     with pytest.raises(RunFormatError, match=r"schedule\.parquet: not a readable Parquet file"):
         load_run(path)
     assert _hashes(path) == before
+
+
+def test_the_size_limits_are_stated_and_can_be_raised(
+    valid_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    size = (valid_run / MANIFEST).stat().st_size
+    monkeypatch.setenv("PHASELENS_LIMIT_MANIFEST_BYTES", str(size - 1))
+    with pytest.raises(RunFormatError, match="PHASELENS_LIMIT_MANIFEST_BYTES"):
+        load_run(valid_run)
+    monkeypatch.setenv("PHASELENS_LIMIT_MANIFEST_BYTES", str(size))
+    assert load_run(valid_run).requests.height == N
+
+    # an event line over the limit costs that line only; the lines after it are read
+    path = _crashed(tmp_path, [b'["t",5,"sim","x",1.0,{"k":"' + b"v" * 500 + b'"}]\n'])
+    with open(path / EVENTS, "ab") as f:
+        f.write(b'["t",6,"sim","y",2.0,{}]\n')
+    monkeypatch.setenv("PHASELENS_LIMIT_EVENT_LINE_BYTES", "400")
+    run = load_run(path)
+    assert run.manifest["recovery"]["skipped_lines"] == 1
+    assert "longer than 400 bytes" in run.manifest["recovery"]["first_skipped"]
+    assert sorted(run.telemetry["metric"].to_list()) == ["gpu.sm_pct", "y"]
+    assert run.requests.height == N

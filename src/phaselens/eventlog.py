@@ -19,9 +19,11 @@ from typing import Any
 
 import polars as pl
 
+from phaselens.bounds import limit
 from phaselens.runcheck import I32_RANGE, I64_RANGE, NOT_NULL, RunFormatError, describe, int_check
 
-MAX_EVENT_LINE_BYTES = 256 << 20  # one record: ~25 bytes per token timestamp, base64
+# one record: ~22 bytes per chunk (two base64 int64); PHASELENS_LIMIT_EVENT_LINE_BYTES raises it
+MAX_EVENT_LINE_BYTES = 256 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,23 +127,24 @@ def read_events(
         fh = open(events, "rb")  # noqa: SIM115
     except OSError as e:
         raise RunFormatError(f"{events}: cannot read ({e.strerror or e})") from None
+    top = limit("EVENT_LINE_BYTES", MAX_EVENT_LINE_BYTES)
     with fh:
         n = 0
         while True:
-            line = fh.readline(MAX_EVENT_LINE_BYTES)
+            line = fh.readline(top)
             if not line:
                 break
             n += 1
             complete = line.endswith(b"\n")
-            if not complete and len(line) >= MAX_EVENT_LINE_BYTES:
-                while (more := fh.readline(MAX_EVENT_LINE_BYTES)) and not more.endswith(b"\n"):
+            if not complete and len(line) >= top:
+                while (more := fh.readline(top)) and not more.endswith(b"\n"):
                     pass
             try:
-                if not complete and len(line) >= MAX_EVENT_LINE_BYTES:
-                    raise _Bad(f"longer than {MAX_EVENT_LINE_BYTES >> 20} MiB")
+                if not complete and len(line) >= top:
+                    raise _Bad(f"longer than {top:,} bytes (PHASELENS_LIMIT_EVENT_LINE_BYTES)")
                 row = _event(line, cols, min_request_scalars)
             except _Bad as e:
-                if not complete and len(line) < MAX_EVENT_LINE_BYTES:
+                if not complete and len(line) < top:
                     torn = True  # a line without its newline can only be the last one
                 else:
                     skipped += 1

@@ -19,11 +19,12 @@ from typing import Any
 import polars as pl
 from polars.exceptions import PanicException
 
+from phaselens.bounds import limit
 from phaselens.errors import InputError
 
 FORMAT = 1  # the newest run format this version reads (and the one it writes)
 RUN_STATUSES = ("running", "complete", "partial", "interrupted")
-MAX_MANIFEST_BYTES = 64 << 20  # a manifest is a few kB; a bigger one is not ours
+MAX_MANIFEST_BYTES = 64 << 20  # a manifest is a few kB (PHASELENS_LIMIT_MANIFEST_BYTES raises it)
 I64_RANGE = (-(2**63), 2**63 - 1)
 I32_RANGE = (-(2**31), 2**31 - 1)
 
@@ -208,13 +209,17 @@ def parse_manifest(path: Path) -> dict[str, Any]:
         raise RunFormatError(f"{path}: not a phaselens run (not a directory)")
     if not mf.is_file():
         raise RunFormatError(f"{path}: not a phaselens run (no manifest.json)")
+    top = limit("MANIFEST_BYTES", MAX_MANIFEST_BYTES)
     try:
         with open(mf, "rb") as fh:
-            raw = fh.read(MAX_MANIFEST_BYTES + 1)
+            raw = fh.read(top + 1)
     except OSError as e:
         raise RunFormatError(f"{mf}: cannot read ({e.strerror or e})") from None
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise RunFormatError(f"{mf}: larger than {MAX_MANIFEST_BYTES >> 20} MiB; not a manifest")
+    if len(raw) > top:
+        raise RunFormatError(
+            f"{mf}: over the limit of {top:,} bytes for a manifest "
+            "(raise it with PHASELENS_LIMIT_MANIFEST_BYTES=N)"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
