@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test lint typecheck unit e2e engines browser bench clean
+.PHONY: install demo test lint typecheck unit e2e engines browser bench clean fuzz
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,13 @@ e2e: engines
 
 test: lint typecheck engines browser
 	$(PY) -m pytest
+
+# The fuzzing suite at length: bad specs, deployments, traces, calibrations, options and damaged
+# run directories through every command (`make test` runs a short fixed sample of it).
+# FUZZ_EXAMPLES per property; PHASELENS_FUZZ_COLLECT=FILE lists every failure instead of stopping.
+FUZZ_EXAMPLES ?= 500
+fuzz: install
+	PHASELENS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest tests/fuzz -q -p no:cacheprovider
 
 bench: install
 	$(PY) benchmarks/run_all.py

@@ -6,6 +6,8 @@ Bad input anywhere raises `InputError`, printed here as one line with exit code 
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import sys
 from pathlib import Path
@@ -92,8 +94,10 @@ def plan(
         print(f"phaselens: warning: {w.message}", file=sys.stderr)
     summary = summarize(schedule)
     if out is not None:
+        buf = io.BytesIO()  # polars reports a failed file write as ComputeError, Python as OSError
+        schedule_frame(schedule).write_parquet(buf)
         try:
-            schedule_frame(schedule).write_parquet(out)
+            out.write_bytes(buf.getvalue())
         except OSError as e:
             raise InputError(f"{out}: cannot write ({e.strerror or e})") from None
     if as_json:
@@ -644,12 +648,17 @@ def invoke(args: list[str]) -> int:
     except BrokenPipeError:  # `phaselens ... | head`: the reader left; nothing to report
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the interpreter flushes it at exit
         return 1
-    except OSError as e:
-        if e.filename is None:
-            return _internal(e)
-        return _fail(f"error: {e.filename}: {e.strerror or type(e).__name__}", 2)
+    except OSError as e:  # the machine's condition (a full disk, a missing file), not a bug
+        if e.filename is not None:
+            return _fail(f"error: {e.filename}: {e.strerror or type(e).__name__}", 2)
+        if e.errno in _ENVIRONMENT_ERRNOS:
+            return _fail(f"error: {e.strerror} (writing an output)", 2)
+        return _internal(e)
     except Exception as e:
         return _internal(e)
+
+
+_ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG}
 
 
 def _internal(e: BaseException) -> int:
