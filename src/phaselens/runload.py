@@ -1,0 +1,205 @@
+"""Loading a run: checked once (runcheck, eventlog), rebuilt after a crash, never changed.
+
+Why apart from the writer (store.py): reading is where a run directory is untrusted input, and
+crash recovery is the one documented way a read may change it. `phaselens.store` re-exports
+everything here; import it from there.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from phaselens.errors import InputError
+from phaselens.runcheck import RunFormatError, parse_manifest, read_frame
+from phaselens.store import (
+    _FILES,
+    _OPTIONAL,
+    _SCHEMAS,
+    _SORT,
+    EVENTS,
+    LOST,
+    LOST_ERROR,
+    MANIFEST,
+    REQUEST_SCHEMA,
+    REQUESTS,
+    SCHEDULE,
+    SCHEDULE_SCHEMA,
+    _atomic_write_json,
+    _log_frames,
+    _read_log,
+    _write_frames,
+    empty_frame,
+)
+from phaselens.types import Schedule
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """A loaded run: the only input analysis takes."""
+
+    path: Path
+    manifest: Mapping[str, Any]
+    requests: pl.DataFrame
+    telemetry: pl.DataFrame
+    steps: pl.DataFrame
+
+    @property
+    def partial(self) -> bool:
+        return self.manifest.get("status") != "complete"
+
+
+def _writer_alive(manifest: Mapping[str, Any]) -> bool:
+    pid = manifest.get("pid")  # checked at load: an int in [1, 2^31)
+    if not isinstance(pid, int) or (manifest.get("host") or {}).get("hostname") != (
+        socket.gethostname()
+    ):
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return pid != os.getpid()
+
+
+def write_schedule(run_dir: Path, schedule: Schedule) -> None:
+    """The plan, written when the run is created: recovery after a kill -9 counts every planned
+    request against it, so a request the log never saw is `lost`, not forgotten."""
+    from phaselens.workload.plan import schedule_frame
+
+    tmp = run_dir / (SCHEDULE + ".tmp")
+    schedule_frame(schedule).write_parquet(tmp)
+    os.replace(tmp, run_dir / SCHEDULE)
+
+
+def _lost_rows(p: Path, manifest: Mapping[str, Any], seen: pl.Series) -> pl.DataFrame:
+    """A `lost` row for each planned request (schedule.parquet) that the event log lacks."""
+    if not (p / SCHEDULE).exists():
+        return empty_frame(REQUEST_SCHEMA)
+    sched = read_frame(p / SCHEDULE, SCHEDULE_SCHEMA).filter(~pl.col("id").is_in(seen.implode()))
+    closed = (manifest.get("driver") or {}).get("loop") == "closed"  # no planned instants
+    return sched.select(
+        pl.col("id"),
+        pl.col("model"),
+        pl.col("stage"),
+        pl.col("priority"),
+        (pl.lit(0, pl.Int64) if closed else pl.col("t_ns")).alias("scheduled_ns"),
+        pl.col("input_tokens"),
+        pl.lit(0, pl.Int64).alias("output_tokens"),
+        pl.lit(LOST).alias("status"),
+        pl.lit(LOST_ERROR).alias("error"),
+        pl.lit([], pl.List(pl.Int64)).alias("token_ns"),
+        pl.lit([], pl.List(pl.Int32)).alias("token_counts"),
+    ).select(
+        (pl.col(k) if k in _LOST_COLS else pl.lit(None, t).alias(k)).cast(t)
+        for k, t in REQUEST_SCHEMA.items()
+    )
+
+
+_LOST_COLS = (
+    *("id", "model", "stage", "priority", "scheduled_ns", "input_tokens", "output_tokens"),
+    *("status", "error", "token_ns", "token_counts"),
+)
+
+
+def _recover(p: Path) -> tuple[dict[str, Any], dict[str, pl.DataFrame]]:
+    """Rebuild a dead writer's run from what its event log proves (docs/run-format.md).
+
+    Never destructive: an existing Parquet file holding at least as many rows as the rebuild is
+    kept as it is; one holding fewer but some, or unreadable, stops the recovery with one line
+    (move it aside to rebuild); events.jsonl is kept. A directory that cannot be written is
+    recovered in memory only.
+    """
+    manifest = read_manifest(p)
+    log = _read_log(p / EVENTS)
+    frames = _log_frames(log)
+    logged = frames["requests"].unique("id", keep="first", maintain_order=True)
+    dups = frames["requests"].height - logged.height  # the writer logs each id once: not ours
+    lost = _lost_rows(p, manifest, logged["id"])
+    frames["requests"] = pl.concat([logged, lost])
+    frames = {k: df.sort(_SORT[k]) for k, df in frames.items()}
+    write: dict[str, pl.DataFrame] = {}
+    for key, df in frames.items():
+        f = p / _FILES[key]
+        if not f.exists() or (f.is_file() and f.stat().st_size == 0):
+            write[key] = df
+            continue
+        try:
+            old = read_frame(f, _SCHEMAS[key], _OPTIONAL.get(key, ()))
+        except InputError as e:
+            raise RunFormatError(
+                f"{e}; not rebuilt over it from {EVENTS} (move it aside)"
+            ) from None
+        if old.height >= df.height:
+            frames[key] = old  # e.g. the writer died after compacting: the file is whole
+        elif old.height == 0:
+            write[key] = df
+        else:
+            raise RunFormatError(
+                f"{f}: {old.height} rows, the event log proves {df.height}; not rebuilt over it "
+                "(move it aside to rebuild the run)"
+            )
+    manifest["status"] = "partial"
+    manifest["counts"] = {k: frames[k].height for k in frames}
+    manifest["recovery"] = {**log.note(), "lost": lost.height, "duplicate_ids": dups}
+    manifest["recovery"]["rewritten"] = sorted(write)
+    try:
+        _write_frames(p, write)
+        _atomic_write_json(p / MANIFEST, manifest)
+    except OSError as e:
+        manifest["recovery"]["not_written"] = f"{e.strerror or e}"
+    return manifest, frames
+
+
+def recover_run(path: Path | str) -> Path:
+    """Rebuild the Parquet files of a run whose writer died, and mark it partial."""
+    p = Path(path)
+    _recover(p)
+    return p
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """manifest.json, checked (runcheck.parse_manifest): types of the known keys, the format."""
+    return parse_manifest(Path(path))
+
+
+def load_run(path: Path | str) -> Run:
+    """Load a run; a run whose process died is rebuilt from its event log and marked partial.
+
+    Every file is checked here, once: a problem is one RunFormatError naming the file and what
+    was expected. Nothing on disk changes except through that recovery.
+    """
+    p = Path(path)
+    manifest = read_manifest(p)
+    status = manifest.get("status")
+    if status == "running" and _writer_alive(manifest):
+        # Still being written: read what is flushed so far, change nothing on disk.
+        log = _read_log(p / EVENTS)
+        frames = _log_frames(log)
+        manifest = {**manifest, "event_log": log.note()}
+    elif status == "running":
+        manifest, frames = _recover(p)
+    elif not (p / REQUESTS).exists():
+        raise RunFormatError(
+            f"{p / REQUESTS}: missing (the run is marked {status or 'without a status'}; only a "
+            f"run still marked running is rebuilt, from its {EVENTS})"
+        )
+    else:
+        counts = manifest.get("counts") or {}
+        frames = {}
+        for key, name in _FILES.items():
+            if (p / name).exists():
+                frames[key] = read_frame(p / name, _SCHEMAS[key], _OPTIONAL.get(key, ()))
+            elif counts.get(key):
+                raise RunFormatError(
+                    f"{p / name}: missing (the manifest counts {counts[key]} rows)"
+                )
+            else:
+                frames[key] = empty_frame(_SCHEMAS[key])
+    return Run(p, manifest, frames["requests"], frames["telemetry"], frames["steps"])
