@@ -572,3 +572,28 @@ def test_the_size_limits_are_stated_and_can_be_raised(
     assert "longer than 400 bytes" in run.manifest["recovery"]["first_skipped"]
     assert sorted(run.telemetry["metric"].to_list()) == ["gpu.sm_pct", "y"]
     assert run.requests.height == N
+
+
+def test_narrower_column_types_are_widened_to_the_schema(
+    corrupt: Callable[[Mutation], Path],
+) -> None:
+    """Another writer's choices (Int16 stage, categorical text, Float32 values, extra columns)
+    load in exactly the schema's types; the values are the same."""
+
+    def narrow(d: Path) -> None:
+        _frame(
+            REQUESTS,
+            lambda df: df.with_columns(
+                pl.col("stage").cast(pl.Int16),
+                pl.col("model").cast(pl.Categorical),
+                pl.lit("x").alias("extra"),
+            ),
+        )(d)
+        _frame(TELEMETRY, lambda df: df.with_columns(pl.col("value").cast(pl.Float32)))(d)
+
+    run = load_run(corrupt(narrow))
+    assert run.requests.schema["stage"] == pl.Int32 and run.requests.schema["model"] == pl.String
+    assert "extra" not in run.requests.columns
+    assert run.requests["model"].to_list() == ["m"] * N
+    assert run.telemetry.schema["value"] == pl.Float64
+    assert run.telemetry["value"].to_list() == [50.0 + k for k in range(13)]

@@ -265,6 +265,8 @@ def _fits(got: Any, want: Any) -> bool:  # polars data types (instances or class
         return bool(got.is_integer()) and _int_width(got) <= _int_width(want)
     if want.is_float():
         return bool(got.is_float())
+    if want == pl.String():  # a dictionary-encoded text column is still text
+        return isinstance(got, (pl.Categorical, pl.Enum)) or got in (pl.Categorical, pl.Enum)
     return False
 
 
