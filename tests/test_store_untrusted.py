@@ -597,3 +597,25 @@ def test_narrower_column_types_are_widened_to_the_schema(
     assert run.requests["model"].to_list() == ["m"] * N
     assert run.telemetry.schema["value"] == pl.Float64
     assert run.telemetry["value"].to_list() == [50.0 + k for k in range(13)]
+
+
+def test_the_real_command_line_says_one_line_for_a_newer_format(
+    corrupt: Callable[[Mutation], Path],
+) -> None:
+    """The installed entry point, in its own process: `format: 99` used to be analysed as 1."""
+    import subprocess
+
+    d = corrupt(_set(format=99))
+    before = _hashes(d)
+    p = subprocess.run(
+        [sys.executable, "-m", "phaselens.cli", "analyze", str(d)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.splitlines() == [
+        f"phaselens: error: {d / MANIFEST}: format 99: made by a newer phaselens (this version "
+        "reads format 1); upgrade phaselens to read it"
+    ]
+    assert p.stdout == "" and _hashes(d) == before
