@@ -412,6 +412,18 @@ def test_a_name_cannot_leave_out(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["deep"]
 
 
+def test_a_plan_of_no_requests_is_refused_before_a_run_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(GOOD.replace("duration_s: 5", "duration_s: 0.000001"))
+    out_dir = tmp_path / "runs"
+    code, out, err = call(["run", str(spec), "--target", "sim", "--out", str(out_dir)], capsys)
+    line = one_error_line(code, err)
+    assert line.startswith(f"phaselens: error: {spec}: the spec plans no requests")
+    assert out == "" and not out_dir.exists()
+
+
 # ---------------------------------------------------------------- traces
 TRACE_SPEC = """\
 name: tr
