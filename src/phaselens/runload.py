@@ -63,6 +63,8 @@ def _writer_alive(manifest: Mapping[str, Any]) -> bool:
         return False
     try:
         os.kill(pid, 0)
+    except PermissionError:  # it exists, run by another user
+        return True
     except OSError:
         return False
     return pid != os.getpid()
