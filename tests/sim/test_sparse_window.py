@@ -99,7 +99,7 @@ def test_the_analysis_refuses_a_window_over_the_bin_limit(tmp_path: Path) -> Non
     finally:
         tracemalloc.stop()
     msg = str(e.value)
-    assert "\n" not in msg and msg.startswith(f"{path}: the run's window: ")
+    assert "\n" not in msg and msg.startswith(f"{path}: the run's window (0 to the last ")
     assert f"over the limit of {MAX_BINS:,}" in msg and "PHASELENS_LIMIT_BINS" in msg
     assert "time unit" in msg
     assert peak < 50 * 2**20  # refused before the dense bins were allocated

@@ -82,20 +82,27 @@ def run_end_ns(
     run_manifest: Mapping[str, Any], rt: RequestTable, tel: pl.DataFrame, steps: pl.DataFrame
 ) -> int:
     """Last instant anything happened (requests, telemetry, steps, planned stages)."""
-    cands: list[int] = []
+    return run_end(run_manifest, rt, tel, steps)[0]
+
+
+def run_end(
+    run_manifest: Mapping[str, Any], rt: RequestTable, tel: pl.DataFrame, steps: pl.DataFrame
+) -> tuple[int, str]:
+    """`run_end_ns` and what set it (for a message about an absurd window)."""
+    cands: list[tuple[int, str]] = []
     f = rt.frame
     for c in ("end_ns", "scheduled_ns", "last_token_ns", "first_token_ns", "sent_ns"):
         v = f[c].max() if f.height else None
         if v is not None:
-            cands.append(as_int(v))
+            cands.append((as_int(v), f"requests {c}"))
     if tel.height:
-        cands.append(as_int(tel["t_ns"].max()))
+        cands.append((as_int(tel["t_ns"].max()), "telemetry t_ns"))
     if steps.height:
-        cands.append(as_int(steps["t_end_ns"].max()))
+        cands.append((as_int(steps["t_end_ns"].max()), "steps t_end_ns"))
     for st in run_manifest.get("stages") or []:
         if isinstance(st, Mapping) and isinstance(st.get("t_end_ns"), (int, float)):
-            cands.append(int(st["t_end_ns"]))
-    return max(cands, default=0)
+            cands.append((int(st["t_end_ns"]), "manifest stages t_end_ns"))
+    return max(cands, key=lambda c: c[0], default=(0, "nothing"))
 
 
 _EMPTY_TEL = pl.DataFrame(
@@ -282,8 +289,8 @@ def build_timeline(
 ) -> Timeline:
     """Everything per 100 ms bin; pure and vectorized. A window over the bin limit is refused
     before anything is allocated (`where` names the run in that message)."""
-    end = run_end_ns(manifest, rt, tel, steps)
-    n = bins_for(end, BIN_NS, f"{where}: the run's window")
+    end, end_by = run_end(manifest, rt, tel, steps)
+    n = bins_for(end, BIN_NS, f"{where}: the run's window (0 to the last {end_by})")
     edges = np.arange(n + 1, dtype=np.float64) * BIN_NS
     f = rt.frame
     cols: dict[str, Any] = {"bin": np.arange(n, dtype=np.int64), "t_s": edges[:-1] / 1e9}
