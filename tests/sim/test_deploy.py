@@ -136,7 +136,10 @@ BAD: list[tuple[dict[str, Any], str]] = [
         },
         r"sm_fraction of its spatial engines adds up to 1\.40 > 1",
     ),
-    (_one(share={"sm_fraction": 1.5}), r"engines\[0\]\.share\.sm_fraction: must be <= 1 \(got 1\.5\)"),
+    (
+        _one(share={"sm_fraction": 1.5}),
+        r"engines\[0\]\.share\.sm_fraction: must be <= 1 \(got 1\.5\)",
+    ),
     (_one(policy={"type": "magic"}), r"engines\[0\]\.policy\.type: Input should be"),
     (_one(polcy={}), r"engines\[0\]\.polcy: unknown field"),
     (_one(role="prefill"), r"engines\[0\]\.handoff: a prefill engine needs"),

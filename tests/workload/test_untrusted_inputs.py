@@ -17,56 +17,14 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as hst
+from untrusted_helpers import BOMB, GOOD, HYPO, TRACE_SPEC, call, one_error_line, plan_text
 
-from phaselens import cli
 from phaselens.errors import InputError
 from phaselens.names import slugify
 from phaselens.spec import MAX_STAGES, ramp_scale
-from phaselens.workload.traces import read_trace
 from phaselens.yamlio import MAX_DEPTH, MAX_FILE_BYTES, load_yaml, loads_json, parse_yaml
-
-GOOD = """\
-name: fuzz
-seed: 1
-duration_s: 5
-models:
-  - name: m
-    rate: 4
-    arrival: {type: poisson}
-    input_tokens: {type: fixed, value: 10}
-    output_tokens: {type: fixed, value: 5}
-"""
-# The billion-laughs document: 9 levels of 9 aliases, 387 million strings once expanded.
-BOMB = 'a: &a ["x","x","x","x","x","x","x","x","x"]\n' + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [{','.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8)
-)
-HYPO = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-
-
-def call(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = cli.invoke(args)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_error_line(code: int, err: str) -> str:
-    """The single error line (asserting exit 2, one line, the prefix, no traceback)."""
-    assert code == 2, err
-    lines = err.strip("\n").split("\n")
-    assert len(lines) == 1, err
-    assert lines[0].startswith("phaselens: error: ") and "Traceback" not in err
-    return lines[0]
-
-
-def plan_text(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]) -> str:
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(text, encoding="utf-8")
-    code, _, err = call(["plan", str(spec), "--json"], capsys)
-    return one_error_line(code, err)
 
 
 # ---------------------------------------------------------------- the YAML reader
@@ -422,125 +380,6 @@ def test_a_plan_of_no_requests_is_refused_before_a_run_is_written(
     line = one_error_line(code, err)
     assert line.startswith(f"phaselens: error: {spec}: the spec plans no requests")
     assert out == "" and not out_dir.exists()
-
-
-# ---------------------------------------------------------------- traces
-TRACE_SPEC = """\
-name: tr
-models:
-  - name: t
-    arrival: {{type: trace, path: {path}{extra}}}
-"""
-
-
-@pytest.mark.parametrize(
-    ("fname", "data", "extra", "expected"),
-    [
-        ("t.csv", b"TIMESTAMP,ContextTokens,GeneratedTokens\n\xff\x00\x01\n", "", "line 2: "),
-        (
-            "t.jsonl",
-            b'{"timestamp": 1, "input_length": 3, "output_length": 2}\n\xc3\x28\n',
-            "",
-            "line 2: not UTF-8 text (a bad byte at byte offset 56)",
-        ),
-        (
-            "t.jsonl",
-            b'{"timestamp": 0, "input_length": 3, "output_length": 2}\n'
-            b'{"timestamp": 1, "input_length": ' + b"4" * 5000 + b', "output_length": 2}\n',
-            "",
-            "line 2: integer 444444444444444444444444444444... (5,000 characters) is out of range",
-        ),
-        (
-            "t.jsonl",
-            b'{"timestamp": 0, "input_length": 3, "output_length": ' + b"5" * 400 + b"}\n",
-            "",
-            "line 1: integer 555",
-        ),
-        (
-            "t.jsonl",
-            b'{"timestamp": NaN, "input_length": 3, "output_length": 2}\n',
-            "",
-            "line 1: NaN is not a number JSON allows",
-        ),
-        (
-            "t.jsonl",
-            b'{"timestamp": 0, "x": ' + b"[" * 3000 + b"]" * 3000 + b"}\n",
-            "",
-            "line 1: JSON nested deeper than 64 levels",
-        ),
-        (
-            "t.csv",
-            b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03,10,inf\n",
-            "",
-            "line 2: column 'GeneratedTokens': expected a number, got 'inf'",
-        ),
-        (
-            "t.csv",
-            b"ts,in,out\n0,10,5\n1,99999999999,5\n",
-            ", format: csv, columns: {timestamp: ts, input_tokens: in, output_tokens: out}",
-            "line 3: input_tokens: expected 0 to 10,000,000",
-        ),
-        # 19 rows of millisecond stamps 12 hours apart read as seconds: 9,000 days
-        (
-            "t.csv",
-            ("ts,in,out\n" + "".join(f"{k * 43_200_000},10,5\n" for k in range(19))).encode(),
-            ", format: csv, columns: {timestamp: ts, input_tokens: in, output_tokens: out}",
-            "the trace spans 9,000.0 days read as s; limit 366 days (PHASELENS_LIMIT_TRACE_SPAN_S)"
-            "; if its timestamps are in ms (or us, ns), say so with arrival.time_unit",
-        ),
-    ],
-)
-def test_bad_traces_through_plan(
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    fname: str,
-    data: bytes,
-    extra: str,
-    expected: str,
-) -> None:
-    trace = tmp_path / fname
-    trace.write_bytes(data)
-    line = plan_text(tmp_path, TRACE_SPEC.format(path=fname, extra=extra), capsys)
-    assert f"{trace}: {expected}" in line, line
-
-
-def test_sparse_traces_warn_and_long_ones_need_a_window(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    cols = ", format: csv, columns: {timestamp: ts, input_tokens: in, output_tokens: out}"
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(TRACE_SPEC.format(path="t.csv", extra=cols))
-    # 13 minutes of millisecond stamps read as seconds: 19 requests over 9 days, one per 12 h
-    trace = tmp_path / "t.csv"
-    trace.write_text("ts,in,out\n" + "".join(f"{k * 43_200},10,5\n" for k in range(19)))
-    code, out, err = call(["plan", str(spec), "--json"], capsys)
-    assert code == 0 and json.loads(out)["total"] == 19
-    assert err == (
-        f"phaselens: warning: {trace}: 19 requests over 9.0 days read as s (one every 12.0 h); "
-        "if its timestamps are in ms (or us, ns), say so with arrival.time_unit\n"
-    )
-    # a real 60-day trace (a request a minute) is read, but replayed only within 30 days
-    trace.write_text("ts,in,out\n" + "".join(f"{k * 60},10,5\n" for k in range(86_400)))
-    line = plan_text(tmp_path, TRACE_SPEC.format(path="t.csv", extra=cols), capsys)
-    assert line.endswith(
-        "spec.yaml: models[0].arrival: the (scaled) trace spans 60.0 days; limit 30 days "
-        "(PHASELENS_LIMIT_WINDOW_S): give duration_s or stages to replay part of it, "
-        "or speed it up with arrival.time_scale"
-    )
-    spec.write_text("duration_s: 3600\n" + TRACE_SPEC.format(path="t.csv", extra=cols))
-    code, out, err = call(["plan", str(spec), "--json"], capsys)
-    assert code == 0 and json.loads(out)["total"] == 60, err
-
-
-@HYPO
-@given(lines=hst.lists(hst.binary(max_size=60), min_size=1, max_size=5))
-def test_any_jsonl_bytes_read_or_fail_in_one_line(tmp_path: Path, lines: list[bytes]) -> None:
-    p = tmp_path / "t.jsonl"
-    p.write_bytes(b'{"timestamp": 0, "input_length": 3, "output_length": 2}\n' + b"\n".join(lines))
-    try:
-        read_trace(p, "mooncake")
-    except InputError as e:
-        assert str(e).startswith(f"{p}: ") and "\n" not in str(e) and len(str(e)) < 400
 
 
 # ---------------------------------------------------------------- a real process

@@ -24,19 +24,16 @@ import numpy.typing as npt
 import polars as pl
 from rich.table import Table
 
-from phaselens.bounds import limit
 from phaselens.errors import InputError
 from phaselens.spec import (
-    MAX_DURATION_S,
     MAX_MODELS,
-    MAX_REQUESTS,
     ModelSpec,
-    OnOffArrival,
     TraceArrival,
     WorkloadSpec,
 )
 from phaselens.types import Schedule, StageInfo
 from phaselens.workload.arrivals import arrival_times
+from phaselens.workload.guard import check_size, check_window
 from phaselens.workload.lengths import sample_lengths
 from phaselens.workload.traces import Trace, read_trace
 from phaselens.yamlio import clip, show
@@ -45,8 +42,6 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
 
-MAX_SOJOURNS = limit("SOJOURNS", 10_000_000)  # onoff burst/quiet periods over the window
-BYTES_PER_REQUEST = 60  # t_ns, lengths, prefix (8 B each) + model, stage, group, priority (4 B)
 STREAMS = ("arrival", "input", "output", "prefix", "thin")
 PERCENTILES = (50, 90, 99)
 
@@ -85,53 +80,6 @@ def estimate_requests(spec: WorkloadSpec) -> int:
     scaled = sum((b - a) * s for a, b, s in window)
     n = sum((m.rate or 0.0) * scaled for m in spec.models if not m.is_trace)
     return min(int(n), spec.requests) if spec.requests is not None else int(n)
-
-
-def _check_size(spec: WorkloadSpec, n: int, field: str) -> None:
-    if n > MAX_REQUESTS:
-        gb = n * BYTES_PER_REQUEST / 1e9
-        raise InputError(
-            f"{spec.source}: {field}: the plan would hold about {n:,} requests (~{gb:.1f} GB at "
-            f"~{BYTES_PER_REQUEST} bytes/request); the limit is {MAX_REQUESTS:,}: shorten the "
-            "run or lower the rates (or raise PHASELENS_LIMIT_REQUESTS)"
-        )
-
-
-def _check_window(
-    spec: WorkloadSpec, horizon_s: float, traces: Mapping[int, Trace] | None = None
-) -> None:
-    """Refuse windows past the limit, and onoff sojourns too short for the window, up front.
-
-    A window given by duration_s or stages is within the limit (the spec checks it); without
-    one, the window is the longest (scaled) trace or what `requests` needs at the rates.
-    """
-    for i, tr in (traces or {}).items():
-        span = float(tr.t_s[-1]) if len(tr) else 0.0
-        if span > MAX_DURATION_S and spec.duration_s is None and not spec.stages:
-            raise InputError(
-                f"{spec.source}: models[{i}].arrival: the (scaled) trace spans "
-                f"{span / 86_400:,.1f} days; limit {MAX_DURATION_S / 86_400:.0f} days "
-                "(PHASELENS_LIMIT_WINDOW_S): give duration_s or stages to replay part of it, "
-                "or speed it up with arrival.time_scale"
-            )
-    if horizon_s > MAX_DURATION_S + 1.0:  # (a trace's end may sit a hair past the limit)
-        rate = sum(m.rate or 0.0 for m in spec.models if not m.is_trace)
-        raise InputError(
-            f"{spec.source}: requests: {spec.requests or 0:,} requests at {rate:g} req/s need "
-            f"about {horizon_s:.3g} s; limit {MAX_DURATION_S:,.0f} s (PHASELENS_LIMIT_WINDOW_S): "
-            "raise the rates"
-        )
-    for i, m in enumerate(spec.models):
-        a = m.arrival
-        if isinstance(a, OnOffArrival):
-            n = 2.0 * horizon_s / (a.burst_s + a.quiet_s)
-            if n > MAX_SOJOURNS:
-                raise InputError(
-                    f"{spec.source}: models[{i}].arrival: burst_s + quiet_s = "
-                    f"{a.burst_s + a.quiet_s:g} s over a {horizon_s:,.0f} s window means about "
-                    f"{n:,.0f} burst and quiet periods; limit {MAX_SOJOURNS:,} "
-                    "(PHASELENS_LIMIT_SOJOURNS=N raises it)"
-                )
 
 
 # ---------------------------------------------------------------- per model
@@ -315,17 +263,17 @@ def _horizon(spec: WorkloadSpec, traces: Mapping[int, Trace]) -> float:
 def build_schedule(spec: WorkloadSpec) -> Schedule:
     """Plan every request: model, stage, send time, lengths, prefix group, priority."""
     field = "requests" if spec.requests is not None else "duration_s"
-    _check_size(spec, estimate_requests(spec), field)
+    check_size(spec, estimate_requests(spec), field)
     traces: dict[int, Trace] = {}
     for i, m in enumerate(spec.models):
         if isinstance(m.arrival, TraceArrival):
             a = m.arrival
             tr = read_trace(a.path, a.format, a.columns, a.time_unit)
             traces[i] = _trace_times(spec, i, m, tr)
-    _check_size(spec, estimate_requests(spec) + sum(len(t) for t in traces.values()), field)
+    check_size(spec, estimate_requests(spec) + sum(len(t) for t in traces.values()), field)
 
     horizon = _horizon(spec, traces)
-    _check_window(spec, horizon, traces)
+    check_window(spec, horizon, traces)
     open_ended = spec.requests is not None and not spec.stages and spec.duration_s is None
     has_synthetic = any(not m.is_trace for m in spec.models)
     while True:
@@ -334,7 +282,7 @@ def build_schedule(spec: WorkloadSpec) -> Schedule:
         if not open_ended or not has_synthetic or total > (spec.requests or 0):
             break
         horizon *= 2.0  # too few arrivals for `requests`: plan again over a longer window
-        _check_window(spec, horizon)
+        check_window(spec, horizon)
     if total == 0:
         raise InputError(
             f"{spec.source}: the spec plans no requests (the rates and durations give none, "
