@@ -136,3 +136,19 @@ def test_parser_never_raises_on_any_text(lines: list[str]) -> None:
         # lines that cannot touch the good families' names or labels: both are kept as they are
         assert parsed.families["vllm:num_requests_running"].samples[0].value == 3.0
         assert parsed.families["vllm:prompt_tokens_total"].samples[0].value == 100.0
+
+
+def test_oversized_lines_and_too_many_samples_are_skipped_and_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from phaselens.telemetry import prometheus
+
+    monkeypatch.setattr(prometheus, "MAX_SAMPLES", 100)  # 50_000 by default: slow to build
+    long = 'vllm:num_requests_waiting{x="' + "a" * prometheus.MAX_LINE_CHARS + '"} 1'
+    many = "".join(f'vllm:num_requests_waiting{{i="{i}"}} 1\n' for i in range(105))
+    parsed = parse_prometheus_counted(GOOD + long + "\n" + many, ENGINE_KEEP)
+    # GOOD's 2 samples count too: 100 kept in all, the long line and 7 extra samples skipped
+    assert parsed.skipped == 1 + 7
+    assert parsed.first_skipped.startswith("line 6: 'vllm:num_requests_waiting{x=\"aaa")
+    waiting = parsed.families["vllm:num_requests_waiting"].samples  # untyped lines: one family
+    assert [s.labels["i"] for s in waiting] == [str(i) for i in range(98)]

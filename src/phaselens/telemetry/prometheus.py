@@ -141,6 +141,8 @@ _TYPES = frozenset(
     )
 )
 MAX_ABS_VALUE = 1e18  # a reading beyond this is not a measurement: the line is skipped
+MAX_LINE_CHARS = 16384  # a longer line (vLLM's longest: ~300) is skipped and counted
+MAX_SAMPLES = 50_000  # sample lines kept per scrape (vLLM: ~650); the rest skipped, counted
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +160,7 @@ class _Lines:
     def __init__(self) -> None:
         self.kept: list[str] = []
         self.names: set[str] = set()
+        self.samples = 0
         self.skipped = 0
         self.first = ""
 
@@ -190,6 +193,9 @@ def _prefilter(text: str, keep: tuple[str, ...], buckets: bool) -> _Lines:
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
+        if len(line) > MAX_LINE_CHARS:
+            out.skip(n, line)
+            continue
         if line.lstrip().startswith("#"):
             parts = line.split(None, 3)
             if len(parts) >= 3 and parts[1] == "TYPE" and (not keep or parts[2].startswith(keep)):
@@ -210,10 +216,11 @@ def _prefilter(text: str, keep: tuple[str, ...], buckets: bool) -> _Lines:
         if not buckets and name.endswith("_bucket"):
             continue
         check = _value_check(m[3] if m else "")
-        if check <= 0:
-            if check < 0:
+        if check <= 0 or out.samples >= MAX_SAMPLES:
+            if check != 0:  # a bad value, or one sample too many (NaN is dropped quietly)
                 out.skip(n, line)
             continue
+        out.samples += 1
         out.names.add(name)
         out.kept.append(line)
     return out
@@ -221,7 +228,7 @@ def _prefilter(text: str, keep: tuple[str, ...], buckets: bool) -> _Lines:
 
 def _families(text: str, printed: set[str]) -> dict[str, Family]:
     """prometheus-client's parse of already filtered text (raises on what it rejects)."""
-    families: dict[str, Family] = {}
+    found: dict[str, tuple[str, list[PromSample]]] = {}
     for fam in text_string_to_metric_families(text):
         samples = []
         for s in fam.samples:
@@ -234,8 +241,12 @@ def _families(text: str, printed: set[str]) -> dict[str, Family]:
         if not samples:
             continue
         key = samples[0].name if fam.type in _COUNTERISH else fam.name
-        families[key] = Family(key, fam.type, tuple(samples))
-    return families
+        old = found.get(key)  # untyped lines of one name come as a family each: merged
+        if old is not None and old[0] == fam.type:
+            old[1].extend(samples)
+        else:
+            found[key] = (fam.type, samples)
+    return {k: Family(k, t, tuple(ss)) for k, (t, ss) in found.items()}
 
 
 def _blocks(lines: list[str]) -> list[list[str]]:
