@@ -39,6 +39,7 @@ DATA = ROOT / "tests" / "data"
 #: Examples per property: small and fixed in `make test`, large in `make fuzz`.
 EXAMPLES_PER_TEST = int(os.environ.get("PHASELENS_FUZZ_EXAMPLES", "0") or 0)
 COLLECT = os.environ.get("PHASELENS_FUZZ_COLLECT")
+LOG = os.environ.get("PHASELENS_FUZZ_LOG")  # every case: kind, exit code, last stderr line
 CASE_TIMEOUT_S = 60.0  # generous: the slowest honest case takes a few seconds
 CHILD_MEMORY_BYTES = 4 * 2**30  # a subprocess case that wants more fails fast, not the machine
 
@@ -263,6 +264,20 @@ def check_case(
     for p, h in zip(reads or [], before_reads, strict=False):
         if tree_hash(p) != h:
             bad.append(f"changed its input {p.name}")
+    if LOG:
+        with open(LOG, "a", encoding="utf-8") as f:
+            f.write(
+                json.dumps(
+                    {
+                        "kind": kind,
+                        "code": o.code,
+                        "s": round(o.seconds, 2),
+                        "line": error_line(o)[:300],
+                        "inputs": inputs,
+                    }
+                )
+                + "\n"
+            )
     if bad:
         record(kind, o, bad, inputs or {})
     else:

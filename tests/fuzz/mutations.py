@@ -123,10 +123,20 @@ def _set(tree: Any, path: tuple[Any, ...], value: Any, op: str) -> Any:
     return new_list
 
 
+class _NoAliases(yaml.SafeDumper):
+    """Shared subtrees written out in full: aliases only where a case puts them on purpose."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump(tree: Any) -> str:
+    return yaml.dump(tree, Dumper=_NoAliases, sort_keys=False, allow_unicode=True, width=10_000)
+
+
 def dump_with_raw(tree: Any, raw: str) -> str:
     """YAML text of `tree`, its `RAW` placeholder replaced by the raw YAML text `raw`."""
-    text = yaml.safe_dump(tree, sort_keys=False, allow_unicode=True, width=10_000)
-    return text.replace(RAW, raw)
+    return dump(tree).replace(RAW, raw)
 
 
 @st.composite
