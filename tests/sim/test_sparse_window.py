@@ -36,12 +36,13 @@ def test_active_and_written_bins_by_hand() -> None:
     t0 = np.asarray([b // 2, 3 * b // 2, 10 * b], dtype=np.int64)
     t1 = np.asarray([3 * b // 2, 2 * b, 10 * b], dtype=np.int64)
     assert active_bins(t0, t1, b).tolist() == [0, 1, 10]
-    # gaps no longer than the tail are written in full: every bin 0..last
-    assert telemetry_bins(np.asarray([0, 1, 10]), 10, tail=8).tolist() == list(range(11))
-    # a longer gap keeps its first `tail` idle bins after the work, then nothing until bin 10
-    assert telemetry_bins(np.asarray([0, 1, 10]), 10, tail=3).tolist() == [0, 1, 2, 3, 4, 10]
+    # gaps no longer than `gap` are written in full: every bin 0..last
+    assert telemetry_bins(np.asarray([0, 1, 10]), 10, gap=8, tail=2).tolist() == list(range(11))
+    # a longer gap keeps only its first `tail` idle bins after the work, then nothing until 10
+    assert telemetry_bins(np.asarray([0, 1, 10]), 10, gap=7, tail=3).tolist() == [0, 1, 2, 3, 4, 10]
     # bin 0 is always there (the window starts at 0), and nothing past the last bin
-    assert telemetry_bins(np.asarray([5]), 5, tail=1).tolist() == [0, 1, 5]
+    assert telemetry_bins(np.asarray([5]), 5, gap=2, tail=1).tolist() == [0, 1, 5]
+    assert telemetry_bins(np.asarray([0, 3, 40]), 30, gap=5, tail=1).tolist() == [0, 1, 2, 3, 4]
 
 
 _CHILD = """
@@ -75,9 +76,9 @@ def test_nine_days_write_telemetry_for_the_work_only() -> None:
     _, sched = _nine_days()
     res = simulate(sched, one_engine())  # type: ignore[arg-type]
     per_metric = res.telemetry.filter(res.telemetry["metric"] == "gpu.busy_pct").height
-    # each request's work spans a few bins and is followed by at most a minute of idle bins
+    # each request's work spans a few bins and is followed by 2 s of idle bins (gaps are hours)
     assert per_metric <= 19 * (IDLE_TAIL_BINS + 20) + 1
-    assert per_metric >= 18 * IDLE_TAIL_BINS  # the minute after each request but the last
+    assert per_metric >= 18 * IDLE_TAIL_BINS  # the 2 s after each request but the last
     # the bins written are all bins with work: busy time sums to the steps' busy time
     steps = res.steps
     busy_s = float((steps["t_end_ns"] - steps["t_start_ns"]).sum()) / 1e9

@@ -1,10 +1,10 @@
-"""Which 100 ms bins the simulator writes telemetry for: those with work, plus a minute after.
+"""Which 100 ms bins the simulator writes telemetry for: those with work, and short idle gaps.
 
 Why sparse: a trace read in the wrong time unit spreads 19 requests over 9 days; dense bins
 over that window are 7.8 million rows per metric (24 GB before the run was killed). Bins with a
-step, and up to `IDLE_TAIL_BINS` idle bins after each, keep the rows proportional to the work:
-every idle gap up to a minute is written in full (so ordinary runs get exactly the dense
-series), a longer gap gets its first minute of zeros and no samples after that.
+step are written, and so is every idle gap of up to a minute (`IDLE_GAP_BINS`: ordinary runs get
+exactly the dense series); a longer gap gets only its first 2 s (`IDLE_TAIL_BINS`, as long as
+the analysis carries a sample forward) and no samples after that. So the rows follow the work.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import numpy.typing as npt
 
 I64 = npt.NDArray[np.int64]
 
-IDLE_TAIL_BINS = 600  # 60 s of 100 ms bins
+IDLE_GAP_BINS = 600  # idle gaps up to 60 s of 100 ms bins are written in full
+IDLE_TAIL_BINS = 20  # of a longer gap, its first 2 s
 
 
 def active_bins(t0: I64, t1: I64, width_ns: int) -> I64:
@@ -45,11 +46,15 @@ def _expand(starts: I64, lengths: I64) -> I64:
     return out
 
 
-def telemetry_bins(active: I64, last_bin: int, tail: int = IDLE_TAIL_BINS) -> I64:
-    """The bins to write: bin 0, every active bin, and up to `tail` idle bins after each, never
-    past `last_bin`. With no gap longer than `tail` this is every bin 0..last_bin."""
+def telemetry_bins(
+    active: I64, last_bin: int, gap: int = IDLE_GAP_BINS, tail: int = IDLE_TAIL_BINS
+) -> I64:
+    """The bins to write: bin 0, every active bin, every idle gap of at most `gap` bins, and the
+    first `tail` bins of a longer one; never past `last_bin`. With no gap longer than `gap` this
+    is every bin 0..last_bin."""
     anchors = np.unique(np.concatenate([np.zeros(1, dtype=np.int64), active]))
     anchors = anchors[anchors <= last_bin]
     nxt = np.concatenate([anchors[1:], [last_bin + 1]])
-    fill = np.minimum(nxt - anchors - 1, tail)
+    idle = nxt - anchors - 1
+    fill = np.where(idle <= gap, idle, np.minimum(idle, tail))
     return _expand(anchors, fill + 1)

@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 
 from phaselens.errors import InputError
-from phaselens.sim.binning import IDLE_TAIL_BINS, active_bins, telemetry_bins
+from phaselens.sim.binning import IDLE_GAP_BINS, IDLE_TAIL_BINS, active_bins, telemetry_bins
 from phaselens.sim.cluster import NO_TIME, ST_OK, Cluster, ClusterResult
 from phaselens.sim.deploy import Deployment, default_deployment, load_deployment
 from phaselens.store import REQUEST_SCHEMA, STEP_SCHEMA, TELEMETRY_SCHEMA, write_run
@@ -91,7 +91,8 @@ def simulate(schedule: Schedule, deploy: Deployment, fast_forward: bool = True) 
         },
         "phases_file": PHASES,
         "telemetry_bin_ns": BIN_NS,
-        # an idle stretch longer than this has no telemetry samples after its first minute
+        # idle gaps up to `gap` bins are written in full; of a longer one only the first `tail`
+        "telemetry_idle_gap_bins": IDLE_GAP_BINS,
         "telemetry_idle_tail_bins": IDLE_TAIL_BINS,
     }
     return SimResult(requests, telemetry, steps, phases, extra)
@@ -255,18 +256,23 @@ def _telemetry_frame(deploy: Deployment, res: ClusterResult) -> pl.DataFrame:
     t_s = lo + BIN_NS  # a sample stamps the end of its bin
     k = sel.shape[0]
     dt = BIN_NS / 1e9
-    cols: dict[str, list[Any]] = {"t_ns": [], "metric": [], "value": [], "labels": []}
+    parts: list[pl.DataFrame] = []
 
     def per_bin(t0: np.ndarray, t1: np.ndarray, q: np.ndarray) -> np.ndarray:
         out: np.ndarray = _cum_at(t_s, t0, t1, q) - _cum_at(lo, t0, t1, q)
         return out
 
     def emit(metric: str, values: np.ndarray, labels: Mapping[str, str]) -> None:
-        cols["t_ns"].append(t_s)
-        cols["metric"].append(np.full(k, metric, dtype=object))
-        cols["value"].append(np.asarray(values, dtype=np.float64))
         lab = json.dumps(dict(labels), sort_keys=True, separators=(",", ":"))
-        cols["labels"].append(np.full(k, lab, dtype=object))
+        parts.append(
+            pl.DataFrame({"t_ns": t_s, "value": np.asarray(values, dtype=np.float64)}).select(
+                "t_ns",
+                pl.lit("sim").alias("source"),
+                pl.lit(metric).alias("metric"),
+                "value",
+                pl.lit(lab).alias("labels"),
+            )
+        )
 
     logs = {st.index: lg for st, lg in zip(res.engines, res.logs, strict=True)}
     for g in deploy.gpus:
@@ -321,16 +327,7 @@ def _telemetry_frame(deploy: Deployment, res: ClusterResult) -> pl.DataFrame:
             arr = np.asarray(q, dtype=np.float64)
             v = np.where(has, arr[jj] * scale, 0.0) if arr.shape[0] else np.zeros(k)
             emit(metric, v, lab)
-    return pl.DataFrame(
-        {
-            "t_ns": np.concatenate(cols["t_ns"]),
-            "source": pl.Series(["sim"]).repeat_by(sum(len(x) for x in cols["t_ns"])).explode(),
-            "metric": np.concatenate(cols["metric"]).astype(str),
-            "value": np.concatenate(cols["value"]),
-            "labels": np.concatenate(cols["labels"]).astype(str),
-        },
-        schema=TELEMETRY_SCHEMA,
-    )
+    return pl.concat(parts).cast(TELEMETRY_SCHEMA)  # type: ignore[arg-type]
 
 
 def _phases_frame(deploy: Deployment, res: ClusterResult) -> pl.DataFrame:
