@@ -26,7 +26,7 @@ import numpy as np
 import polars as pl
 
 from phaselens.analysis.fluctuation import sparse_window_std_mean
-from phaselens.analysis.latency import request_table, slo_block
+from phaselens.analysis.latency import request_table, slo_block, slo_targets
 from phaselens.errors import InputError
 from phaselens.sim.deploy import parse_deployment
 from phaselens.sim.run import BIN_NS as SIM_BIN_NS
@@ -284,6 +284,7 @@ def sweep(
         seed=seed,
         gpu_cost_per_hour=gpu_cost_per_hour,
     )
+    slo_targets(job.slo)  # a bad threshold fails here, in one line, before any simulation
     todo: list[Mapping[str, Any]] = [{}]
     todo += [c for c in combos if c]
     jobs = max(1, min(jobs, len(todo), os.cpu_count() or 1))
