@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 import yaml
 from conftest import Base
-from fuzzlib import Case, check_case, fuzz_settings, new_case
+from fuzzlib import EXAMPLES_PER_TEST, Case, check_case, fuzz_settings, new_case
 from hypothesis import given
 from hypothesis import strategies as st
 from mutations import NUMBERS, OPTION_NUMBERS, damaged_bytes, dump
@@ -45,14 +45,17 @@ def _ms_as_seconds(case: Case) -> list[str]:
     return ["run", "s.yaml", "--target", "sim", "--out", "out", "--quiet"]
 
 
+LONG = EXAMPLES_PER_TEST > 0  # `make fuzz`: the full-size versions of the size scenarios
+
+
 def _many_stages(case: Case) -> list[str]:
-    stages = [{"rate_scale": 1.0, "duration_s": 1}] * 200_000
+    stages = [{"rate_scale": 1.0, "duration_s": 1}] * (200_000 if LONG else 5_000)
     case.path("s.yaml").write_text(_spec(stages=stages, models=[{**MODEL, "rate": 1}]))
     return ["plan", "s.yaml", "--json"]
 
 
 def _many_models(case: Case) -> list[str]:
-    models = [{**MODEL, "name": f"m{i}", "rate": 1} for i in range(20_000)]
+    models = [{**MODEL, "name": f"m{i}", "rate": 1} for i in range(20_000 if LONG else 2_000)]
     case.path("s.yaml").write_text(_spec(duration_s=1, models=models))
     return ["plan", "s.yaml", "--json"]
 
@@ -109,8 +112,8 @@ def _scenarios(base: Base) -> dict[str, Callable[[Case], list[str]]]:
     grid = ",".join(str(i) for i in range(1, 1001))
     return {
         "trace ms read as s": _ms_as_seconds,
-        "200k stages": _many_stages,
-        "20k models": _many_models,
+        "many stages": _many_stages,
+        "many models": _many_models,
         "ramp of 1e9 steps": _ramp_steps,
         "window of 1e9 s": _long_window,
         "rate 1e12": _huge_rate,
@@ -130,15 +133,15 @@ def _scenarios(base: Base) -> dict[str, Callable[[Case], list[str]]]:
             str(base.run),
             "--json",
             "--n-boot",
-            "100000",
+            "100000" if LONG else "5000",
         ],
     }
 
 
 SCENARIOS = [
     "trace ms read as s",
-    "200k stages",
-    "20k models",
+    "many stages",
+    "many models",
     "ramp of 1e9 steps",
     "window of 1e9 s",
     "rate 1e12",
@@ -193,7 +196,7 @@ KNOB_NAMES = [
         st.tuples(st.sampled_from(KNOB_NAMES), st.sampled_from(KNOB_VALUES)), min_size=1, max_size=3
     )
 )
-@fuzz_settings(6)
+@fuzz_settings(4)
 def test_whatif_set_grids(base: Base, sets: list[tuple[str, str]]) -> None:
     case = new_case(base.root)
     args = ["whatif", str(base.run), "--calib", str(base.calib), "--json", "--max-runs", "4"]
@@ -241,7 +244,7 @@ JSON_VALUES = [
 
 
 @given(data=st.data())
-@fuzz_settings(6)
+@fuzz_settings(4)
 def test_run_sim_with_a_hostile_model_config(base: Base, data: st.DataObject) -> None:
     text = json.dumps(HF_CONFIG)
     if data.draw(st.booleans()):

@@ -17,7 +17,7 @@ DEPLOY_TREES = [yaml.safe_load(p.read_text()) for p in DEPLOYS]
 
 
 @given(data=st.data())
-@fuzz_settings(6)
+@fuzz_settings(5)
 def test_run_sim_mutated_deploy(base: Base, data: st.DataObject) -> None:
     if data.draw(st.booleans()):
         body = data.draw(mutated_yaml(data.draw(st.sampled_from(DEPLOY_TREES)))).encode()
@@ -37,7 +37,7 @@ def test_run_sim_mutated_deploy(base: Base, data: st.DataObject) -> None:
 
 
 @given(data=st.data())
-@fuzz_settings(4)
+@fuzz_settings(3)
 def test_calibrate_mutated_deploy(base: Base, data: st.DataObject) -> None:
     body = data.draw(mutated_yaml(yaml.safe_load(base.deploy.read_text()))).encode()
     case = new_case(base.root, {"deploy.yaml": body}, allowed=("c.yaml",))
@@ -172,7 +172,7 @@ def test_plan_mutated_traces(base: Base, data: st.DataObject) -> None:
 
 
 @given(data=st.data())
-@fuzz_settings(5)
+@fuzz_settings(4)
 def test_whatif_mutated_calibration(base: Base, data: st.DataObject) -> None:
     if data.draw(st.integers(0, 3)):
         body = data.draw(mutated_yaml(yaml.safe_load(base.calib.read_text()))).encode()

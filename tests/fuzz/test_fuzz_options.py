@@ -99,7 +99,7 @@ def test_output_paths(base: Base, data: st.DataObject) -> None:
         path = "existing.out"  # overwriting a file the user names is fine; not the fixture's
     case = new_case(base.root)
     case.allowed_new |= {"missing", "out", "x" * 300, "existing.out", "compare.html"}
-    case.allow_any = path == "." and opt == "--out"
+    case.allow_any = path in (".", "") and opt == "--out"  # Path("") is "."
     if path == "existing.out":
         case.path(path).write_text("old\n")
     o = check_case(
@@ -189,3 +189,76 @@ def test_help_and_version_still_work(base: Base) -> None:
         o = check_case("cmdline/help", case, args, root=base.root)
         assert o.code == 0 and o.out.strip(), args
     assert Path(base.run).is_dir()
+
+
+# Only loopback hosts (or none): a generated URL must never reach the network.
+SCHEMES = ["http://", "https://", "ftp://", "", "HTTP://", "http:/", "sim:"]
+HOSTS = [
+    "127.0.0.1",
+    "[::1]",
+    "[::1",
+    "::1",
+    "[::ffff:127.0.0.1]",
+    "localhost",
+    "",
+    "user@",
+    "user:pw@",
+    "@127.0.0.1",
+    "user:pw@127.0.0.1",
+    "[fe80::1%25lo]",
+    "127.0.0.1\x7f",
+    "[]",
+]
+PORTS = ["", ":0", ":65536", ":99999", ":-1", ":abc", ":9", ":1"]
+TAILS = ["", "/v1", "/?api_key=secret", "#frag", "/" + "p" * 300]
+TELEMETRY = [
+    "none",
+    "auto",
+    "gpu",
+    "bogus",
+    "dcgm=",
+    "dcgm=ftp://127.0.0.1:9",
+    ",,,",
+    "engine=http://[::1",
+    "gpu,gpu",
+    "engine=http://127.0.0.1:9/metrics",
+]
+HEADERS = ["X-A: b", "X-A", ": v", "X-A:\nB", "Host: 127.0.0.1", "X-" + "a" * 300 + ": v"]
+
+
+@given(
+    url=st.tuples(*(st.sampled_from(x) for x in (SCHEMES, HOSTS, PORTS, TAILS))).map("".join),
+    telemetry=st.sampled_from(TELEMETRY),
+    header=st.sampled_from(HEADERS),
+)
+@fuzz_settings(5)
+def test_run_http_targets(base: Base, url: str, telemetry: str, header: str) -> None:
+    """Bad URLs, telemetry specs and headers refused in one line; a loopback port that refuses
+    connections gives a finished run."""
+    case = new_case(base.root, allowed=("out",))
+    args = [
+        "run",
+        str(base.spec),
+        "--target",
+        url,
+        "--telemetry",
+        telemetry,
+        "--header",
+        header,
+        "--set",
+        "duration_s=1",
+        "--out",
+        "out",
+        "--quiet",
+        "--timeout",
+        "5",
+    ]
+    check_case(
+        "url/run",
+        case,
+        args,
+        root=base.root,
+        subprocess_=True,
+        exit1_ok=True,
+        inputs={"url": url, "telemetry": telemetry, "header": header},
+    )

@@ -84,7 +84,7 @@ def _run_case(base: Base, kind: str, text: str, inputs: dict[str, str]) -> Outco
 
 
 @given(data=st.data())
-@fuzz_settings(8)
+@fuzz_settings(6)
 def test_plan_mutated_example_specs(base: Base, data: st.DataObject) -> None:
     _plan_case(
         base, "spec/plan", data.draw(mutated_yaml(data.draw(st.sampled_from(EXAMPLE_TREES))))
@@ -92,7 +92,7 @@ def test_plan_mutated_example_specs(base: Base, data: st.DataObject) -> None:
 
 
 @given(data=st.data())
-@fuzz_settings(5)
+@fuzz_settings(4)
 def test_run_sim_mutated_spec(base: Base, data: st.DataObject) -> None:
     text = data.draw(mutated_yaml(RICH))
     _run_case(base, "spec/run", text, {"spec": text})
@@ -130,7 +130,7 @@ def _names(root: Path) -> list[str]:
 
 
 @given(data=st.data())
-@fuzz_settings(6)
+@fuzz_settings(5)
 def test_run_sim_hostile_names(base: Base, data: st.DataObject) -> None:
     """The spec name becomes a path component: the run must land inside --out, or be refused."""
     name = data.draw(st.sampled_from(_names(base.root)))
@@ -168,7 +168,7 @@ SET_KEYS = [_set_key(p) for p in paths(RICH)] + [
     key=st.sampled_from(SET_KEYS),
     value=st.sampled_from(NUMBERS + TYPES + OPTION_NUMBERS),
 )
-@fuzz_settings(8)
+@fuzz_settings(6)
 def test_plan_set_values(base: Base, key: str, value: str) -> None:
     case = new_case(base.root, {"spec.yaml": dump_with_raw(RICH, "")})
     args = ["plan", str(case.path("spec.yaml")), "--json", "--set", f"{key}={value}"]
