@@ -178,8 +178,8 @@ def compute_itl(requests: pl.DataFrame) -> ItlResult:
     empty_f, empty_i = np.zeros(0), np.zeros(0, dtype=np.int64)
     if n == 0:
         return ItlResult(
-                True, empty_f, empty_i, empty_i, empty_i, 1, empty_f, empty_i, empty_f, empty_f, {}
-            )
+            True, empty_f, empty_i, empty_i, empty_i, 1, empty_f, empty_i, empty_f, empty_f, {}
+        )
     ok = (requests["status"] == "ok").fill_null(False).to_numpy()
     out_tok = requests["output_tokens"].fill_null(0).to_numpy()
     total = int(out_tok[ok].sum())
