@@ -29,6 +29,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hypothesis import HealthCheck, settings
 
@@ -207,6 +208,58 @@ def problems(o: Outcome, *, exit1_ok: bool = False) -> list[str]:
     return bad
 
 
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} in JSON")
+
+
+def _strict(text: str) -> Any:
+    """json.loads refusing NaN/Infinity (which are not JSON: other tools fail on them)."""
+    return json.loads(text, parse_constant=_no_constant)
+
+
+COUNT_KEYS = ("count", "total", "n", "requests", "planned", "ok")
+
+
+def _negative_counts(obj: Any, path: str = "", keys: tuple[str, ...] = COUNT_KEYS) -> str | None:
+    """The first field named in `keys` (every field when empty) below zero or beyond 1e18."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            number = isinstance(v, (int, float)) and not isinstance(v, bool)
+            if number and (v < 0 or v > 1e18) and (not keys or str(k) in keys):
+                return f"{path}.{k} = {v}"
+            found = _negative_counts(v, f"{path}.{k}", keys)
+            if found:
+                return found
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            found = _negative_counts(v, f"{path}[{i}]", keys)
+            if found:
+                return found
+    return None
+
+
+def output_problems(o: Outcome, case: Case) -> list[str]:
+    """What a command that succeeded wrote wrongly: non-strict JSON, negative counts."""
+    bad: list[str] = []
+    if o.code != 0:
+        return bad
+    if "--json" in o.args and o.out.strip():
+        try:
+            # a plan has no negative number at all (counts, tokens, rates, seconds)
+            neg = _negative_counts(_strict(o.out), keys=() if o.args[0] == "plan" else COUNT_KEYS)
+            if neg:
+                bad.append(f"negative count in --json output: {neg}")
+        except ValueError as e:
+            bad.append(f"--json output is not strict JSON ({str(e)[:120]})")
+    for mf in case.dir.rglob("manifest.json"):
+        try:
+            _strict(mf.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            if "run" not in mf.relative_to(case.dir).parts[:1]:  # not the case's own input
+                bad.append(f"wrote a manifest that is not strict JSON ({str(e)[:120]})")
+    return bad
+
+
 def error_line(o: Outcome) -> str:
     lines = [ln for ln in o.err.splitlines() if ln.startswith("phaselens:")]
     return lines[-1] if lines else o.err.strip()[-300:]
@@ -253,7 +306,7 @@ def check_case(
     sentinel = tree_hash(root / "sentinel")
     runner = invoke_subprocess if subprocess_ else invoke_inprocess
     o = runner(args, case.dir)
-    bad = problems(o, exit1_ok=exit1_ok)
+    bad = problems(o, exit1_ok=exit1_ok) + output_problems(o, case)
     if sorted(p.name for p in root.iterdir()) != before_root or tree_hash(root / "sentinel") != (
         sentinel
     ):

@@ -77,10 +77,16 @@ def _plan_case(base: Base, kind: str, text: str) -> None:
     check_case(kind, case, args, root=base.root, subprocess_=True, inputs={"spec": text[:2000]})
 
 
-def _run_case(base: Base, kind: str, text: str, inputs: dict[str, str]) -> Outcome:
+def _run_case(
+    base: Base, kind: str, text: str, inputs: dict[str, str], demo: bool = False
+) -> Outcome:
+    """`run SPEC --target sim` (or `demo --spec SPEC`, which also writes the report)."""
     case = new_case(base.root, {"spec.yaml": text}, allowed=("out",))
-    args = ["run", str(case.path("spec.yaml")), "--target", "sim", "--out", "out", "--quiet"]
-    return check_case(kind, case, args, root=base.root, subprocess_=True, inputs=inputs)
+    spec = str(case.path("spec.yaml"))
+    args = ["run", spec, "--target", "sim", "--quiet"] if not demo else ["demo", "--spec", spec]
+    return check_case(
+        kind, case, [*args, "--out", "out"], root=base.root, subprocess_=True, inputs=inputs
+    )
 
 
 @given(data=st.data())
@@ -95,7 +101,7 @@ def test_plan_mutated_example_specs(base: Base, data: st.DataObject) -> None:
 @fuzz_settings(4)
 def test_run_sim_mutated_spec(base: Base, data: st.DataObject) -> None:
     text = data.draw(mutated_yaml(RICH))
-    _run_case(base, "spec/run", text, {"spec": text})
+    _run_case(base, "spec/run", text, {"spec": text}, demo=data.draw(st.booleans()))
 
 
 @given(data=st.data())
