@@ -86,3 +86,17 @@ def test_calibrate_names_the_engines_found_and_expected(tmp_path: Path) -> None:
     assert "\n" not in msg
     found = sorted(set(run.steps["engine"].to_list()))
     assert f"steps name {', '.join(found)}; the deployment has renamed" in msg
+
+
+def test_calibrate_on_a_default_deployment_run_says_there_is_no_file(tmp_path: Path) -> None:
+    # `--target sim` runs on a built-in deployment: the hint must not name a file to pass
+    run = truth_run(tmp_path, rate=2.0, duration_s=10)
+    run.manifest.setdefault("sim", {})["deployment"] = "<default deployment>"
+    other = deploy_map()
+    other["engines"][0]["name"] = "renamed"
+    path = write_deploy(tmp_path / "d.yaml", other)
+    with pytest.raises(InputError) as e:
+        calibrate(run, other, str(path), prefer="steps")
+    msg = str(e.value)
+    assert "built-in default deployment (--target sim)" in msg
+    assert "(<default deployment>)" not in msg

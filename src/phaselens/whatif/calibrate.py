@@ -331,7 +331,13 @@ def steps_basis(run: Run, deploy: Deployment) -> tuple[Steps, F64]:
         found = sorted({str(x) for x in run.steps["engine"].unique().to_list()})
         sim = run.manifest.get("sim")
         used = sim.get("deployment") if isinstance(sim, dict) else None
-        hint = f" ({used})" if isinstance(used, str) else ""
+        if used == "<default deployment>":  # `--target sim`: a built-in deployment, no file
+            hint = (
+                ": this run used the built-in default deployment (--target sim), which has no "
+                "file; calibrate a run made with --target sim:DEPLOY.yaml"
+            )
+        else:
+            hint = f" ({used})" if isinstance(used, str) else ""
         raise InputError(
             f"{run.path}: steps.parquet names no engine of the deployment {deploy.source} "
             f"(steps name {', '.join(found) or 'none'}; the deployment has "
