@@ -13,7 +13,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 import yaml
-from conftest import Base
+from fuzzbase import Base
 from fuzzlib import EXAMPLES_PER_TEST, Case, check_case, fuzz_settings, new_case
 from hypothesis import given
 from hypothesis import strategies as st
@@ -76,6 +76,18 @@ def _huge_rate(case: Case) -> list[str]:
     return ["plan", "s.yaml", "--json"]
 
 
+def _zero_requests(case: Case) -> list[str]:
+    """A plan with no request at all: run must finish (or refuse) cleanly, not crash after."""
+    case.path("s.yaml").write_text(_spec(duration_s=1, models=[{**MODEL, "rate": 1e-6}]))
+    return ["run", "s.yaml", "--target", "sim", "--out", "out", "--quiet"]
+
+
+def _ramp_to_zero(case: Case) -> list[str]:
+    ramp = {"start": 1.0, "end": 0.0, "duration_s": 4, "steps": 4}
+    case.path("s.yaml").write_text(_spec(ramp=ramp, models=[{**MODEL, "rate": 5}]))
+    return ["run", "s.yaml", "--target", "sim", "--out", "out", "--quiet"]
+
+
 def _far_request(base: Base) -> Callable[[Case], list[str]]:
     """A run whose last request ends 30 years after the first: analysis must not bin the gap."""
 
@@ -115,6 +127,8 @@ def _scenarios(base: Base) -> dict[str, Callable[[Case], list[str]]]:
         "many stages": _many_stages,
         "many models": _many_models,
         "ramp of 1e9 steps": _ramp_steps,
+        "zero requests": _zero_requests,
+        "ramp down to 0": _ramp_to_zero,
         "window of 1e9 s": _long_window,
         "rate 1e12": _huge_rate,
         "request ending 30 years later": _far_request(base),
@@ -141,6 +155,8 @@ def _scenarios(base: Base) -> dict[str, Callable[[Case], list[str]]]:
 SCENARIOS = [
     "trace ms read as s",
     "many stages",
+    "zero requests",
+    "ramp down to 0",
     "many models",
     "ramp of 1e9 steps",
     "window of 1e9 s",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import Base
+from fuzzbase import Base
 from fuzzlib import check_case, fuzz_settings, new_case
 from hypothesis import given
 from hypothesis import strategies as st

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from conftest import Base
+from fuzzbase import Base
 from fuzzlib import Case, check_case, fuzz_settings, new_case
 from hypothesis import given
 from hypothesis import strategies as st

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from conftest import Base
+from fuzzbase import Base
 from fuzzlib import DATA, EXAMPLES, Outcome, check_case, fuzz_settings, new_case
 from hypothesis import given
 from hypothesis import strategies as st
