@@ -103,6 +103,14 @@ def test_staged_workload(kind: str, request: pytest.FixtureRequest, tmp_path: Pa
     req = _check_records(run, schedule)
     assert res.by_status == {"ok": len(schedule)}
 
+    # The context-length preflight asked the real engine (llama.cpp /props, vLLM /v1/models)
+    # and counted the planned requests over it by the same rule: input + output > context.
+    (ctx,) = run.manifest["server_context"]
+    assert ctx["model"] == "chat" and 0 < ctx["context_tokens"] <= 1024, ctx
+    assert ctx["source"].startswith("llama.cpp" if kind == "llamacpp" else "/v1/models"), ctx
+    need = schedule.input_tokens.astype(int) + schedule.output_tokens.astype(int)
+    assert ctx["requests_over"] == int((need > ctx["context_tokens"]).sum())
+
     # The engine generated exactly what the records say was received.
     name = GEN_TOKENS[kind]
     assert after[name] - before[name] == req["output_tokens"].sum()

@@ -419,7 +419,12 @@ def worker_main(argv: Sequence[str]) -> None:
     stop = threading.Event()
 
     def wait_eof() -> None:
-        sys.stdin.buffer.read()
+        # The raw descriptor, not sys.stdin's buffer: a daemon thread blocked inside the buffered
+        # reader holds its lock, and an exit while it waits (the sources ended on their own) is
+        # then a "Fatal Python error: _enter_buffered_busy" at interpreter shutdown.
+        with contextlib.suppress(OSError):
+            while os.read(0, 1 << 16):
+                pass
         stop.set()
 
     threading.Thread(target=wait_eof, daemon=True).start()
