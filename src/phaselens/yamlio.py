@@ -87,6 +87,8 @@ def read_text(path: str | Path, kind: str, max_bytes: int = MAX_FILE_BYTES) -> s
         if p.is_dir():
             raise InputError(f"{p}: is a directory; expected a {kind} file")
         if not p.is_file():
+            if p.exists():  # a device, a FIFO, a socket: reading it may never end
+                raise InputError(f"{p}: not a regular file; expected a {kind} file")
             raise InputError(f"{p}: {kind} file not found")
         with open(p, "rb") as f:
             data = f.read(max_bytes + 1)

@@ -401,3 +401,12 @@ def test_subprocess_exit_2_one_line(tmp_path: Path, case: str) -> None:
     )
     line = one_error_line(r.returncode, r.stderr)
     assert r.stdout == "" and str(tmp_path) in line
+
+
+def test_a_device_is_not_a_regular_file_and_is_never_read() -> None:
+    # /dev/zero never ends: the reader must refuse it before reading, and say what it is
+    from phaselens.yamlio import read_text
+
+    with pytest.raises(InputError) as e:
+        read_text("/dev/zero", "spec")
+    assert str(e.value) == "/dev/zero: not a regular file; expected a spec file"
