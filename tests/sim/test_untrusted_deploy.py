@@ -19,6 +19,7 @@ from phaselens import cli
 from phaselens.errors import InputError
 from phaselens.sim.deploy import MAX_GPUS, load_deployment, parse_deployment
 from phaselens.sim.models import read_hf_config
+from phaselens.yamlio import MAX_NODES
 
 SPEC = """\
 name: d
@@ -114,7 +115,7 @@ def test_bad_numbers_and_sizes_name_the_field(data: dict[str, Any], expected: st
                 f"{chr(98 + i)}: &{chr(98 + i)} [{','.join([f'*{chr(97 + i)}'] * 9)}]\n".encode()
                 for i in range(8)
             ),
-            "line 7: invalid YAML (the document expands to more than 1,000,000 nodes)",
+            f"line 6: invalid YAML (the document expands to more than {MAX_NODES:,} nodes)",
         ),
         (b"gpus: " + b"[" * 100 + b"]" * 100, "line 1: invalid YAML (nested deeper than 64"),
         (b"gpus: [\n", "line 2: invalid YAML"),

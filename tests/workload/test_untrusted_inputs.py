@@ -24,7 +24,7 @@ from untrusted_helpers import BOMB, GOOD, HYPO, TRACE_SPEC, call, one_error_line
 from phaselens.errors import InputError
 from phaselens.names import slugify
 from phaselens.spec import MAX_STAGES, ramp_scale
-from phaselens.yamlio import MAX_DEPTH, MAX_FILE_BYTES, load_yaml, loads_json, parse_yaml
+from phaselens.yamlio import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES, load_yaml, loads_json, parse_yaml
 
 
 # ---------------------------------------------------------------- the YAML reader
@@ -34,9 +34,21 @@ def test_alias_bomb_is_refused_before_it_expands() -> None:
     with pytest.raises(InputError) as e:
         parse_yaml(BOMB, "bomb.yaml")
     assert time.monotonic() - t0 < 10.0  # was 41 s and 1.6 GB; composing stops at the limit
+    # line k holds about 9^k expanded nodes: the limit is crossed on line 6 (9^5 < it < 9^6)
+    assert 9**5 < MAX_NODES < 9**6
     assert str(e.value) == (
-        "bomb.yaml: line 7: invalid YAML (the document expands to more than 1,000,000 nodes)"
+        f"bomb.yaml: line 6: invalid YAML (the document expands to more than {MAX_NODES:,} nodes)"
     )
+
+
+def test_a_huge_plain_spec_is_refused_at_the_node_limit_quickly() -> None:
+    # 100,000 stages of 5 nodes each, no aliases (7 MB of YAML took ~50 s in the pure-Python
+    # scanner): refused at the node limit, in one line, with the line where it was reached
+    text = "name: b\nstages:\n" + "- {rate_scale: 1.0, duration_s: 1}\n" * 100_000
+    t0 = time.monotonic()
+    with pytest.raises(InputError, match=r"^big\.yaml: line \d+: .*more than [\d,]+ nodes"):
+        parse_yaml(text, "big.yaml")
+    assert time.monotonic() - t0 < 30.0  # ~2 s here; generous for a loaded 2-core machine
 
 
 def test_aliases_are_counted_and_may_not_recurse() -> None:
@@ -198,7 +210,7 @@ def test_alias_bomb_spec_through_the_cli(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     line = plan_text(tmp_path, BOMB, capsys)
-    assert "invalid YAML (the document expands to more than 1,000,000 nodes)" in line
+    assert f"invalid YAML (the document expands to more than {MAX_NODES:,} nodes)" in line
 
 
 @settings(HYPO, max_examples=30)
