@@ -214,3 +214,32 @@ def test_main_exits_with_the_code(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SystemExit) as e:
         cli.main()
     assert e.value.code == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "flags"),
+    [
+        (["--concurrency", "4"], "--concurrency: only a real server's run honours this option"),
+        (["--max-inflight", "2"], "--max-inflight: only"),
+        (["--timeout", "5", "--header", "A: b"], "--header, --timeout: only"),
+        (["--workers", "1"], "--workers: only"),  # given, even at its default value
+        (["--telemetry", "gpu"], "--telemetry: only"),
+    ],
+)
+def test_driver_options_with_the_simulator_are_refused_not_ignored(
+    spec: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], flags: str
+) -> None:
+    out = tmp_path / "runs"
+    code, _, err = call(["run", str(spec), "--target", "sim", "--out", str(out), *extra], capsys)
+    assert code == 2
+    assert err.startswith(f"phaselens: error: --target sim: {flags}") and err.count("\n") == 1
+    assert not out.exists()  # refused before anything ran
+
+
+def test_the_simulator_runs_without_driver_options(
+    spec: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "runs"
+    code, stdout, err = call(["run", str(spec), "--target", "sim", "--out", str(out)], capsys)
+    assert code == 0 and err == ""
+    assert Path(stdout.splitlines()[0]).parent == out

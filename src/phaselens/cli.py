@@ -163,8 +163,34 @@ def _run_latency_line(path: Path) -> None:
     )
 
 
+# Options only the driver honours: given with `--target sim` they are refused, never ignored
+# (a user must not believe they simulated a closed loop or a per-request timeout).
+_DRIVER_ONLY = (
+    "endpoint", "model_map", "api_key_env", "header", "workers", "max_inflight", "concurrency",
+    "timeout", "idle_timeout", "no_optional", "no_optional_for", "tokenizer", "loop",
+    "telemetry", "telemetry_interval",
+)  # fmt: skip
+
+
+def _refuse_driver_options(ctx: typer.Context) -> None:
+    def given_by_user(name: str) -> bool:  # by name: typer ships its own copy of click
+        src = ctx.get_parameter_source(name)
+        return src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT")
+
+    given = [p for p in ctx.command.params if p.name in _DRIVER_ONLY and given_by_user(p.name)]
+    if given:
+        flags = ", ".join(p.opts[0] for p in given)
+        raise InputError(
+            f"--target sim: {flags}: only a real server's run honours "
+            f"{'this option' if len(given) == 1 else 'these options'} (the simulator replays "
+            "the planned open-loop schedule and makes its own telemetry); drop "
+            f"{'it' if len(given) == 1 else 'them'} or run against a server"
+        )
+
+
 @app.command()
 def run(
+    ctx: typer.Context,
     spec: Annotated[Path, typer.Argument(help="Workload spec (YAML).")],
     target: Annotated[
         list[str],
@@ -285,6 +311,7 @@ def run(
     if sim:
         if len(targets) > 1:
             raise InputError("--target: sim cannot be mixed with other targets")
+        _refuse_driver_options(ctx)
         from phaselens.sim.run import run_sim
 
         path = run_sim(schedule, sim[0], out, _sim_manifest(ws))
