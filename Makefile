@@ -20,6 +20,7 @@ demo: install
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks scripts
 	$(VENV)/bin/ruff format --check src tests benchmarks scripts
+	$(VENV)/bin/lint-imports
 
 typecheck: install
 	$(VENV)/bin/mypy
@@ -52,4 +53,4 @@ bench: install
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache runs
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache runs
