@@ -184,7 +184,8 @@ def test_drive_warns_once_and_notes_the_manifest(
     assert lines == [
         f"phaselens: warning: 1 of 3 planned requests for m need more tokens (input + output) "
         f"than the server's context of 64 (llama.cpp /props n_ctx) at {url}; the server may "
-        "refuse them or cut them short"
+        "refuse them or cut them short (counted at the planned lengths; without --tokenizer "
+        "the server may count more)"
     ]
     manifest = json.loads((res.path / "manifest.json").read_text())
     assert manifest["server_context"] == [

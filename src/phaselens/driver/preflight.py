@@ -190,7 +190,14 @@ def context_preflight(
     notes = context_notes(schedule, targets, options.model_map, options.headers, options.api_key)
     if not notes:
         return {}
-    warnings = [n.line() for n in notes if n.over]
+    # Without a tokenizer the synthesized prompt's real token count is the server's to say:
+    # on a small-vocabulary model it can be several times the planned length, so more fail.
+    caveat = (
+        ""
+        if options.tokenizer
+        else " (counted at the planned lengths; without --tokenizer the server may count more)"
+    )
+    warnings = [n.line() + caveat for n in notes if n.over]
     for w in warnings:
         print(f"phaselens: warning: {w}", file=sys.stderr)
     return {
