@@ -63,3 +63,20 @@ def test_routing_needs_a_target_per_model() -> None:
     check_targets(s, {"a": "http://x:1", "*": "http://y:2"}, DriverOptions())
     with pytest.raises(InputError, match="no target for model 'b'"):
         check_targets(s, {"a": "http://x:1"}, DriverOptions())
+
+
+@pytest.mark.parametrize(
+    ("targets", "options", "opt"),
+    [
+        ({"a": "http://x:1", "b": "http://y:2", "typo": "http://z:3"}, DriverOptions(), "--target"),
+        ({"*": "http://x:1"}, DriverOptions(model_map={"typo": "served"}), "--model-map"),
+    ],
+)
+def test_a_per_model_option_naming_no_model_is_refused(
+    targets: dict[str, str], options: DriverOptions, opt: str
+) -> None:
+    # it would be silently unused: the user meant a model of the spec
+    s = make_schedule([0.0, 1.0], models=["a", "b"], model_idx=[0, 1])
+    with pytest.raises(InputError) as e:
+        check_targets(s, targets, options)
+    assert str(e.value) == f"{opt}: unknown model 'typo' (the schedule has a, b)"

@@ -699,12 +699,18 @@ def check_targets(schedule: Schedule, targets: Mapping[str, str], options: Drive
     """Every model has a valid target URL; per-model options name real models (InputError)."""
     options.validate()
     _route(schedule.models, targets, options.endpoint)
-    unknown = sorted(set(options.plain_models) - set(schedule.models))
-    if unknown:
-        raise InputError(
-            f"--no-optional-fields-for: unknown model {unknown[0]!r}"
-            f" (the schedule has {', '.join(schedule.models)})"
-        )
+    # a per-model option naming no model of the schedule would be silently unused: refuse it
+    for opt, names in (
+        ("--no-optional-fields-for", options.plain_models),
+        ("--target", [k for k in targets if k != "*"]),
+        ("--model-map", list(options.model_map)),
+    ):
+        unknown = sorted(set(names) - set(schedule.models))
+        if unknown:
+            raise InputError(
+                f"{opt}: unknown model {unknown[0]!r}"
+                f" (the schedule has {', '.join(schedule.models)})"
+            )
 
 
 def _route(models: Sequence[str], targets: Mapping[str, str], endpoint: Endpoint) -> list[str]:
