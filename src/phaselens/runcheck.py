@@ -252,6 +252,7 @@ NOT_NULL: Mapping[str, tuple[str, ...]] = {
     "telemetry.parquet": ("t_ns", "source", "metric", "labels"),
     "steps.parquet": ("t_start_ns", "t_end_ns", "engine", "gpu"),
     "schedule.parquet": ("id", "model", "stage", "t_ns", "input_tokens", "priority"),
+    "phases.parquet": ("id", "engine"),
 }
 
 

@@ -27,6 +27,8 @@ from phaselens.store import (
     LOST,
     LOST_ERROR,
     MANIFEST,
+    PHASES,
+    PHASES_SCHEMA,
     REQUEST_SCHEMA,
     REQUESTS,
     SCHEDULE,
@@ -42,13 +44,18 @@ from phaselens.types import Schedule
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """A loaded run: the only input analysis takes."""
+    """A loaded run: the only input analysis takes.
+
+    `phases`: the simulator's exact per-request phases (phases.parquet, PHASES_SCHEMA); None for
+    a run without that file (driver runs, simulator runs written before it was loaded).
+    """
 
     path: Path
     manifest: Mapping[str, Any]
     requests: pl.DataFrame
     telemetry: pl.DataFrame
     steps: pl.DataFrame
+    phases: pl.DataFrame | None = None
 
     @property
     def partial(self) -> bool:
@@ -86,7 +93,7 @@ def _lost_rows(p: Path, manifest: Mapping[str, Any], seen: pl.Series) -> pl.Data
         return empty_frame(REQUEST_SCHEMA)
     sched = read_frame(p / SCHEDULE, SCHEDULE_SCHEMA).filter(~pl.col("id").is_in(seen.implode()))
     closed = (manifest.get("driver") or {}).get("loop") == "closed"  # no planned instants
-    return sched.select(
+    rows = sched.select(
         pl.col("id"),
         pl.col("model"),
         pl.col("stage"),
@@ -98,16 +105,12 @@ def _lost_rows(p: Path, manifest: Mapping[str, Any], seen: pl.Series) -> pl.Data
         pl.lit(LOST_ERROR).alias("error"),
         pl.lit([], pl.List(pl.Int64)).alias("token_ns"),
         pl.lit([], pl.List(pl.Int32)).alias("token_counts"),
-    ).select(
-        (pl.col(k) if k in _LOST_COLS else pl.lit(None, t).alias(k)).cast(t)
+    )
+    assert set(rows.columns) <= REQUEST_SCHEMA.keys(), rows.columns  # the rest: null
+    return rows.select(
+        (pl.col(k) if k in rows.columns else pl.lit(None, t).alias(k)).cast(t)
         for k, t in REQUEST_SCHEMA.items()
     )
-
-
-_LOST_COLS = (
-    *("id", "model", "stage", "priority", "scheduled_ns", "input_tokens", "output_tokens"),
-    *("status", "error", "token_ns", "token_counts"),
-)
 
 
 def _recover(p: Path) -> tuple[dict[str, Any], dict[str, pl.DataFrame]]:
@@ -204,4 +207,21 @@ def load_run(path: Path | str) -> Run:
                 )
             else:
                 frames[key] = empty_frame(_SCHEMAS[key])
-    return Run(p, manifest, frames["requests"], frames["telemetry"], frames["steps"])
+    phases = _read_phases(p, frames["requests"])
+    return Run(p, manifest, frames["requests"], frames["telemetry"], frames["steps"], phases)
+
+
+def _read_phases(p: Path, requests: pl.DataFrame) -> pl.DataFrame | None:
+    """phases.parquet checked like the other files (and each of its ids a request's), or None
+    when the run has none."""
+    f = p / PHASES
+    if not f.exists():
+        return None
+    df = read_frame(f, PHASES_SCHEMA)
+    stray = df.filter(~pl.col("id").is_in(requests["id"].implode()))
+    if stray.height:
+        raise RunFormatError(
+            f"{f}: column 'id': id {stray['id'][0]} is no request of the run; expected the "
+            "ids of requests.parquet"
+        )
+    return df

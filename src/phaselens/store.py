@@ -15,9 +15,11 @@ import platform
 import socket
 import sys
 import time
+import types as _pytypes
+import typing
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,6 +29,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from phaselens.colcheck import check_values
 from phaselens.eventlog import EventLog, read_events
 from phaselens.names import slugify
+from phaselens.runcheck import NOT_NULL
 from phaselens.runcheck import RunFormatError as RunFormatError
 from phaselens.types import RequestRecord, StepRecord, TelemetrySample
 
@@ -36,9 +39,16 @@ REQUESTS = "requests.parquet"
 TELEMETRY = "telemetry.parquet"
 STEPS = "steps.parquet"
 SCHEDULE = "schedule.parquet"  # the plan, written at creation (driver runs)
+PHASES = "phases.parquet"  # the simulator's exact per-request phases (simulator runs)
 LOST = "lost"  # status of a planned request no record of which survived a kill
 LOST_ERROR = "run killed before this request was recorded"
 
+# The schemas below and the record types of `types.py` are one contract, stated by
+# `record_contract_problems` (below) and checked by tests/test_record_contract.py: a field added
+# to, renamed in or retyped in one and not the other fails that test, naming both sides.
+# Column order is the on-disk order (Parquet columns, event-log rows); for requests it differs
+# from RequestRecord's argument order on purpose (the optional server_* scalars come last among
+# the scalars, the two token lists last), so only their names and types must agree.
 REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "id": pl.Int64(),
     "model": pl.String(),
@@ -86,6 +96,67 @@ STEP_SCHEMA: dict[str, pl.DataType] = {
     "flops": pl.Float64(),
     "bytes": pl.Float64(),
 }
+PHASES_SCHEMA: dict[str, pl.DataType] = {
+    "id": pl.Int64(),
+    "engine": pl.String(),
+    "prefill_start_ns": pl.Int64(),  # start of the step that first admitted it
+    "prefill_end_ns": pl.Int64(),  # end of the step that completed its prompt (P/D: before KV)
+    "first_token_ns": pl.Int64(),
+    "end_ns": pl.Int64(),
+}
+
+
+def _column_kind(t: pl.DataType) -> str:
+    if isinstance(t, pl.List):
+        return f"list of {_column_kind(t.inner)}"  # type: ignore[arg-type]
+    if t.is_integer():
+        return "integer"
+    return "float" if t.is_float() else "text" if t == pl.String() else str(t)
+
+
+def _field_kind(hint: Any) -> tuple[str, bool]:
+    """What a record field's annotation stores, as `_column_kind` names it, and whether it may
+    be None."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, _pytypes.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return (_field_kind(rest[0])[0] if len(rest) == 1 else repr(hint)), True
+    if origin is typing.Literal and all(isinstance(a, str) for a in args):
+        return "text", False
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return f"list of {_field_kind(args[0])[0]}", False
+    if origin in (Mapping, dict):  # telemetry labels: stored as canonical JSON text
+        return "text", False
+    named = {int: "integer", float: "float", str: "text"}
+    return (named[hint], False) if hint in named else (repr(hint), False)
+
+
+def contract_mismatches(
+    record: type,
+    schema: Mapping[str, pl.DataType],
+    *,
+    ordered: bool,
+    not_null: Sequence[str] = (),
+) -> list[str]:
+    """How the dataclass `record` and the Parquet `schema` disagree (empty: they agree): the same
+    field names (in the same order when `ordered`: rows built from `asdict(record).values()`),
+    each column of the kind its field holds (integer, float, text, list of integers), and no
+    column that must not be null holding a field that may be None."""
+    name = record.__name__
+    hints = typing.get_type_hints(record)
+    names = [f.name for f in fields(record)]
+    out = [f"{name}.{k}: no column in the schema" for k in names if k not in schema]
+    out += [f"column {k!r}: no field of {name}" for k in schema if k not in hints]
+    if not out and ordered and names != list(schema):
+        out.append(f"{name}'s fields are in another order than the columns: {names}")
+    for k in (k for k in names if k in schema):
+        kind, nullable = _field_kind(hints[k])
+        if kind != _column_kind(schema[k]):
+            out.append(f"{name}.{k}: holds {kind}, column {k!r} is {schema[k]}")
+        if nullable and k in not_null:
+            out.append(f"{name}.{k}: may be None, column {k!r} must not be null")
+    return out
+
 
 _KIND_REQ, _KIND_TEL, _KIND_STEP = "r", "t", "s"
 
@@ -372,6 +443,38 @@ _SCHEMAS = {"requests": REQUEST_SCHEMA, "telemetry": TELEMETRY_SCHEMA, "steps": 
 _OPTIONAL = {"requests": ("server_prompt_ms", "server_cached_tokens", "server_decode_ms")}
 _OLDEST_LOG_SCALARS = len(_SCALARS) - len(_OPTIONAL["requests"])
 _SORT = {"requests": "id", "telemetry": "t_ns", "steps": "t_start_ns"}
+_FILE_SCHEMAS = {
+    **{_FILES[k]: _SCHEMAS[k] for k in _FILES},
+    SCHEDULE: SCHEDULE_SCHEMA,
+    PHASES: PHASES_SCHEMA,
+}
+
+
+def record_contract_problems() -> list[str]:
+    """Every way the record types, the schemas and the column lists that name their columns
+    disagree (empty: the contract holds). Asserted empty by tests/test_record_contract.py (not
+    at import: resolving the annotations costs ~5 ms, on every command's start)."""
+    out = contract_mismatches(
+        RequestRecord, REQUEST_SCHEMA, ordered=False, not_null=NOT_NULL[REQUESTS]
+    )
+    out += contract_mismatches(
+        TelemetrySample, TELEMETRY_SCHEMA, ordered=True, not_null=NOT_NULL[TELEMETRY]
+    )
+    out += contract_mismatches(StepRecord, STEP_SCHEMA, ordered=True, not_null=NOT_NULL[STEPS])
+    for f, cols in NOT_NULL.items():
+        schema = _FILE_SCHEMAS.get(f)
+        if schema is None:
+            out.append(f"runcheck.NOT_NULL names {f}, which has no schema")
+        else:
+            out += [f"runcheck.NOT_NULL[{f!r}]: no column {c!r}" for c in cols if c not in schema]
+    for key, cols in _OPTIONAL.items():
+        scalars = [k for k, t in _SCHEMAS[key].items() if not isinstance(t, pl.List)]
+        if scalars[len(scalars) - len(cols) :] != list(cols):  # what _OLDEST_LOG_SCALARS relies on
+            out.append(f"optional {key} columns {cols} are not the last scalar columns")
+    lists = [k for k, t in REQUEST_SCHEMA.items() if isinstance(t, pl.List)]
+    if list(REQUEST_SCHEMA)[-len(lists) :] != ["token_ns", "token_counts"]:  # event-log rows
+        out.append(f"the request list columns {lists} are not token_ns, token_counts, last")
+    return out
 
 
 def _write_frames(path: Path, frames: Mapping[str, pl.DataFrame]) -> None:
@@ -379,6 +482,14 @@ def _write_frames(path: Path, frames: Mapping[str, pl.DataFrame]) -> None:
         tmp = path / (_FILES[key] + ".tmp")
         df.sort(_SORT[key]).write_parquet(tmp)
         os.replace(tmp, path / _FILES[key])
+
+
+def write_phases(run_dir: Path, phases: pl.DataFrame) -> None:
+    """The simulator's exact per-request phases (phases.parquet, in PHASES_SCHEMA), written
+    atomically next to a closed run's other files."""
+    tmp = run_dir / (PHASES + ".tmp")
+    phases.select(pl.col(k).cast(t) for k, t in PHASES_SCHEMA.items()).sort("id").write_parquet(tmp)
+    os.replace(tmp, run_dir / PHASES)
 
 
 def write_run(

@@ -34,6 +34,11 @@ Severity = Literal["info", "warning", "critical"]
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
+F64 = npt.NDArray[np.float64]
+
+# The one time bin of every per-bin series: the simulator's telemetry (a sample stamps the end of
+# its bin) and analysis's timeline. Here, at the bottom layer, so that both import the same value.
+BIN_NS = 100_000_000  # 100 ms
 
 
 @dataclass(frozen=True, slots=True)

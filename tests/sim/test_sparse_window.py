@@ -14,8 +14,9 @@ from phaselens.analysis.phases import build_timeline
 from phaselens.bounds import MAX_BINS, bins_for
 from phaselens.errors import InputError
 from phaselens.sim.binning import IDLE_TAIL_BINS, active_bins, telemetry_bins
-from phaselens.sim.run import BIN_NS, run_sim, simulate
+from phaselens.sim.run import run_sim, simulate
 from phaselens.store import load_run
+from phaselens.types import BIN_NS
 
 from .helpers import make_schedule, one_engine
 

@@ -12,7 +12,8 @@ from tests.sim.helpers import make_schedule, one_engine
 
 from phaselens.analysis.fluctuation import sparse_window_std_mean, window_stds
 from phaselens.errors import InputError
-from phaselens.sim.run import BIN_NS, simulate
+from phaselens.sim.run import simulate
+from phaselens.types import BIN_NS
 from phaselens.whatif.calibrate import calibrate
 from phaselens.whatif.predict import setting_regime
 from phaselens.whatif.sweep import UTIL_WINDOW_BINS, util_stats

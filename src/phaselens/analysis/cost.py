@@ -13,8 +13,9 @@ from typing import Any
 import polars as pl
 
 from phaselens.analysis.latency import NS_PER_S, RequestTable, _window
-from phaselens.analysis.phases import BIN_NS, Timeline
+from phaselens.analysis.phases import Timeline
 from phaselens.analysis.stats import as_float, fnum
+from phaselens.types import BIN_NS
 
 
 def gpu_count(manifest: Mapping[str, Any], tel: pl.DataFrame) -> int:

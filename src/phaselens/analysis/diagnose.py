@@ -17,16 +17,15 @@ import numpy as np
 import polars as pl
 
 from phaselens.analysis.latency import SLO_COLUMN, RequestTable
-from phaselens.analysis.phases import BIN_NS, Timeline
+from phaselens.analysis.phases import Timeline
 from phaselens.analysis.stats import (
-    F64,
     as_float,
     as_int,
     fnum,
     interval_cumulative,
     interval_integral,
 )
-from phaselens.types import Finding, Severity
+from phaselens.types import BIN_NS, F64, Finding, Severity
 
 # decode-bandwidth-bound
 DBB_BW_HIGH = 60.0  # % of peak DRAM bandwidth in decode bins (median)

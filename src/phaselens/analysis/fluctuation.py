@@ -15,8 +15,9 @@ import numpy as np
 import polars as pl
 
 from phaselens.analysis.latency import RequestTable
-from phaselens.analysis.phases import BIN_NS, Timeline
-from phaselens.analysis.stats import F64, as_float, fnum
+from phaselens.analysis.phases import Timeline
+from phaselens.analysis.stats import as_float, fnum
+from phaselens.types import BIN_NS, F64
 
 WINDOW_S = 5.0
 DROP_HIGH = 80.0

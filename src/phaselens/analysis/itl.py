@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from phaselens.analysis.stats import F64, I64, PERCENTILES, describe, fnum
+from phaselens.analysis.stats import PERCENTILES, describe, fnum
+from phaselens.types import BIN_NS, F64, I64
 
 EXACT_MAX = 5_000_000
 SAMPLE_TARGET = 1_000_000
 BATCH_ROWS = 10_000
-BIN_NS = 100_000_000
 HIST_LO_MS = 1e-3  # bin 0 holds [0, 1 µs)
 HIST_BINS = 34 * 1024 + 2  # 1 µs .. ~1.7e7 ms in 34 octaves of 1024 bins
 GROUP_DIMS: tuple[str, ...] = ("all", "model", "stage", "priority")

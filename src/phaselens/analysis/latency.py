@@ -23,8 +23,9 @@ import numpy.typing as npt
 import polars as pl
 
 from phaselens.analysis.itl import ItlResult, compute_itl, describe_itl
-from phaselens.analysis.stats import F64, I64, as_int, describe, fnum, pkey_to_q
+from phaselens.analysis.stats import as_int, describe, fnum, pkey_to_q
 from phaselens.errors import InputError
+from phaselens.types import F64, I64
 
 NS_PER_MS = 1e6
 NS_PER_S = 1e9

@@ -30,7 +30,6 @@ import polars as pl
 
 from phaselens.analysis.latency import RequestTable
 from phaselens.analysis.stats import (
-    F64,
     as_float,
     as_int,
     fnum,
@@ -38,8 +37,8 @@ from phaselens.analysis.stats import (
     interval_integrals,
 )
 from phaselens.bounds import bins_for
+from phaselens.types import BIN_NS, F64
 
-BIN_NS = 100_000_000
 IDLE_BUSY = 0.05
 PREFILL_SHARE = 0.7
 DECODE_SHARE = 0.3

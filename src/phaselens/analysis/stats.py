@@ -11,10 +11,8 @@ import math
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-F64 = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
+from phaselens.types import F64, I64
 
 PERCENTILES: tuple[tuple[str, float], ...] = (
     ("p50", 50.0),

@@ -43,7 +43,6 @@ from phaselens.analysis.latency import (
     throughput,
 )
 from phaselens.analysis.phases import Timeline, build_timeline
-from phaselens.analysis.stats import F64
 from phaselens.errors import InputError
 from phaselens.report import figures as figs
 from phaselens.report.html import (
@@ -57,6 +56,7 @@ from phaselens.report.html import (
     template_env,
 )
 from phaselens.store import Run
+from phaselens.types import F64
 
 # metric key -> (source, stat, lower is better, unit)
 METRICS: dict[str, tuple[str, str, bool, str]] = {
@@ -166,9 +166,7 @@ def make_blocks(rt: RequestTable, block_s: float | None = None) -> Blocks:
     return Blocks(inv.astype(np.int64), stage[first], int(uniq.shape[0]), float(block_s))
 
 
-def block_multiplicities(
-    blocks: Blocks, c: int, rng: np.random.Generator
-) -> npt.NDArray[np.float64]:
+def block_multiplicities(blocks: Blocks, c: int, rng: np.random.Generator) -> F64:
     """(c, blocks) how many times each block is drawn; blocks resampled within their stage."""
     mult = np.zeros((c, blocks.n))
     for s in np.unique(blocks.stage_of_block):

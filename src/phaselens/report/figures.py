@@ -20,7 +20,7 @@ import numpy.typing as npt
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-F64 = npt.NDArray[np.float64]
+from phaselens.types import F64
 
 # Colours: one per model (Okabe-Ito, colour-blind safe), and one per phase label.
 MODEL_COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")

@@ -24,12 +24,13 @@ import polars as pl
 
 from phaselens import __version__
 from phaselens.analysis.latency import RequestTable, request_table
-from phaselens.analysis.phases import BIN_NS, Timeline, build_timeline
+from phaselens.analysis.phases import Timeline, build_timeline
 from phaselens.analysis.roofline import gpu_peaks
 from phaselens.analysis.summary import compute
 from phaselens.report import figures as figs
-from phaselens.report.figures import F64, Series, TimelineData
+from phaselens.report.figures import Series, TimelineData
 from phaselens.store import Run
+from phaselens.types import BIN_NS, F64
 
 UTIL_METRICS = (
     ("gpu.sm_pct", "SM %"),

@@ -10,9 +10,8 @@ the analysis carries a sample forward) and no samples after that. So the rows fo
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
-I64 = npt.NDArray[np.int64]
+from phaselens.types import I64
 
 IDLE_GAP_BINS = 600  # idle gaps up to 60 s of 100 ms bins are written in full
 IDLE_TAIL_BINS = 20  # of a longer gap, its first 2 s

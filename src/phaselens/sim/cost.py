@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 
 from phaselens.sim.models import ModelSpec
+from phaselens.types import F64
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +80,6 @@ class StepCost(NamedTuple):
     seconds: float
     flops: float
     bytes: float
-
-
-F64 = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,11 +21,16 @@ from phaselens.errors import InputError
 from phaselens.sim.binning import IDLE_GAP_BINS, IDLE_TAIL_BINS, active_bins, telemetry_bins
 from phaselens.sim.cluster import NO_TIME, ST_OK, Cluster, ClusterResult
 from phaselens.sim.deploy import Deployment, default_deployment, load_deployment
-from phaselens.store import REQUEST_SCHEMA, STEP_SCHEMA, TELEMETRY_SCHEMA, write_run
-from phaselens.types import Schedule
-
-BIN_NS = 100_000_000  # telemetry bins: 100 ms
-PHASES = "phases.parquet"
+from phaselens.store import (
+    PHASES,
+    PHASES_SCHEMA,
+    REQUEST_SCHEMA,
+    STEP_SCHEMA,
+    TELEMETRY_SCHEMA,
+    write_phases,
+    write_run,
+)
+from phaselens.types import BIN_NS, Schedule
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,7 +352,7 @@ def _phases_frame(deploy: Deployment, res: ClusterResult) -> pl.DataFrame:
             "first_token_ns": nullable(res.first_token_ns),
             "end_ns": nullable(res.end_ns),
         }
-    )
+    ).cast(PHASES_SCHEMA)  # type: ignore[arg-type]
 
 
 # ---- run directory -----------------------------------------------------------------------------
@@ -372,5 +377,5 @@ def run_sim(schedule: Schedule, target: str, out_root: Path, manifest: Mapping[s
     mf.setdefault("stages", [asdict(s) for s in schedule.stages])
     name = str(mf.get("name") or "sim")
     path = write_run(out_root, name, mf, res.requests, res.telemetry, res.steps)
-    res.phases.write_parquet(path / PHASES)
+    write_phases(path, res.phases)
     return path

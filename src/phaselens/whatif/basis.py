@@ -25,8 +25,8 @@ import numpy.typing as npt
 
 from phaselens.sim.cost import CostParams, prefill_attn_units
 from phaselens.sim.deploy import Deployment, Engine
+from phaselens.types import F64
 
-F64 = npt.NDArray[np.float64]
 NAMES = (
     "u_lin",
     "u_att",

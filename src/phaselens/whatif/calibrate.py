@@ -37,9 +37,8 @@ from phaselens.fields import describe
 from phaselens.sim.cost import CostParams
 from phaselens.sim.deploy import CostValue, Deployment, parse_deployment
 from phaselens.store import Run
-from phaselens.types import Schedule
+from phaselens.types import F64, Schedule
 from phaselens.whatif.basis import (
-    F64,
     NAMES,
     Steps,
     Theta,

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from phaselens.whatif.basis import F64, NAMES, Theta
+from phaselens.types import F64
+from phaselens.whatif.basis import NAMES, Theta
 
 MAX_SIDE_ITER = 30
 U_FLOOR = 1e-3  # an inverse efficiency the data never bound: a thousand times the peak

@@ -20,14 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 import polars as pl
 
 from phaselens.sim.deploy import Deployment
-from phaselens.types import Schedule
-from phaselens.whatif.basis import F64, Isolated, Steps, concat, engine_hw, step_features
+from phaselens.types import F64, I64, Schedule
+from phaselens.whatif.basis import Isolated, Steps, concat, engine_hw, step_features
 
-I64 = npt.NDArray[np.int64]
 NEVER = np.iinfo(np.int64).max
 
 

@@ -17,8 +17,8 @@ import polars as pl
 from phaselens.analysis.latency import request_table
 from phaselens.sim.deploy import Deployment
 from phaselens.sim.run import SimResult, simulate
-from phaselens.types import Schedule
-from phaselens.whatif.basis import F64, Theta, isolated_basis, isolated_predict
+from phaselens.types import F64, Schedule
+from phaselens.whatif.basis import Theta, isolated_basis, isolated_predict
 
 REGIMES = ("light", "near_saturation", "overloaded")
 LIGHT_MAX_Q = 0.25  # queueing delay below a quarter of the request's isolated service time

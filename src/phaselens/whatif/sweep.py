@@ -29,9 +29,8 @@ from phaselens.analysis.fluctuation import sparse_window_std_mean
 from phaselens.analysis.latency import request_table, slo_block, slo_targets
 from phaselens.errors import InputError
 from phaselens.sim.deploy import parse_deployment
-from phaselens.sim.run import BIN_NS as SIM_BIN_NS
 from phaselens.store import Run
-from phaselens.types import Schedule
+from phaselens.types import BIN_NS, Schedule
 from phaselens.whatif.basis import Theta
 from phaselens.whatif.calibrate import Calibration, with_cost
 from phaselens.whatif.knobs import apply_deploy, apply_load, label
@@ -97,7 +96,7 @@ def util_stats(telemetry: pl.DataFrame) -> tuple[float | None, float | None]:
     per = tel.group_by("t_ns").agg(pl.col("value").mean()).sort("t_ns")
     if per.height == 0:
         return None, None
-    idx = per["t_ns"].to_numpy().astype(np.int64) // SIM_BIN_NS - 1
+    idx = per["t_ns"].to_numpy().astype(np.int64) // BIN_NS - 1
     u = per["value"].to_numpy().astype(np.float64)
     n = int(idx[-1]) + 1
     return float(u.sum() / n), sparse_window_std_mean(idx, u, n, UTIL_WINDOW_BINS)

@@ -13,8 +13,8 @@ import numpy as np
 import numpy.typing as npt
 
 from phaselens.spec import ConstantArrival, GammaArrival, OnOffArrival, PoissonArrival
+from phaselens.types import F64
 
-F64 = npt.NDArray[np.float64]
 Gaps = Callable[[int], F64]
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import numpy.typing as npt
 
 from phaselens.fields import MAX_TOKENS
 from phaselens.spec import (
@@ -24,10 +23,9 @@ from phaselens.spec import (
     NormalLength,
     UniformLength,
 )
+from phaselens.types import F64, I64
 from phaselens.workload.traces import read_column
 
-F64 = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
 Sampler = Callable[[LengthDist, int, np.random.Generator], F64]
 
 

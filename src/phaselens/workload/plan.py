@@ -31,16 +31,12 @@ from phaselens.spec import (
     TraceArrival,
     WorkloadSpec,
 )
-from phaselens.types import Schedule, StageInfo
+from phaselens.types import F64, I32, I64, Schedule, StageInfo
 from phaselens.workload.arrivals import arrival_times
 from phaselens.workload.guard import check_size, check_window
 from phaselens.workload.lengths import sample_lengths
 from phaselens.workload.traces import Trace, read_trace
 from phaselens.yamlio import clip, show
-
-F64 = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
-I32 = npt.NDArray[np.int32]
 
 STREAMS = ("arrival", "input", "output", "prefix", "thin")
 PERCENTILES = (50, 90, 99)

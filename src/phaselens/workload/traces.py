@@ -30,11 +30,8 @@ from phaselens.bounds import limit
 from phaselens.errors import InputError
 from phaselens.fields import MAX_NAME, MAX_TOKENS
 from phaselens.spec import TIME_UNITS
+from phaselens.types import F64, I32, I64
 from phaselens.yamlio import check_text_file, clip, loads_json, show
-
-F64 = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
-I32 = npt.NDArray[np.int32]
 
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake hash ids name 512-token blocks of the prompt
 MAX_TRACE_SPAN_S = float(limit("TRACE_SPAN_S", 366 * 86_400))  # a trace file's own span
