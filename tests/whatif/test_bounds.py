@@ -10,7 +10,9 @@ import polars as pl
 import pytest
 from tests.sim.helpers import make_schedule, one_engine
 
-from phaselens.analysis.fluctuation import sparse_window_std_mean, window_stds
+from phaselens.analysis.fluctuation import sparse_window_std_mean, util_std_5s, window_stds
+from phaselens.analysis.phases import label_values
+from phaselens.analysis.summary import analyze
 from phaselens.errors import InputError
 from phaselens.sim.run import simulate
 from phaselens.types import BIN_NS
@@ -65,7 +67,8 @@ def test_util_stats_count_the_idle_bins_the_sim_did_not_write() -> None:
     # two requests 10 minutes apart: the gap's bins after its first minute are not written
     sched = make_schedule([0.0, 600.0], [500, 500], [100, 100])
     res = simulate(sched, one_engine())
-    tel = res.telemetry.filter(pl.col("metric") == "gpu.busy_pct")
+    # the series analyze's util_std_5s uses for the simulator: its SM %
+    tel = res.telemetry.filter(pl.col("metric") == "gpu.sm_pct")
     idx = tel["t_ns"].to_numpy() // BIN_NS - 1
     n = int(idx.max()) + 1
     assert tel.height < n - 4000  # most of the 10 minutes is not written
@@ -73,7 +76,7 @@ def test_util_stats_count_the_idle_bins_the_sim_did_not_write() -> None:
     dense[idx] = tel["value"].to_numpy()
     mean, std = util_stats(res.telemetry)
     assert mean == pytest.approx(float(dense.mean()))
-    assert std == pytest.approx(float(window_stds(dense, UTIL_WINDOW_BINS).mean()))
+    assert std == pytest.approx(float(window_stds(dense, UTIL_WINDOW_BINS).mean()), abs=1e-6)
 
 
 def test_calibrate_names_the_engines_found_and_expected(tmp_path: Path) -> None:
@@ -101,3 +104,66 @@ def test_calibrate_on_a_default_deployment_run_says_there_is_no_file(tmp_path: P
     msg = str(e.value)
     assert "built-in default deployment (--target sim)" in msg
     assert "(<default deployment>)" not in msg
+
+
+def _by_hand_util_std_5s(tel: pl.DataFrame, metric: str, n: int) -> float:
+    """Dense per-GPU series (0 where unwritten), 5 s windows by reshape, population std."""
+    stds: list[float] = []
+    for gpu in sorted(set(label_values(tel["labels"], "gpu", "0").to_list())):
+        rows = tel.filter(
+            (pl.col("metric") == metric) & (label_values(tel["labels"], "gpu", "0") == gpu)
+        )
+        u = np.zeros(n)
+        u[rows["t_ns"].to_numpy() // BIN_NS - 1] = rows["value"].to_numpy()
+        full, rest = divmod(n, 50)
+        stds += np.pad(u, (0, (50 - rest) % 50)).reshape(-1, 50)[:full].std(axis=1).tolist()
+        if rest >= 25:
+            stds.append(float(u[full * 50 :].std()))
+    return float(np.mean(stds))
+
+
+def test_analyze_and_whatif_print_one_util_std_5s(tmp_path: Path) -> None:
+    # issue 14: "util std 5 s" was SM % in analyze but busy % in whatif (21.5 vs 0.7 on one run)
+    run = truth_run(tmp_path, rate=6.0, duration_s=20)
+    tel = run.telemetry
+    n = int(tel.filter(pl.col("metric") == "gpu.sm_pct")["t_ns"].max()) // BIN_NS
+    want = _by_hand_util_std_5s(tel, "gpu.sm_pct", n)
+    busy = _by_hand_util_std_5s(tel, "gpu.busy_pct", n)
+    assert abs(want - busy) > 1.0  # the two series do differ: the test tells them apart
+    fl = analyze(run)["fluctuation"]
+    assert fl["util_source"] == "sim:gpu.sm_pct"
+    printed_analyze = fl["util_std_5s"]["mean"]
+    printed_whatif = util_stats(tel)[1]
+    assert printed_analyze == pytest.approx(want, abs=1e-6)
+    assert printed_whatif == printed_analyze
+
+
+def test_util_std_5s_idle_gap_is_zero_in_both_commands(tmp_path: Path) -> None:
+    # a simulated gap longer than a minute is mostly unwritten: both commands count it as idle
+    sched = make_schedule([0.0, 200.0], [500, 500], [100, 100])
+    res = simulate(sched, one_engine())
+    tel = res.telemetry
+    n = int(tel.filter(pl.col("metric") == "gpu.sm_pct")["t_ns"].max()) // BIN_NS
+    assert tel.filter(pl.col("metric") == "gpu.sm_pct").height < n - 1000
+    want = _by_hand_util_std_5s(tel, "gpu.sm_pct", n)
+    assert util_stats(tel)[1] == pytest.approx(want, abs=1e-6)
+    lanes = [(np.array([0, 1]), np.array([0.0, 80.0]), 100)]
+    # window 1: mean 1.6, std sqrt(80²/50 − 1.6²) = 11.2; window 2: std 0 → mean 5.6
+    assert util_std_5s(lanes, unwritten_idle=True)["mean"] == pytest.approx(5.6)
+    assert util_std_5s(lanes, unwritten_idle=False)["windows"] == 0  # 2 of 50 bins measured
+
+
+def test_util_std_5s_on_a_two_gpu_engine_is_the_lane_analyze_draws(tmp_path: Path) -> None:
+    # one engine on two GPUs is one lane "g0,g1" in analyze, carrying the mean over its GPUs
+    import copy
+
+    from .helpers import BASE_DEPLOY
+
+    base = copy.deepcopy(BASE_DEPLOY)
+    base["gpus"].append({"name": "g1", "type": "L4"})
+    base["engines"][0]["gpus"] = ["g0", "g1"]
+    run = truth_run(tmp_path, rate=6.0, duration_s=20, base=base)
+    lanes = run.steps["gpu"].unique().to_list()
+    assert lanes == ["g0,g1"]
+    got = util_stats(run.telemetry, lanes)[1]
+    assert got == analyze(run)["fluctuation"]["util_std_5s"]["mean"]

@@ -8,7 +8,7 @@ coefficient of variation of inter-arrival gaps (Poisson = 1, constant = 0, burst
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -48,32 +48,94 @@ def window_stds(u: F64, window_bins: int) -> F64:
     return out
 
 
-def sparse_window_std_mean(idx: np.ndarray, u: F64, n: int, window_bins: int) -> float | None:
-    """`window_stds(dense).mean()` of a series that is 0 wherever it has no sample.
+def sparse_window_stds(
+    idx: np.ndarray, u: F64, n: int, window_bins: int, unwritten_idle: bool
+) -> tuple[F64, int]:
+    """Window stds of a series of n bins given only where it has a sample (`idx` sorted, `u`).
 
-    `idx` holds the sorted bins that have a value `u`; the series has n bins. Why: simulated
-    telemetry is written only near work (a window of days holds a few thousand samples); the
-    windows with no sample are all zeros (std 0) and are counted, not allocated.
+    With `unwritten_idle` a bin without a sample is 0 (the simulator writes no row for an idle
+    bin, `sim.binning`): every window counts, by its size (the last may be short), and the
+    windows with no sample at all are std 0 — returned as a count, never allocated (a window of
+    days has millions). Without it a bin without a sample is unmeasured and a window counts only
+    with ≥ half its bins measured, as in `window_stds`. Returns (the stds of the counted windows
+    that hold a sample, the number of counted windows that hold none).
     """
     if n <= 0:
-        return None
+        return np.zeros(0), 0
     nw = -(-n // window_bins)
     last = n - (nw - 1) * window_bins
     thr = max(2, window_bins // 2)
-    kept = (nw - 1) + int(last >= thr)  # counted, never allocated: nw may be huge
-    if kept == 0:
-        return None
+    idx = np.asarray(idx, dtype=np.int64)
+    u = np.asarray(u, dtype=np.float64)
     if idx.size == 0:
-        return 0.0
+        return np.zeros(0), ((nw - 1) + int(last >= thr)) if unwritten_idle else 0
     touched, inv = np.unique(idx // window_bins, return_inverse=True)
     inv = inv.reshape(-1)
     s1 = np.bincount(inv, weights=u, minlength=touched.size)
     s2 = np.bincount(inv, weights=u * u, minlength=touched.size)
-    size = np.where(touched == nw - 1, last, window_bins).astype(np.float64)
+    if unwritten_idle:
+        size = np.where(touched == nw - 1, last, window_bins).astype(np.float64)
+        kept_all = (nw - 1) + int(last >= thr)
+    else:
+        size = np.bincount(inv, minlength=touched.size).astype(np.float64)
+        kept_all = 0
     ok = size >= thr
     mean = s1[ok] / size[ok]
     var = np.maximum(s2[ok] / size[ok] - mean * mean, 0.0)
-    return float(np.sqrt(var).sum() / kept)
+    empty = kept_all - int(ok.sum()) if unwritten_idle else 0
+    out: F64 = np.sqrt(var)
+    return out, empty
+
+
+def _percentile_with_zeros(s: F64, zeros: int, q: float) -> float:
+    """np.percentile (linear) of `s` (all ≥ 0) with `zeros` more zeros, not allocating them."""
+    v = np.sort(s)
+    total = v.size + zeros
+    pos = q / 100.0 * (total - 1)
+    lo, hi = int(np.floor(pos)), int(np.ceil(pos))
+
+    def at(i: int) -> float:
+        return 0.0 if i < zeros else float(v[i - zeros])
+
+    return at(lo) + (at(hi) - at(lo)) * (pos - lo)
+
+
+def util_std_5s(
+    lanes: Iterable[tuple[np.ndarray, F64, int]], unwritten_idle: bool
+) -> dict[str, Any]:
+    """The one definition of `util_std_5s` (docs/metrics.md), printed by `analyze` and `whatif`.
+
+    Population std of each GPU lane's utilization inside each 5 s window, over every window of
+    every lane: mean, p90, max and the number of windows. Each lane is (bins with a sample, their
+    values, the series' length in bins); `unwritten_idle` says what a bin without one is (see
+    `sparse_window_stds`).
+    """
+    wb = int(WINDOW_S * BINS_PER_S)
+    parts = [sparse_window_stds(i, u, n, wb, unwritten_idle) for i, u, n in lanes]
+    s = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0)
+    zeros = sum(p[1] for p in parts)
+    count = int(s.size) + zeros
+    if count == 0:
+        return {"mean": None, "p90": None, "max": None, "windows": 0}
+    return {
+        "mean": fnum(float(s.sum()) / count),
+        "p90": fnum(_percentile_with_zeros(s, zeros, 90)),
+        "max": fnum(float(s.max()) if s.size else 0.0),
+        "windows": count,
+    }
+
+
+def sparse_window_std_mean(idx: np.ndarray, u: F64, n: int, window_bins: int) -> float | None:
+    """`window_stds(dense).mean()` of a series that is 0 wherever it has no sample."""
+    s, zeros = sparse_window_stds(idx, u, n, window_bins, unwritten_idle=True)
+    count = s.size + zeros
+    return float(s.sum() / count) if count else None
+
+
+def dense_lane(u: F64) -> tuple[np.ndarray, F64, int]:
+    """A dense series with NaN where unmeasured, as a lane for `util_std_5s`."""
+    idx = np.flatnonzero(~np.isnan(u))
+    return idx, u[idx], int(u.size)
 
 
 def interarrival_cv(t_ns: F64) -> float | None:
@@ -252,22 +314,22 @@ def _state(b: pl.DataFrame) -> dict[str, Any]:
 def fluctuation(tl: Timeline, rt: RequestTable, manifest: Mapping[str, Any]) -> dict[str, Any]:
     """util_std_5s, peak_to_trough, arrival CVs, cross-correlations, drop events."""
     lanes = tl.lanes
-    window_bins = int(WINDOW_S * BINS_PER_S)
-    stds: list[float] = []
+    util_lanes: list[tuple[np.ndarray, F64, int]] = []
     p2t: list[tuple[float, float, float, str]] = []
     events: list[dict[str, Any]] = []
     has_util = lanes.height > 0 and lanes["util"].drop_nulls().len() > 0
     scale = full_scale(manifest, tl.util_source)
+    # the simulator writes no row for a bin long idle (sim.binning): 0 there, as in whatif
+    idle = (tl.util_source or "").startswith("sim:")
     if has_util:
         for (lane,), g in lanes.partition_by("gpu", as_dict=True).items():
             u = g.sort("bin")["util"].cast(pl.Float64).fill_null(np.nan).to_numpy()
-            stds.extend(window_stds(u, window_bins).tolist())
+            util_lanes.append(dense_lane(np.nan_to_num(u, nan=0.0) if idle else u))
             v = u[~np.isnan(u)]
             if v.size:
                 hi, lo = float(np.percentile(v, 95)), float(np.percentile(v, 5))
                 p2t.append((hi - lo, hi, lo, str(lane)))
             events.extend(drop_events(u, tl.bins, str(lane), scale))
-    s = np.asarray(stds)
     worst = max(p2t) if p2t else None
     b = tl.bins
     arr = _to_seconds(b["arrivals"].cast(pl.Float64).to_numpy(), "sum") if b.height else np.zeros(0)
@@ -284,12 +346,7 @@ def fluctuation(tl: Timeline, rt: RequestTable, manifest: Mapping[str, Any]) -> 
     stages = [s for s in manifest.get("stages") or [] if isinstance(s, Mapping)]
     return {
         "util_source": tl.util_source,
-        "util_std_5s": {
-            "mean": fnum(float(s.mean())) if s.size else None,
-            "p90": fnum(float(np.percentile(s, 90))) if s.size else None,
-            "max": fnum(float(s.max())) if s.size else None,
-            "windows": int(s.size),
-        },
+        "util_std_5s": util_std_5s(util_lanes, unwritten_idle=idle),
         "peak_to_trough": {
             "value": fnum(worst[0]) if worst else None,
             "p95": fnum(worst[1]) if worst else None,

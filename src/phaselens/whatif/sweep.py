@@ -2,7 +2,8 @@
 combination, in parallel processes, and rank the settings.
 
 Ranking: goodput inside the run's SLO (requests/s meeting every target; DistServe), then
-utilization stability (the seed's measure: std of GPU busy % inside 5 s windows, averaged).
+utilization stability (`util_std_5s`, the figure `analyze` prints: std of the run's
+utilization series, SM % for the simulator, inside 5 s windows, averaged).
 Each row carries the load regime the prediction falls in and the calibration's measured error
 for that regime — or "unmeasured" when the calibration never saw that regime, or when the
 combination leaves the hardware the constants were fitted on (another GPU type, a P/D split).
@@ -25,8 +26,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from phaselens.analysis.fluctuation import sparse_window_std_mean
+from phaselens.analysis.fluctuation import util_std_5s
 from phaselens.analysis.latency import request_table, slo_block, slo_targets
+from phaselens.analysis.phases import UTIL_PREFERENCE, label_values
 from phaselens.errors import InputError
 from phaselens.sim.deploy import parse_deployment
 from phaselens.store import Run
@@ -45,7 +47,7 @@ from phaselens.whatif.predict import (
 )
 from phaselens.whatif.replay import schedule_from_run
 
-UTIL_WINDOW_BINS = 50  # 5 s of 100 ms bins
+UTIL_WINDOW_BINS = 50  # 5 s of 100 ms bins (analysis.fluctuation.WINDOW_S)
 KNOB_NEAR_KNEE = " in-sample; ±20% of a repeat mean with a knob changed near the knee"
 CLIFF_LOAD = 1.1  # the load a row is checked again at, as a factor of its own
 CLIFF_FACTOR = 2.0  # TTFT p90 growing this much there makes the row a cliff
@@ -86,20 +88,45 @@ def other_hardware(deployment: Mapping[str, Any], combo: Mapping[str, Any]) -> l
     return out
 
 
-def util_stats(telemetry: pl.DataFrame) -> tuple[float | None, float | None]:
-    """Mean GPU busy % and its mean std in 5 s windows over the whole simulated window.
+def util_stats(
+    telemetry: pl.DataFrame, lanes: Sequence[str] | None = None
+) -> tuple[float | None, float | None]:
+    """Mean utilization and `util_std_5s` (its mean) over the whole simulated window.
 
+    The utilization is the series `analyze` uses (the first of `UTIL_PREFERENCE` present: for
+    the simulator its SM %, not its busy %) on the lanes `analyze` uses (`lanes`: the steps'
+    GPU names; each GPU's own series when every lane is one GPU, else the mean over GPUs on
+    every lane, as `analysis.phases.build_timeline` joins them), and the std is
+    `analysis.fluctuation.util_std_5s` itself, so the two commands print one figure for one run.
     The simulator writes telemetry only near work (`sim.binning`); a bin without a sample was
     idle (0%), so both figures count those bins without allocating them.
     """
-    tel = telemetry.filter(pl.col("metric") == "gpu.busy_pct")
-    per = tel.group_by("t_ns").agg(pl.col("value").mean()).sort("t_ns")
-    if per.height == 0:
+    present = telemetry.filter(pl.col("metric").is_in(["gpu.sm_pct", "gpu.busy_pct"]))
+    if present.height == 0:
         return None, None
-    idx = per["t_ns"].to_numpy().astype(np.int64) // BIN_NS - 1
-    u = per["value"].to_numpy().astype(np.float64)
-    n = int(idx[-1]) + 1
-    return float(u.sum() / n), sparse_window_std_mean(idx, u, n, UTIL_WINDOW_BINS)
+    have = set(present.select("source", "metric").unique().iter_rows())
+    src, metric = next(
+        ((s, m) for s, m in UTIL_PREFERENCE if (s, m) in have),
+        min(have, key=lambda sm: (sm[1] != "gpu.sm_pct", sm)),  # as analyze: SM % first
+    )
+    tel = present.filter((pl.col("metric") == metric) & (pl.col("source") == src))
+    tel = tel.with_columns(label_values(tel["labels"], "gpu", "0").alias("gpu"))
+    per = tel.group_by("gpu", "t_ns").agg(pl.col("value").mean()).sort("gpu", "t_ns")
+    n = int(per["t_ns"].max()) // BIN_NS  # type: ignore[arg-type]
+    names = set(per["gpu"].unique().to_list())
+    if lanes is not None and not set(lanes) <= names:
+        whole = per.group_by("t_ns").agg(pl.col("value").mean()).sort("t_ns")
+        per = pl.concat(
+            [whole.with_columns(pl.lit(str(x)).alias("gpu")) for x in sorted(set(lanes))],
+            how="diagonal",
+        )
+    series = []
+    total = 0.0
+    for (_,), g in sorted(per.partition_by("gpu", as_dict=True).items()):
+        u = g["value"].to_numpy().astype(np.float64)
+        series.append((g["t_ns"].to_numpy().astype(np.int64) // BIN_NS - 1, u, n))
+        total += float(u.sum())
+    return total / (n * len(series)), util_std_5s(series, unwritten_idle=True)["mean"]
 
 
 def evaluate(job: Job, combo: Mapping[str, Any]) -> dict[str, Any]:
@@ -135,7 +162,9 @@ def evaluate(job: Job, combo: Mapping[str, Any]) -> dict[str, Any]:
     fb = float(b) if isinstance(b, (int, float)) else None
     window = (fb - fa) / 1e9 if fa is not None and fb is not None and fb > fa else None
     row["throughput_rps"] = ok / window if window else None
-    row["util_mean_pct"], row["util_std_5s_pct"] = util_stats(pred.sim.telemetry)
+    steps = pred.sim.steps
+    lanes = steps["gpu"].unique().to_list() if steps.height else None
+    row["util_mean_pct"], row["util_std_5s_pct"] = util_stats(pred.sim.telemetry, lanes)
     row["gpus"] = len(deploy.gpus)
     row["cost_per_hour"] = len(deploy.gpus) * job.gpu_cost_per_hour
     th = Theta.from_cost(deploy.cost, job.overhead_s)
