@@ -18,6 +18,7 @@ import pytest
 
 from phaselens.driver import http
 from phaselens.driver.openai import CONTINUE, DONE, FAILED
+from phaselens.redact import basic_auth
 
 
 class _Transport:
@@ -287,8 +288,8 @@ def test_request_head_and_header_checks() -> None:
     head = http.request_head(t, {"Content-Type": "application/json"})
     assert head.startswith(b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: api.example:8443\r\n")
     assert b"u:p" not in head
-    assert http.basic_auth("http://u:p%40ss@h/") == "Basic dTpwQHNz"  # base64("u:p@ss")
-    assert http.basic_auth("http://h/") is None
+    assert basic_auth("http://u:p%40ss@h/") == "Basic dTpwQHNz"  # base64("u:p@ss")
+    assert basic_auth("http://h/") is None
     assert http.check_header("X-A", "b") is None
     assert http.check_header("X-A", "b\r\nEvil: 1") is not None
     assert http.check_header("Bad Name", "v") is not None

@@ -15,7 +15,6 @@ target; TLS; user:password in the URL as Basic auth. No proxies, no redirects, n
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import socket
 import ssl
@@ -24,7 +23,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, cast
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 _MAX_HEAD = 64 << 10  # response head larger than this: not a server we can talk to
 _MAX_LINE = 4096  # a chunk-size line longer than this is garbage
@@ -82,15 +81,6 @@ class Target:
         path = (p.path or "/") + (f"?{p.query}" if p.query else "")
         authority = p.netloc.rsplit("@", 1)[-1]
         return cls((p.scheme, host, port), host, port, tls, path, authority)
-
-
-def basic_auth(url: str) -> str | None:
-    """The Authorization value for user:password in `url`, or None."""
-    p = urlsplit(url)
-    if p.username is None:
-        return None
-    raw = f"{unquote(p.username)}:{unquote(p.password or '')}".encode()
-    return "Basic " + base64.b64encode(raw).decode("ascii")
 
 
 def request_head(target: Target, headers: Mapping[str, str]) -> bytes:

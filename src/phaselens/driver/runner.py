@@ -41,6 +41,7 @@ from phaselens.driver.pacer import make_pacer
 from phaselens.driver.prompts import PromptMaker
 from phaselens.driver.selfcheck import LoopLagMonitor, cpu_seconds, raise_fd_limit
 from phaselens.errors import InputError
+from phaselens.redact import basic_auth
 from phaselens.types import RequestRecord, Schedule, Status, TelemetrySample
 from phaselens.urls import check_url
 
@@ -260,7 +261,7 @@ class _Driver:
         h = {k: v for k, v in self.o.headers.items() if k.lower() not in _OWN_HEADERS}
         h["Content-Type"] = "application/json"
         h["Accept"] = "text/event-stream"
-        auth = f"Bearer {self.o.api_key}" if self.o.api_key else http.basic_auth(url)
+        auth = f"Bearer {self.o.api_key}" if self.o.api_key else basic_auth(url)
         if auth is None:
             given = (v for k, v in self.o.headers.items() if k.lower() == "authorization")
             auth = next(given, None)
