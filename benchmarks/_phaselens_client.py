@@ -28,8 +28,8 @@ def main() -> None:
     a = ap.parse_args()
 
     from phaselens import load_run
-    from phaselens.driver.drive import drive
     from phaselens.driver.runner import DriverOptions
+    from phaselens.execute import HttpTarget, Options, RunInfo, execute
     from phaselens.spec import parse_spec
     from phaselens.workload.plan import build_schedule
 
@@ -53,15 +53,19 @@ def main() -> None:
         Path("."),
     )
     schedule = build_schedule(spec)
-    res = drive(
+    res = execute(
         schedule,
-        {"*": a.url},
-        DriverOptions(endpoint="completions", model_map={"bench": a.model}, timeout_s=120),
+        HttpTarget({"*": a.url}),
+        Options(
+            driver=DriverOptions(
+                endpoint="completions", model_map={"bench": a.model}, timeout_s=120
+            ),
+            quiet=True,
+            telemetry="none",
+            handle_sigint=False,
+        ),
         a.out,
-        name="overhead",
-        quiet=True,
-        telemetry="none",
-        handle_sigint=False,
+        RunInfo(name="overhead"),
     )
     run = load_run(res.path)
     req = run.requests

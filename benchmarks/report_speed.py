@@ -30,7 +30,7 @@ LIMIT_MB = 15.0
 
 
 def make(root: Path, n: int) -> Path:
-    from phaselens.sim.run import run_sim
+    from phaselens.execute import RunInfo, SimTarget, execute
     from phaselens.spec import load_spec
     from phaselens.workload.plan import build_schedule
 
@@ -42,13 +42,7 @@ def make(root: Path, n: int) -> Path:
     ws = load_spec(SPEC, overrides)
     sched = build_schedule(ws)
     t0 = time.perf_counter()
-    manifest = {
-        "name": ws.name,
-        "kind": "sim",
-        "spec": ws.model_dump(mode="json"),
-        "slo": ws.slo_dict,
-    }
-    path = run_sim(sched, "sim", root, manifest)
+    path = execute(sched, SimTarget(), out=root, info=RunInfo.of(ws)).path
     print(
         json.dumps(
             {

@@ -11,7 +11,7 @@ import io
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -34,9 +34,6 @@ from phaselens.cliargs import (
 )
 from phaselens.errors import InputError, one_line
 from phaselens.redact import redact_urls_in
-
-if TYPE_CHECKING:
-    from phaselens.spec import WorkloadSpec
 
 app = typer.Typer(
     name="phaselens",
@@ -113,22 +110,6 @@ def plan(
 
 
 # ---------------------------------------------------------------- run (driver; issue 3)
-def _parse_targets(values: list[str]) -> dict[str, str]:
-    """`URL` (every model) or `model=URL` pairs -> {model or "*": URL}."""
-    out: dict[str, str] = {}
-    for v in values:
-        head, eq, rest = v.partition("=")
-        if eq and "://" not in head and head != "sim" and not head.startswith("sim:"):
-            if not head or not rest:
-                raise InputError(f"--target: {v!r}: expected URL or MODEL=URL")
-            out[head] = rest
-        else:
-            if "*" in out:
-                raise InputError("--target: give one plain URL, or MODEL=URL pairs")
-            out["*"] = v
-    return out
-
-
 def _parse_pairs(values: list[str], opt: str, sep: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for v in values:
@@ -163,29 +144,26 @@ def _run_latency_line(path: Path) -> None:
     )
 
 
-# Options only the driver honours: given with `--target sim` they are refused, never ignored
-# (a user must not believe they simulated a closed loop or a per-request timeout).
-_DRIVER_ONLY = (
-    "endpoint", "model_map", "api_key_env", "header", "workers", "max_inflight", "concurrency",
-    "timeout", "idle_timeout", "no_optional", "no_optional_for", "tokenizer", "loop",
-    "telemetry", "telemetry_interval",
-)  # fmt: skip
+# `phaselens run` parameter -> the execution option it sets (keys of execute.OPTION_FLAGS); a
+# target refuses those it does not honour: a user must not believe they simulated a closed loop.
+_OPTION_OF = {
+    "endpoint": "endpoint", "model_map": "model_map", "api_key_env": "api_key",
+    "header": "headers", "workers": "workers", "max_inflight": "max_inflight",
+    "concurrency": "concurrency", "timeout": "timeout_s", "idle_timeout": "idle_timeout_s",
+    "no_optional": "optional_fields", "no_optional_for": "plain_models",
+    "tokenizer": "tokenizer", "loop": "event_loop", "telemetry": "telemetry",
+    "telemetry_interval": "telemetry_interval_s",
+}  # fmt: skip
 
 
-def _refuse_driver_options(ctx: typer.Context) -> None:
+def _asked(ctx: typer.Context) -> frozenset[str]:
+    """The execution options the user typed (a target refuses those it does not honour)."""
+
     def given_by_user(name: str) -> bool:  # by name: typer ships its own copy of click
         src = ctx.get_parameter_source(name)
         return src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT")
 
-    given = [p for p in ctx.command.params if p.name in _DRIVER_ONLY and given_by_user(p.name)]
-    if given:
-        flags = ", ".join(p.opts[0] for p in given)
-        raise InputError(
-            f"--target sim: {flags}: only a real server's run honours "
-            f"{'this option' if len(given) == 1 else 'these options'} (the simulator replays "
-            "the planned open-loop schedule and makes its own telemetry); drop "
-            f"{'it' if len(given) == 1 else 'them'} or run against a server"
-        )
+    return frozenset(opt for p, opt in _OPTION_OF.items() if given_by_user(p))
 
 
 @app.command()
@@ -295,7 +273,8 @@ def run(
     ] = None,
 ) -> None:
     """Run a workload against a server (or the simulator) and write a run directory."""
-    from phaselens.driver.runner import LOOPS
+    from phaselens.driver.runner import LOOPS, DriverOptions
+    from phaselens.execute import HttpTarget, Options, RunInfo, SimTarget, execute, target_of
     from phaselens.spec import load_spec
     from phaselens.workload.plan import build_schedule
 
@@ -303,30 +282,16 @@ def run(
         raise InputError(f"--endpoint: expected completions or chat, got {endpoint!r}")
     if loop not in LOOPS:
         raise InputError(f"--loop: expected {', '.join(LOOPS)}, got {loop!r}")
-    targets = _parse_targets(target)
+    tgt = target_of(target)
     ws = load_spec(spec, set_ or [])
     schedule = build_schedule(ws)
     check_out_dir(out, "--out")
-    sim = [t for t in targets.values() if t == "sim" or t.startswith("sim:")]
-    if sim:
-        if len(targets) > 1:
-            raise InputError("--target: sim cannot be mixed with other targets")
-        _refuse_driver_options(ctx)
-        from phaselens.sim.run import run_sim
-
-        path = run_sim(schedule, sim[0], out, _sim_manifest(ws))
-        typer.echo(str(path))
-        _run_latency_line(path)
-        return
-    from phaselens.driver.drive import drive
-    from phaselens.driver.runner import DriverOptions
-
     api_key = None
-    if api_key_env:
+    if api_key_env and isinstance(tgt, HttpTarget):
         api_key = os.environ.get(api_key_env)
         if not api_key:
             raise InputError(f"--api-key-env: environment variable {api_key_env} is not set")
-    options = DriverOptions(
+    driver = DriverOptions(
         endpoint="chat" if endpoint == "chat" else "completions",
         model_map=_parse_pairs(model_map or [], "--model-map", "="),
         headers=_parse_pairs(header or [], "--header", ":"),
@@ -341,27 +306,27 @@ def run(
         tokenizer=tokenizer,
         prompt_seed=ws.seed,
     )
-    res = drive(
-        schedule,
-        targets,
-        options,
-        out,
-        name=ws.name,
-        spec=ws.model_dump(mode="json"),
-        slo=ws.slo_dict,
+    options = Options(
+        driver=driver,
         workers=workers,
-        quiet=quiet or not sys.stdout.isatty(),
         telemetry=telemetry,
         telemetry_interval_s=telemetry_interval,
+        quiet=quiet or not sys.stdout.isatty(),
+        asked=_asked(ctx),
     )
+    res = execute(schedule, tgt, options, out, RunInfo.of(ws))
+    if isinstance(tgt, SimTarget):
+        typer.echo(str(res.path))
+        _run_latency_line(res.path)
+        return
     counts = ", ".join(f"{k} {v}" for k, v in sorted(res.by_status.items()))
     typer.echo(f"{res.path}")
     typer.echo(f"{res.status}: {res.planned} planned; {counts}")
     _run_latency_line(res.path)
-    if not res.verdict.valid:
-        for reason in res.verdict.invalid_reasons:
+    if not res.valid:
+        for reason in res.invalid_reasons:
             typer.echo(f"INVALID: {reason}")
-    for warning in res.verdict.warnings:  # client lag too small to matter (docs/metrics.md)
+    for warning in res.warnings:  # client lag too small to matter (docs/metrics.md)
         typer.echo(f"WARN: {warning}")
     if res.error:
         print(f"phaselens: error: {res.error}", file=sys.stderr)
@@ -398,10 +363,6 @@ def analyze(
         render(summary)
 
 
-def _sim_manifest(ws: WorkloadSpec) -> dict[str, Any]:
-    return {"name": ws.name, "kind": "sim", "spec": ws.model_dump(mode="json"), "slo": ws.slo_dict}
-
-
 @app.command()
 def demo(
     out: Annotated[Path, typer.Option("--out", help="Runs directory.")] = Path("runs"),
@@ -415,8 +376,8 @@ def demo(
 ) -> None:
     """Simulate the seed's two-model bursty scenario, explain it, and write its HTML report."""
     from phaselens.analysis.render import render
+    from phaselens.execute import RunInfo, SimTarget, execute
     from phaselens.report.html import report_from_run
-    from phaselens.sim.run import run_sim
     from phaselens.spec import demo_spec_path, load_spec
     from phaselens.store import load_run
     from phaselens.workload.plan import build_schedule
@@ -432,7 +393,7 @@ def demo(
         f"Simulating {ws.name}: {len(schedule)} requests over {schedule.duration_ns / 1e9:.0f} s "
         f"({', '.join(schedule.models)}) on target {target} ..."
     )
-    path = run_sim(schedule, target, out, _sim_manifest(ws))
+    path = execute(schedule, SimTarget(target), out=out, info=RunInfo.of(ws)).path
     report, summary = report_from_run(load_run(path), path / "report.html")
     render(summary)
     typer.echo(f"Run:    {path}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -177,3 +178,17 @@ class Finding:
     t_end_ns: int | None
     evidence: Mapping[str, Any]
     recommendation: str
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """Where the run went and what its target saw."""
+
+    path: Path
+    status: str  # complete | interrupted | partial (the run writer failed: see `error`)
+    planned: int
+    by_status: Mapping[str, int]
+    valid: bool = True
+    invalid_reasons: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    error: str = ""  # why the run could not be completed (e.g. a worker failed to start)

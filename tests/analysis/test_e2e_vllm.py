@@ -14,8 +14,8 @@ import pytest
 from e2e.conftest import _launcher, vllm  # noqa: F401  (session fixtures that start vLLM)
 from phaselens import load_run
 from phaselens.analysis.summary import analyze
-from phaselens.driver.drive import drive
 from phaselens.driver.runner import DriverOptions
+from phaselens.execute import HttpTarget, Options, RunInfo, execute
 from phaselens.spec import parse_spec
 from phaselens.workload.plan import build_schedule
 
@@ -40,18 +40,18 @@ def test_analyze_a_real_vllm_cpu_run(vllm: Any, tmp_path: Path) -> None:  # noqa
     }
     spec = parse_spec(data, "e2e", Path("."))
     schedule = build_schedule(spec)
-    res = drive(
+    res = execute(
         schedule,
-        {vllm.model: vllm.url},
-        DriverOptions(endpoint="chat", timeout_s=120, idle_timeout_s=60),
+        HttpTarget({vllm.model: vllm.url}),
+        Options(
+            driver=DriverOptions(endpoint="chat", timeout_s=120, idle_timeout_s=60),
+            quiet=True,
+            telemetry="engine",
+            telemetry_interval_s=0.1,
+            handle_sigint=False,
+        ),
         tmp_path,
-        name=spec.name,
-        spec=spec.model_dump(mode="json"),
-        slo=spec.slo_dict,
-        quiet=True,
-        telemetry="engine",
-        telemetry_interval_s=0.1,
-        handle_sigint=False,
+        RunInfo(name=spec.name, spec=spec.model_dump(mode="json"), slo=spec.slo_dict),
     )
     s = analyze(load_run(res.path))
     assert s["requests"]["ok"] == len(schedule)

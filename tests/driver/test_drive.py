@@ -15,8 +15,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from phaselens.driver.drive import drive
 from phaselens.driver.runner import DriverOptions
+from phaselens.execute import HttpTarget, Options, execute
 from phaselens.store import EVENTS, load_run
 from phaselens.types import STATUSES
 
@@ -222,14 +222,11 @@ def test_kill_9_leaves_a_rebuildable_run(tmp_path: Path) -> None:
 def test_workers_split_and_merge(tmp_path: Path) -> None:
     sched = make_schedule([10.0 * k for k in range(40)], out_tokens=3)
     with fake_server("--t0-ms", "5", "--d-ms", "2") as url:
-        res = drive(
+        res = execute(
             sched,
-            {"*": url},
-            DriverOptions(),
+            HttpTarget({"*": url}),
+            Options(driver=DriverOptions(), workers=2, telemetry="none", handle_sigint=False),
             tmp_path,
-            workers=2,
-            telemetry="none",
-            handle_sigint=False,
         )
         with urllib.request.urlopen(url + "/truth") as r:
             truth = json.load(r)
@@ -257,13 +254,11 @@ def test_workers_split_and_merge(tmp_path: Path) -> None:
 def test_closed_loop_users_send_when_their_last_request_ends(tmp_path: Path) -> None:
     sched = make_schedule([0.0] * 9, out_tokens=3)
     with fake_server("--t0-ms", "20", "--d-ms", "5") as url:
-        res = drive(
+        res = execute(
             sched,
-            {"*": url},
-            DriverOptions(concurrency=3),
+            HttpTarget({"*": url}),
+            Options(driver=DriverOptions(concurrency=3), telemetry="none", handle_sigint=False),
             tmp_path,
-            telemetry="none",
-            handle_sigint=False,
         )
         with urllib.request.urlopen(url + "/log") as r:
             log = json.load(r)
@@ -291,12 +286,15 @@ def test_self_check_flags_a_client_bound_run(tmp_path: Path, n_simultaneous: int
     """Hundreds of requests due at the same instant: the client cannot send them all on time."""
     sched = make_schedule([0.0] * n_simultaneous, out_tokens=1)
     with fake_server("--t0-ms", "1", "--d-ms", "1") as url:
-        res = drive(
-            sched, {"*": url}, DriverOptions(), tmp_path, telemetry="none", handle_sigint=False
+        res = execute(
+            sched,
+            HttpTarget({"*": url}),
+            Options(driver=DriverOptions(), telemetry="none", handle_sigint=False),
+            tmp_path,
         )
     m = load_run(res.path).manifest
     assert res.by_status == {"ok": n_simultaneous}
-    assert m["valid"] is False and not res.verdict.valid
+    assert m["valid"] is False and not res.valid
     assert any(r.startswith("client-bound: send lag p99") for r in m["invalid_reasons"])
     assert "--workers" in m["invalid_reasons"][0]
     assert m["client"]["send_lag_p99_ms"] > 1.0
@@ -326,14 +324,16 @@ def test_telemetry_runs_beside_the_driver(tmp_path: Path) -> None:
     the run on the same clock, and its status in the manifest."""
     sched = make_schedule([20.0 * k for k in range(100)], out_tokens=20)
     with fake_server("--t0-ms", "20", "--d-ms", "20") as url:
-        res = drive(
+        res = execute(
             sched,
-            {"*": url},
-            DriverOptions(),
+            HttpTarget({"*": url}),
+            Options(
+                driver=DriverOptions(),
+                telemetry="engine",
+                telemetry_interval_s=0.1,
+                handle_sigint=False,
+            ),
             tmp_path,
-            telemetry="engine",
-            telemetry_interval_s=0.1,
-            handle_sigint=False,
         )
     run = load_run(res.path)
     assert res.by_status == {"ok": 100}
@@ -352,8 +352,11 @@ def test_client_time_series(tmp_path: Path) -> None:
     """The client's own CPU, in-flight count and loop lag land in the run, every 0.5 s."""
     sched = make_schedule([50.0 * k for k in range(30)], out_tokens=10)
     with fake_server("--t0-ms", "20", "--d-ms", "20") as url:
-        res = drive(
-            sched, {"*": url}, DriverOptions(), tmp_path, telemetry="none", handle_sigint=False
+        res = execute(
+            sched,
+            HttpTarget({"*": url}),
+            Options(driver=DriverOptions(), telemetry="none", handle_sigint=False),
+            tmp_path,
         )
     tel = load_run(res.path).telemetry.filter(pl.col("source") == "client")
     metrics = set(tel["metric"])

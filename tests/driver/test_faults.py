@@ -10,9 +10,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from phaselens.driver.drive import drive
 from phaselens.driver.runner import DriverOptions
 from phaselens.errors import InputError
+from phaselens.execute import HttpTarget, Options, RunInfo, execute
 from phaselens.store import load_run
 
 from .conftest import fake_server, make_schedule
@@ -64,14 +64,16 @@ def test_every_fault_gets_its_status(tmp_path: Path) -> None:
     )
     with fake_server("--faults", ",".join(FAULTS), "--t0-ms", "20", "--d-ms", "5") as url:
         t = time.monotonic()
-        res = drive(
+        res = execute(
             sched,
-            {"m": url, "gone": f"http://127.0.0.1:{_closed_port()}"},
-            DriverOptions(timeout_s=4.0, idle_timeout_s=1.0),
+            HttpTarget({"m": url, "gone": f"http://127.0.0.1:{_closed_port()}"}),
+            Options(
+                driver=DriverOptions(timeout_s=4.0, idle_timeout_s=1.0),
+                telemetry="none",
+                handle_sigint=False,
+            ),
             tmp_path,
-            name="faults",
-            telemetry="none",
-            handle_sigint=False,
+            RunInfo(name="faults"),
         )
         took = time.monotonic() - t
     assert took < 20, "no hang: the slowest fault is bounded by --timeout 4 s"
@@ -113,13 +115,11 @@ def test_rejected_optional_fields_retry_once_and_remember(tmp_path: Path) -> Non
 
     sched = make_schedule([0.0, 1.0, 2.0], out_tokens=3)
     with fake_server("--reject-optional") as url:
-        res = drive(
+        res = execute(
             sched,
-            {"*": url},
-            DriverOptions(concurrency=1),
+            HttpTarget({"*": url}),
+            Options(driver=DriverOptions(concurrency=1), telemetry="none", handle_sigint=False),
             tmp_path,
-            telemetry="none",
-            handle_sigint=False,
         )
         with urllib.request.urlopen(url + "/log") as r:
             log = json.load(r)
@@ -141,13 +141,15 @@ def test_optional_fields_off_for_one_model(tmp_path: Path) -> None:
         [0.0, 1.0, 2.0, 3.0], out_tokens=2, models=("a", "b"), model_idx=[0, 1, 0, 1]
     )
     with fake_server() as url:
-        res = drive(
+        res = execute(
             sched,
-            {"*": url},
-            DriverOptions(concurrency=1, plain_models=("b",)),
+            HttpTarget({"*": url}),
+            Options(
+                driver=DriverOptions(concurrency=1, plain_models=("b",)),
+                telemetry="none",
+                handle_sigint=False,
+            ),
             tmp_path,
-            telemetry="none",
-            handle_sigint=False,
         )
         with urllib.request.urlopen(url + "/log") as r:
             log = json.load(r)
@@ -156,11 +158,11 @@ def test_optional_fields_off_for_one_model(tmp_path: Path) -> None:
     assert ["ignore_eos" in e["keys"] for e in log] == [True, False, True, False]
     assert load_run(res.path).manifest["optional_fields_rejected_by"] == []
     with pytest.raises(InputError, match="unknown model 'c'"):
-        drive(
+        execute(
             sched,
-            {"*": url},
-            DriverOptions(plain_models=("c",)),
+            HttpTarget({"*": url}),
+            Options(
+                driver=DriverOptions(plain_models=("c",)), telemetry="none", handle_sigint=False
+            ),
             tmp_path,
-            telemetry="none",
-            handle_sigint=False,
         )

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from phaselens.driver.drive import drive
 from phaselens.driver.preflight import context_notes, server_context
 from phaselens.driver.runner import DriverOptions
+from phaselens.execute import HttpTarget, Options, execute
 
 from .conftest import fake_server, make_schedule
 
@@ -171,13 +171,11 @@ def test_drive_warns_once_and_notes_the_manifest(
     sched = make_schedule([0.0, 5.0, 10.0], out_tokens=4, in_tokens=[8, 70, 8])
     with info_server({"/props": _json(LLAMA_PROPS)}) as (url, _):
         # (it serves no completions: the requests fail, which is not what this test is about)
-        res = drive(
+        res = execute(
             sched,
-            {"*": url},
-            DriverOptions(),
+            HttpTarget({"*": url}),
+            Options(driver=DriverOptions(), telemetry="none", handle_sigint=False),
             tmp_path,
-            telemetry="none",
-            handle_sigint=False,
         )
     err = capsys.readouterr().err
     lines = [x for x in err.splitlines() if x.startswith("phaselens: warning:")]
@@ -205,8 +203,11 @@ def test_no_endpoint_or_no_server_is_no_warning(
 ) -> None:
     sched = make_schedule([0.0, 5.0], out_tokens=4)
     with fake_server() as url:  # no /props, no /v1/models: 404s
-        res = drive(
-            sched, {"*": url}, DriverOptions(), tmp_path, telemetry="none", handle_sigint=False
+        res = execute(
+            sched,
+            HttpTarget({"*": url}),
+            Options(driver=DriverOptions(), telemetry="none", handle_sigint=False),
+            tmp_path,
         )
     assert res.by_status == {"ok": 2}
     manifest = json.loads((res.path / "manifest.json").read_text())

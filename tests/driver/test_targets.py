@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from phaselens.cli import _parse_pairs, _parse_targets
+from phaselens.cli import _parse_pairs
 from phaselens.driver.runner import DriverOptions, check_targets, endpoint_url
 from phaselens.errors import InputError
+from phaselens.execute import HttpTarget, SimTarget, target_of
 from phaselens.redact import redact_url
 
 from .conftest import make_schedule
@@ -43,15 +44,16 @@ def test_bad_urls_and_redaction() -> None:
 
 
 def test_cli_target_parsing() -> None:
-    assert _parse_targets(["http://a:1"]) == {"*": "http://a:1"}
-    assert _parse_targets(["m1=http://a:1", "m2=http://b:2/v1?x=y"]) == {
-        "m1": "http://a:1",
-        "m2": "http://b:2/v1?x=y",
-    }
-    assert _parse_targets(["http://a:1/v1?x=y"]) == {"*": "http://a:1/v1?x=y"}
-    assert _parse_targets(["sim:deploy.yaml"]) == {"*": "sim:deploy.yaml"}
+    assert target_of(["http://a:1"]) == HttpTarget({"*": "http://a:1"})
+    assert target_of(["m1=http://a:1", "m2=http://b:2/v1?x=y"]) == HttpTarget(
+        {"m1": "http://a:1", "m2": "http://b:2/v1?x=y"}
+    )
+    assert target_of(["http://a:1/v1?x=y"]) == HttpTarget({"*": "http://a:1/v1?x=y"})
+    assert target_of(["sim:deploy.yaml"]) == SimTarget("sim:deploy.yaml")
     with pytest.raises(InputError, match="one plain URL"):
-        _parse_targets(["http://a:1", "http://b:2"])
+        target_of(["http://a:1", "http://b:2"])
+    with pytest.raises(InputError, match="sim cannot be mixed"):
+        target_of(["m1=http://a:1", "m2=sim"])
     assert _parse_pairs(["X-A: 1:2", "B:c"], "--header", ":") == {"X-A": "1:2", "B": "c"}
     with pytest.raises(InputError, match="expected KEY=VALUE"):
         _parse_pairs(["novalue"], "--model-map", "=")

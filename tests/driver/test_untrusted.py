@@ -18,10 +18,10 @@ import polars as pl
 import pytest
 
 from phaselens import store
-from phaselens.driver.drive import DriveResult, drive
 from phaselens.driver.openai import StreamParser
 from phaselens.driver.runner import DriverOptions
 from phaselens.driver.values import MAX_SERVER_MS, MAX_TOKENS, count, timings
+from phaselens.execute import HttpTarget, Options, Outcome, execute
 from phaselens.store import load_run
 from phaselens.types import RequestRecord
 
@@ -43,14 +43,16 @@ QUOTED = {
 }
 
 
-def _drive(tmp_path: Path, url: str, n: int) -> tuple[DriveResult, pl.DataFrame]:
-    res = drive(
+def _drive(tmp_path: Path, url: str, n: int) -> tuple[Outcome, pl.DataFrame]:
+    res = execute(
         make_schedule([3.0 * k for k in range(n)], out_tokens=4, in_tokens=8),
-        {"*": url},
-        DriverOptions(timeout_s=10.0, idle_timeout_s=5.0),
+        HttpTarget({"*": url}),
+        Options(
+            driver=DriverOptions(timeout_s=10.0, idle_timeout_s=5.0),
+            telemetry="none",
+            handle_sigint=False,
+        ),
         tmp_path,
-        telemetry="none",
-        handle_sigint=False,
     )
     return res, load_run(res.path).requests.sort("id")
 
@@ -244,13 +246,11 @@ def test_a_close_that_fails_keeps_the_event_log(
 
     monkeypatch.setattr(store.RunWriter, "close", close)
     with fake_server("--d-ms", "2") as url:
-        res = drive(
+        res = execute(
             make_schedule([3.0 * k for k in range(6)], out_tokens=2),
-            {"*": url},
-            DriverOptions(),
+            HttpTarget({"*": url}),
+            Options(driver=DriverOptions(), telemetry="none", handle_sigint=False),
             tmp_path,
-            telemetry="none",
-            handle_sigint=False,
         )
     assert res.status == "partial"
     assert res.error == (
@@ -310,13 +310,11 @@ def test_an_idle_closing_server_causes_no_spurious_disconnects(tmp_path: Path) -
     another stale one from the pool."""
     t_ms = [400.0 * w + 2.0 * k for w in range(6) for k in range(10)]
     with fake_server("--idle-close-ms", "150", "--t0-ms", "5", "--d-ms", "2") as url:
-        res = drive(
+        res = execute(
             make_schedule(t_ms, out_tokens=2),
-            {"*": url},
-            DriverOptions(timeout_s=10.0),
+            HttpTarget({"*": url}),
+            Options(driver=DriverOptions(timeout_s=10.0), telemetry="none", handle_sigint=False),
             tmp_path,
-            telemetry="none",
-            handle_sigint=False,
         )
         with urllib.request.urlopen(url + "/stats") as r:
             closed = json.load(r)["closed_idle"]

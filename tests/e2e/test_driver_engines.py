@@ -20,8 +20,8 @@ import polars as pl
 import pytest
 
 from phaselens import load_run
-from phaselens.driver.drive import drive
 from phaselens.driver.runner import DriverOptions
+from phaselens.execute import HttpTarget, Options, RunInfo, execute
 from phaselens.spec import parse_spec
 from phaselens.workload.plan import build_schedule
 
@@ -60,17 +60,18 @@ def _staged(models: list[dict[str, Any]], seed: int = 3) -> Any:
 
 
 def _run(schedule: Any, spec: Any, targets: dict[str, str], tmp: Path, **kw: Any) -> Any:
-    res = drive(
+    res = execute(
         schedule,
-        targets,
-        DriverOptions(endpoint="chat", timeout_s=120, idle_timeout_s=60, **kw),
+        HttpTarget(targets),
+        Options(
+            driver=DriverOptions(endpoint="chat", timeout_s=120, idle_timeout_s=60, **kw),
+            quiet=True,
+            telemetry="engine",
+            telemetry_interval_s=0.1,
+            handle_sigint=False,
+        ),
         tmp,
-        name=spec.name,
-        spec=spec.model_dump(mode="json"),
-        quiet=True,
-        telemetry="engine",
-        telemetry_interval_s=0.1,
-        handle_sigint=False,
+        RunInfo(name=spec.name, spec=spec.model_dump(mode="json")),
     )
     assert res.status == "complete"
     return res, load_run(res.path)

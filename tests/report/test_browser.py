@@ -67,20 +67,14 @@ def test_report_without_telemetry_renders(make_run: Callable[..., Run], tmp_path
 
 def test_simulated_demo_report(tmp_path: Path) -> None:
     """The demo's scenario (shortened) end to end: simulate, analyze, report, open."""
+    from phaselens.execute import RunInfo, SimTarget, execute
     from phaselens.report.html import report_from_run
-    from phaselens.sim.run import run_sim
     from phaselens.spec import demo_spec_path, load_spec
     from phaselens.store import load_run
     from phaselens.workload.plan import build_schedule
 
     ws = load_spec(demo_spec_path(), [f"stages[{i}].duration_s=20" for i in range(3)])
-    manifest = {
-        "name": ws.name,
-        "kind": "sim",
-        "spec": ws.model_dump(mode="json"),
-        "slo": ws.slo_dict,
-    }
-    run = load_run(run_sim(build_schedule(ws), "sim", tmp_path, manifest))
+    run = load_run(execute(build_schedule(ws), SimTarget(), out=tmp_path, info=RunInfo.of(ws)).path)
     page, summary = report_from_run(run, tmp_path / "report.html")
     assert page.stat().st_size < 15_000_000
     shot = tmp_path / "demo.png"
@@ -101,7 +95,7 @@ def test_whatif_page_renders_without_js_errors(tmp_path: Path) -> None:
     one table row per setting."""
     import yaml
 
-    from phaselens.sim.run import run_sim
+    from phaselens.execute import RunInfo, SimTarget, execute
     from phaselens.spec import demo_spec_path, load_spec
     from phaselens.store import load_run
     from phaselens.whatif.calibrate import calibrate
@@ -111,10 +105,12 @@ def test_whatif_page_renders_without_js_errors(tmp_path: Path) -> None:
     from phaselens.workload.plan import build_schedule
 
     ws = load_spec(demo_spec_path(), [f"stages[{i}].duration_s=15" for i in range(3)])
-    manifest = {"name": ws.name, "kind": "sim", "spec": ws.model_dump(mode="json")}
-    manifest["slo"] = ws.slo_dict
     deploy = Path(__file__).resolve().parents[2] / "examples/deploy/seed-two-models.yaml"
-    run = load_run(run_sim(build_schedule(ws), f"sim:{deploy}", tmp_path, manifest))
+    run = load_run(
+        execute(
+            build_schedule(ws), SimTarget(f"sim:{deploy}"), out=tmp_path, info=RunInfo.of(ws)
+        ).path
+    )
     c = calibrate(run, yaml.safe_load(deploy.read_text()), str(deploy), prefer="steps")
     engines = [str(e["name"]) for e in c.deployment["engines"]]
     combos = grid(parse_sets(["load.scale=0.7,1.3", "pd.split=off,1:1"], engines))

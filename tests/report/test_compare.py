@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from phaselens.cli import app
 from phaselens.errors import InputError
+from phaselens.execute import RunInfo, SimTarget, execute
 from phaselens.report.compare import (
     Blocks,
     boot_quantiles,
@@ -19,7 +20,6 @@ from phaselens.report.compare import (
     parse_fail_on,
     write_compare,
 )
-from phaselens.sim.run import run_sim
 from phaselens.spec import load_spec
 from phaselens.store import Run, load_run
 from phaselens.workload.plan import build_schedule
@@ -31,13 +31,7 @@ def sim_run(root: Path, seed: int, rate: float) -> Run:
     ws = load_spec(
         EXAMPLES / "poisson.yaml", [f"seed={seed}", "duration_s=60", f"models[0].rate={rate}"]
     )
-    manifest = {
-        "name": ws.name,
-        "kind": "sim",
-        "spec": ws.model_dump(mode="json"),
-        "slo": ws.slo_dict,
-    }
-    return load_run(run_sim(build_schedule(ws), "sim", root, manifest))
+    return load_run(execute(build_schedule(ws), SimTarget(), out=root, info=RunInfo.of(ws)).path)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from phaselens.sim.run import run_sim
+from phaselens.execute import RunInfo, SimTarget, execute
 from phaselens.store import (
     PHASES,
     PHASES_SCHEMA,
@@ -23,7 +23,7 @@ from .helpers import make_schedule
 
 def _sim_run(tmp_path: Path) -> Path:
     s = make_schedule([0.0, 0.5, 0.7], [100, 200, 50], [5, 7, 3], models=["chat-8b"])
-    return run_sim(s, "sim", tmp_path, {"name": "t"})
+    return execute(s, SimTarget(), out=tmp_path, info=RunInfo("t")).path
 
 
 def test_a_simulated_run_loads_its_phases(tmp_path: Path) -> None:

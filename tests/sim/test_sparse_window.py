@@ -13,8 +13,9 @@ from phaselens.analysis.latency import request_table
 from phaselens.analysis.phases import build_timeline
 from phaselens.bounds import MAX_BINS, bins_for
 from phaselens.errors import InputError
+from phaselens.execute import RunInfo, SimTarget, execute
 from phaselens.sim.binning import IDLE_TAIL_BINS, active_bins, telemetry_bins
-from phaselens.sim.run import run_sim, simulate
+from phaselens.sim.run import simulate
 from phaselens.store import load_run
 from phaselens.types import BIN_NS
 
@@ -89,7 +90,7 @@ def test_nine_days_write_telemetry_for_the_work_only() -> None:
 
 def test_the_analysis_refuses_a_window_over_the_bin_limit(tmp_path: Path) -> None:
     _, sched = _nine_days()
-    path = run_sim(sched, "sim", tmp_path, {"name": "nine"})  # type: ignore[arg-type]
+    path = execute(sched, SimTarget(), out=tmp_path, info=RunInfo("nine")).path
     run = load_run(path)
     rt = request_table(run.requests)  # per-request numbers need no bins: fine
     assert rt.frame.height == 19

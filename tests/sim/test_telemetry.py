@@ -1,4 +1,4 @@
-"""Telemetry is integrated exactly from the steps; run_sim writes a normal run directory."""
+"""Telemetry is integrated exactly from the steps; a simulated run is a normal run directory."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import numpy as np
 import polars as pl
 import pytest
 
+from phaselens.execute import RunInfo, SimTarget, execute
 from phaselens.sim.hardware import GPUS
-from phaselens.sim.run import PHASES, run_sim, simulate
+from phaselens.sim.run import PHASES, simulate
 from phaselens.store import REQUEST_SCHEMA, STEP_SCHEMA, TELEMETRY_SCHEMA, load_run
 
 from .helpers import make_schedule, one_engine
@@ -83,9 +84,8 @@ def test_gauges_by_hand() -> None:
 
 def test_run_sim_writes_a_run(tmp_path: Path) -> None:
     s = make_schedule([0.0, 0.5], [100, 200], [5, 7], models=["chat-8b"])
-    p = run_sim(
-        s, "sim", tmp_path, {"name": "t", "spec": {"x": 1}, "slo": {"ttft_ms": {"p90": 200}}}
-    )
+    info = RunInfo("t", {"x": 1}, {"ttft_ms": {"p90": 200}})
+    p = execute(s, SimTarget(), out=tmp_path, info=info).path
     run = load_run(p)
     assert run.manifest["status"] == "complete" and run.manifest["kind"] == "sim"
     assert run.manifest["target"] == "sim" and run.manifest["spec"] == {"x": 1}

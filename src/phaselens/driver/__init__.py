@@ -1,9 +1,6 @@
 """The driver: runs a planned Schedule against OpenAI-compatible servers (docs/driver.md).
 
-`drive()` is the whole run (what `phaselens run` calls); `run_schedule()` the async core.
+`drive()` (drive.py) is the whole run, called by `phaselens.execute`'s HttpTarget;
+`run_schedule()` (runner.py) the async core. Nothing is imported here: importing one driver
+module must not load them all (the simulator's runs import none of them).
 """
-
-from phaselens.driver.drive import DriveResult, drive
-from phaselens.driver.runner import DriverOptions, LiveStats, RunSummary, run_schedule
-
-__all__ = ["DriveResult", "DriverOptions", "LiveStats", "RunSummary", "drive", "run_schedule"]

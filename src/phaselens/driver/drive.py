@@ -1,6 +1,5 @@
-"""`drive()`: one whole driver run, synchronous: run dir, telemetry, progress, Ctrl-C, self-check.
-
-Why here and not in the CLI: the benchmark and the end-to-end tests call the same function.
+"""`plan_drive()` + `drive()`: one whole driver run, synchronous: telemetry, progress, Ctrl-C,
+self-check, into the run directory `phaselens.execute` created (its `HttpTarget` calls these).
 The run writer lives on its own thread, fed by a queue: fsync never blocks the event loop, and
 telemetry samples (which arrive from the sampler's thread) and records share one writer safely.
 """
@@ -11,7 +10,6 @@ import asyncio
 import os
 import queue
 import signal
-import sys
 import threading
 import time
 from collections import Counter
@@ -22,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from phaselens import __version__
 from phaselens.driver.preflight import context_preflight
 from phaselens.driver.prompts import PromptMaker
 from phaselens.driver.runner import (
@@ -35,26 +32,13 @@ from phaselens.driver.runner import (
     run_loop,
     run_schedule,
 )
-from phaselens.driver.selfcheck import LatencyScale, Verdict, same_host, verdict
+from phaselens.driver.selfcheck import LatencyScale, same_host, verdict
 from phaselens.errors import InputError
 from phaselens.redact import Secrets, redact_url, scrub_json, scrub_record, scrub_samples
-from phaselens.store import RunWriter, clock_anchor, write_schedule
+from phaselens.store import RunWriter, clock_anchor
 from phaselens.telemetry.sampler import parse_spec as parse_telemetry
 from phaselens.telemetry.sampler import start_telemetry
-from phaselens.types import RequestRecord, Schedule, TelemetrySample
-
-
-@dataclass(frozen=True, slots=True)
-class DriveResult:
-    """Where the run went and what the client saw."""
-
-    path: Path
-    status: str  # complete | interrupted | partial (the run writer failed: see `error`)
-    planned: int
-    by_status: Mapping[str, int]
-    verdict: Verdict
-    token_count_method: str
-    error: str = ""  # why the run could not be driven (e.g. a worker failed to start)
+from phaselens.types import Outcome, RequestRecord, Schedule, TelemetrySample
 
 
 class _WriterThread:
@@ -154,42 +138,33 @@ class _WriterThread:
         self._t.join()
 
 
-def _versions() -> dict[str, str]:
-    return {
-        "phaselens": __version__,
-        "python": sys.version.split()[0],
-        "numpy": np.__version__,
-    }
-
-
 def _telemetry_on(spec: str | None) -> bool:
     return spec is None or spec.strip().lower() not in ("none", "off")
 
 
-def drive(
+@dataclass(frozen=True, slots=True)
+class DrivePlan:
+    """What `plan_drive` checked and worked out before any run directory exists."""
+
+    loop_kind: str
+    prompts: PromptMaker
+    secrets: Secrets
+    manifest: dict[str, Any]  # the driver's own manifest entries (targets, driver, preflight)
+
+
+def plan_drive(
     schedule: Schedule,
     targets: Mapping[str, str],
     options: DriverOptions,
-    out_root: Path | str,
     *,
-    name: str = "run",
-    spec: Mapping[str, Any] | None = None,
-    slo: Mapping[str, Any] | None = None,
     workers: int = 1,
-    quiet: bool = True,
     telemetry: str | None = "auto",
-    telemetry_interval_s: float = 0.1,
-    manifest_extra: Mapping[str, Any] | None = None,
-    handle_sigint: bool = True,
     preflight: bool = True,
-) -> DriveResult:
-    """Run `schedule` against `targets` ({model: URL}, or {"*": URL}) and write a run directory.
-
-    First Ctrl-C: stop sending, cancel in-flight requests, close the run as `interrupted`.
-    Second Ctrl-C: exit at once (the run is rebuilt from events.jsonl by `load_run`).
-    `preflight`: ask each server its context length first and warn about longer requests.
-    """
-    check_targets(schedule, targets, options)  # bad input fails before a run dir exists
+) -> DrivePlan:
+    """Check everything a driver run needs (InputError: bad input fails before a run dir exists)
+    and return the driver's manifest entries. `preflight`: ask each server its context length
+    first and warn about longer requests."""
+    check_targets(schedule, targets, options)
     loop_kind = resolve_loop(options.event_loop)
     prompts = PromptMaker(options.prompt_seed, options.tokenizer)  # (bad --tokenizer too)
     if workers < 1:
@@ -202,33 +177,9 @@ def drive(
     public = [*schedule.models, *options.model_map.values(), options.endpoint]
     secrets = Secrets.of(targets.values(), options.headers, options.api_key, public=public)
     safe_targets = {m: redact_url(u) for m, u in targets.items()}
-    label = (
-        safe_targets["*"]
-        if list(safe_targets) == ["*"]
-        else ",".join(f"{m}={u}" for m, u in safe_targets.items())
-    )
     manifest: dict[str, Any] = {
-        "kind": "driver",
-        "name": name,
-        "target": label,
+        "target": target_label(safe_targets),
         "targets": safe_targets,
-        "spec": dict(spec or {}),
-        "slo": dict(slo or {}),
-        "stages": [
-            {
-                "index": s.index,
-                "rate_scale": s.rate_scale,
-                "t_start_ns": s.t_start_ns,
-                "t_end_ns": s.t_end_ns,
-            }
-            for s in schedule.stages
-        ],
-        "schedule": {
-            "requests": len(schedule),
-            "seed": schedule.seed,
-            "spec_hash": schedule.spec_hash,
-            "duration_ns": schedule.duration_ns,
-        },
         "driver": {
             "endpoint": options.endpoint,
             "loop": "closed" if options.concurrency else "open",
@@ -245,18 +196,41 @@ def drive(
             "workers": workers,
             "tokenizer": options.tokenizer,
         },
-        "versions": _versions(),
-        "valid": True,
-        "invalid_reasons": [],
     }
     if preflight:
         manifest.update(context_preflight(schedule, targets, options))
-    manifest.update(manifest_extra or {})
-    manifest = scrub_json(manifest, secrets)
     if _telemetry_on(telemetry):
         parse_telemetry(telemetry, sorted(set(targets.values())))  # bad spec: fail before the run
-    writer = RunWriter.create(out_root, name, manifest)
-    write_schedule(writer.path, schedule)  # recovery counts every planned request against it
+    return DrivePlan(loop_kind, prompts, secrets, scrub_json(manifest, secrets))
+
+
+def target_label(targets: Mapping[str, str]) -> str:
+    """The manifest's `target`: the one URL, or `model=URL,...`."""
+    if list(targets) == ["*"]:
+        return targets["*"]
+    return ",".join(f"{m}={u}" for m, u in targets.items())
+
+
+def drive(
+    schedule: Schedule,
+    targets: Mapping[str, str],
+    options: DriverOptions,
+    writer: RunWriter,
+    plan: DrivePlan,
+    *,
+    workers: int = 1,
+    quiet: bool = True,
+    telemetry: str | None = "auto",
+    telemetry_interval_s: float = 0.1,
+    handle_sigint: bool = True,
+) -> Outcome:
+    """Run `schedule` against `targets` ({model: URL}, or {"*": URL}) into `writer`'s run
+    directory (created by `phaselens.execute`, the one path from a schedule to a run).
+
+    First Ctrl-C: stop sending, cancel in-flight requests, close the run as `interrupted`.
+    Second Ctrl-C: exit at once (the run is rebuilt from events.jsonl by `load_run`).
+    """
+    loop_kind, prompts, secrets = plan.loop_kind, plan.prompts, plan.secrets
     wt = _WriterThread(writer)
     stats = LiveStats()
     stop = threading.Event()
@@ -436,7 +410,16 @@ def drive(
     if wt.failures:
         status = "partial"
     failure = failure or wt.error
-    return DriveResult(path, status, len(schedule), dict(by_status), v, method, failure)
+    return Outcome(
+        path,
+        status,
+        len(schedule),
+        dict(by_status),
+        v.valid,
+        tuple(v.invalid_reasons),
+        tuple(v.warnings),
+        failure,
+    )
 
 
 def _close(writer: RunWriter, wt: _WriterThread, status: str, **fields: Any) -> Path:

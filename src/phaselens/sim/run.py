@@ -1,4 +1,4 @@
-"""Entry points: `simulate` (schedule + deployment -> frames) and `run_sim` (-> run directory).
+"""`simulate`: schedule + deployment -> frames (`phaselens.execute` writes them as a run).
 
 Why frames built column by column: a million-request replay must not create a million Python
 record objects; the frames have exactly the schemas of `store` so analysis cannot tell a
@@ -11,7 +11,6 @@ import importlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,8 +26,6 @@ from phaselens.store import (
     REQUEST_SCHEMA,
     STEP_SCHEMA,
     TELEMETRY_SCHEMA,
-    write_phases,
-    write_run,
 )
 from phaselens.types import BIN_NS, Schedule
 
@@ -363,19 +360,3 @@ def parse_target(target: str, model_names: list[str]) -> Deployment:
     if target.startswith("sim:") and len(target) > 4:
         return load_deployment(target[4:])
     raise InputError(f"--target: expected `sim` or `sim:DEPLOY.yaml`, got {target!r}")
-
-
-def run_sim(schedule: Schedule, target: str, out_root: Path, manifest: Mapping[str, Any]) -> Path:
-    """Simulate and write a run directory (merging the caller's manifest: name, spec, slo, ...)."""
-    deploy = parse_target(target, list(schedule.models))
-    res = simulate(schedule, deploy)
-    mf: dict[str, Any] = {**manifest, **res.manifest_extra}
-    for k, v in manifest.items():  # the caller's keys win, except what only the sim knows
-        if k not in ("kind", "gpus", "engines", "sim"):
-            mf[k] = v
-    mf["target"] = target
-    mf.setdefault("stages", [asdict(s) for s in schedule.stages])
-    name = str(mf.get("name") or "sim")
-    path = write_run(out_root, name, mf, res.requests, res.telemetry, res.steps)
-    write_phases(path, res.phases)
-    return path

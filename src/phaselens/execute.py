@@ -1,0 +1,377 @@
+"""`execute(schedule, target, options, out)`: the one path from a schedule to a run directory.
+
+Why one seam: the CLI, the demo, the coming capacity search and sweeps, and a Ray target all run
+"a schedule against a target"; before this module the simulator and the driver were two unrelated
+code paths that each assembled their own manifest. Here the manifest is built once (`Manifest`),
+the run directory is created once, and an option a target does not honour is refused (exit 2),
+never silently ignored: a user who asks the simulator for `--concurrency 8` must not believe
+they simulated a closed loop.
+
+A target is a small frozen dataclass with `kind`, `label`, `targets`, `honours`, `prepare` and
+`run` (the `Target` protocol); `SimTarget` and `HttpTarget` are the two there are today.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from phaselens import __version__
+from phaselens.errors import InputError
+from phaselens.redact import Secrets, scrub_json
+from phaselens.store import RunWriter, write_phases, write_schedule
+from phaselens.types import Outcome, Schedule
+
+if TYPE_CHECKING:  # (imported where used: a simulated run loads no driver module, and back)
+    from phaselens.driver.drive import DrivePlan
+    from phaselens.driver.runner import DriverOptions
+    from phaselens.spec import WorkloadSpec
+
+# Every option a target may or may not honour, by the CLI flag a user wrote it with.
+# (`quiet`, `handle_sigint` and `preflight` are about the caller's process, not the load: every
+# target accepts them; `driver.prompt_seed` is the spec's seed, not a user's option.)
+OPTION_FLAGS: Mapping[str, str] = {
+    "endpoint": "--endpoint",
+    "model_map": "--model-map",
+    "api_key": "--api-key-env",
+    "headers": "--header",
+    "workers": "--workers",
+    "max_inflight": "--max-inflight",
+    "concurrency": "--concurrency",
+    "timeout_s": "--timeout",
+    "idle_timeout_s": "--idle-timeout",
+    "optional_fields": "--no-optional-fields",
+    "plain_models": "--no-optional-fields-for",
+    "tokenizer": "--tokenizer",
+    "event_loop": "--loop",
+    "telemetry": "--telemetry",
+    "telemetry_interval_s": "--telemetry-interval",
+    "extra_body": "extra_body",
+    "pacing": "pacing",
+    "pace_window_ns": "pace_window_ns",
+    "max_event_bytes": "max_event_bytes",
+}
+_RUN_FIELDS = ("workers", "telemetry", "telemetry_interval_s")
+
+
+def _driver_options() -> DriverOptions:
+    from phaselens.driver.runner import DriverOptions
+
+    return DriverOptions()
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """How to execute a schedule. `asked`: the option names (keys of OPTION_FLAGS) the caller
+    set; None means every option whose value differs from its default (what a library caller
+    means). The CLI passes what the user typed, so `--timeout 600` is refused by the simulator
+    even though 600 is the default."""
+
+    driver: DriverOptions = field(default_factory=_driver_options)
+    workers: int = 1
+    telemetry: str = "auto"
+    telemetry_interval_s: float = 0.1
+    quiet: bool = True
+    handle_sigint: bool = True
+    preflight: bool = True
+    asked: frozenset[str] | None = None
+
+    def asked_names(self) -> frozenset[str]:
+        """The options this caller asked for (see `asked`)."""
+        if self.asked is not None:
+            return self.asked
+        from phaselens.driver.runner import DriverOptions
+
+        default, base = DriverOptions(), Options()
+        out = {
+            f.name
+            for f in fields(DriverOptions)
+            if f.name in OPTION_FLAGS and getattr(self.driver, f.name) != getattr(default, f.name)
+        }
+        out |= {k for k in _RUN_FIELDS if getattr(self, k) != getattr(base, k)}
+        return frozenset(out)
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """What the caller says about the run: its name, the spec it came from, the SLO."""
+
+    name: str = "run"
+    spec: Mapping[str, Any] = field(default_factory=dict)
+    slo: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, ws: WorkloadSpec) -> RunInfo:
+        return cls(ws.name, ws.model_dump(mode="json"), ws.slo_dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A run's manifest.json as written at its start (docs/run-format.md). Built only by
+    `build_manifest`; what a run learns while it runs (counts, validity, telemetry status,
+    the simulator's engines) is added when the run closes."""
+
+    kind: str  # driver | sim
+    name: str
+    target: str
+    targets: Mapping[str, str]
+    spec: Mapping[str, Any]
+    slo: Mapping[str, Any]
+    stages: tuple[Mapping[str, Any], ...]
+    schedule: Mapping[str, Any]
+    versions: Mapping[str, str]
+    entries: Mapping[str, Any]  # the target's own entries (`driver`, context preflight, ...)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "name": self.name,
+            "target": self.target,
+            "targets": dict(self.targets),
+            "spec": dict(self.spec),
+            "slo": dict(self.slo),
+            "stages": [dict(s) for s in self.stages],
+            "schedule": dict(self.schedule),
+            "versions": dict(self.versions),
+            "valid": True,
+            "invalid_reasons": [],
+        }
+        out.update(self.entries)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What a target's `prepare` checked: its manifest entries, the secrets to keep off disk,
+    and its own plan (handed back to its `run`)."""
+
+    entries: Mapping[str, Any] = field(default_factory=dict)
+    secrets: Secrets = field(default_factory=Secrets)
+    plan: Any = None
+
+
+class Target(Protocol):
+    """Something a schedule runs against. `prepare` checks everything before a run directory
+    exists (InputError); `run` fills the directory `execute` created."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def targets(self) -> Mapping[str, str]: ...
+    @property
+    def honours(self) -> frozenset[str]: ...
+    def prepare(self, schedule: Schedule, options: Options) -> Prepared: ...
+    def run(
+        self, schedule: Schedule, options: Options, writer: RunWriter, prepared: Prepared
+    ) -> Outcome: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SimTarget:
+    """The built-in simulator: `sim` (the default deployment) or `sim:DEPLOY.yaml`.
+
+    Honours no load-shaping option yet: it replays the planned open-loop schedule and makes its
+    own telemetry (closed loop and --max-inflight come with the simulator issue)."""
+
+    spec: str = "sim"
+    honours: frozenset[str] = frozenset()
+
+    @property
+    def kind(self) -> str:
+        return "sim"
+
+    @property
+    def label(self) -> str:
+        return self.spec
+
+    @property
+    def targets(self) -> Mapping[str, str]:
+        return {"*": self.spec}
+
+    def prepare(self, schedule: Schedule, options: Options) -> Prepared:
+        from phaselens.sim.run import parse_target
+
+        # a bad deploy file fails before a run dir exists
+        return Prepared(plan=parse_target(self.spec, list(schedule.models)))
+
+    def run(
+        self, schedule: Schedule, options: Options, writer: RunWriter, prepared: Prepared
+    ) -> Outcome:
+        from phaselens.sim.run import simulate
+
+        res = simulate(schedule, prepared.plan)
+        path = writer.close(
+            "complete",
+            extra_frames={"requests": res.requests, "telemetry": res.telemetry, "steps": res.steps},
+            **res.manifest_extra,
+        )
+        write_phases(path, res.phases)
+        status = res.requests["status"].value_counts()
+        by_status = dict(zip(status["status"].to_list(), status["count"].to_list(), strict=True))
+        return Outcome(path, "complete", len(schedule), by_status)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpTarget:
+    """OpenAI-compatible servers: {"*": URL} for one server, {model: URL} for one per model."""
+
+    urls: Mapping[str, str]
+    honours: frozenset[str] = frozenset(OPTION_FLAGS)
+
+    @property
+    def kind(self) -> str:
+        return "driver"
+
+    @property
+    def label(self) -> str:
+        from phaselens.driver.drive import target_label
+        from phaselens.redact import redact_url
+
+        return target_label({m: redact_url(u) for m, u in self.urls.items()})
+
+    @property
+    def targets(self) -> Mapping[str, str]:
+        from phaselens.redact import redact_url
+
+        return {m: redact_url(u) for m, u in self.urls.items()}
+
+    def prepare(self, schedule: Schedule, options: Options) -> Prepared:
+        from phaselens.driver.drive import plan_drive
+
+        plan = plan_drive(
+            schedule,
+            self.urls,
+            options.driver,
+            workers=options.workers,
+            telemetry=options.telemetry,
+            preflight=options.preflight,
+        )
+        return Prepared(plan.manifest, plan.secrets, plan)
+
+    def run(
+        self, schedule: Schedule, options: Options, writer: RunWriter, prepared: Prepared
+    ) -> Outcome:
+        from phaselens.driver.drive import drive
+
+        plan: DrivePlan = prepared.plan
+        return drive(
+            schedule,
+            self.urls,
+            options.driver,
+            writer,
+            plan,
+            workers=options.workers,
+            quiet=options.quiet,
+            telemetry=options.telemetry,
+            telemetry_interval_s=options.telemetry_interval_s,
+            handle_sigint=options.handle_sigint,
+        )
+
+
+def target_of(values: Sequence[str]) -> SimTarget | HttpTarget:
+    """`--target` values -> a target: `sim` / `sim:DEPLOY.yaml`, one `URL`, or `MODEL=URL`s."""
+    urls: dict[str, str] = {}
+    for v in values:
+        head, eq, rest = v.partition("=")
+        if eq and "://" not in head and head != "sim" and not head.startswith("sim:"):
+            if not head or not rest:
+                raise InputError(f"--target: {v!r}: expected URL or MODEL=URL")
+            urls[head] = rest
+        else:
+            if "*" in urls:
+                raise InputError("--target: give one plain URL, or MODEL=URL pairs")
+            urls["*"] = v
+    sim = [u for u in urls.values() if u == "sim" or u.startswith("sim:")]
+    if not sim:
+        return HttpTarget(urls)
+    if len(urls) > 1:
+        raise InputError("--target: sim cannot be mixed with other targets")
+    return SimTarget(sim[0])
+
+
+def refuse_unhonoured(target: Target, options: Options) -> None:
+    """InputError naming every asked option that `target` would not act on."""
+    given = sorted(options.asked_names() - target.honours, key=list(OPTION_FLAGS).index)
+    if not given:
+        return
+    flags = ", ".join(OPTION_FLAGS[k] for k in given)
+    one = len(given) == 1
+    raise InputError(
+        f"--target {target.kind}: {flags}: only a real server's run honours "
+        f"{'this option' if one else 'these options'} (the simulator replays "
+        "the planned open-loop schedule and makes its own telemetry); drop "
+        f"{'it' if one else 'them'} or run against a server"
+    )
+
+
+def build_manifest(
+    schedule: Schedule, target: Target, info: RunInfo, entries: Mapping[str, Any]
+) -> Manifest:
+    """The manifest of every run, whatever its target (the one place it is assembled)."""
+    return Manifest(
+        kind=target.kind,
+        name=info.name,
+        target=target.label,
+        targets=dict(target.targets),
+        spec=dict(info.spec),
+        slo=dict(info.slo),
+        stages=tuple(asdict(s) for s in schedule.stages),
+        schedule={
+            "requests": len(schedule),
+            "seed": schedule.seed,
+            "spec_hash": schedule.spec_hash,
+            "duration_ns": schedule.duration_ns,
+        },
+        versions={
+            "phaselens": __version__,
+            "python": sys.version.split()[0],
+            "numpy": np.__version__,
+        },
+        entries={k: v for k, v in entries.items() if k not in ("target", "targets")},
+    )
+
+
+def execute(
+    schedule: Schedule,
+    target: Target,
+    options: Options | None = None,
+    out: Path | str = "runs",
+    info: RunInfo | None = None,
+) -> Outcome:
+    """Run `schedule` against `target` into a new run directory under `out`.
+
+    Bad input (an option the target does not honour, a bad URL, deploy file or telemetry spec)
+    raises InputError before the directory exists. The directory holds the manifest and the
+    schedule from the start, so a killed run is recoverable (`load_run`)."""
+    options = options or Options()
+    info = info or RunInfo()
+    refuse_unhonoured(target, options)
+    prepared = target.prepare(schedule, options)
+    manifest = build_manifest(schedule, target, info, prepared.entries)
+    writer = RunWriter.create(out, info.name, scrub_json(manifest.to_json(), prepared.secrets))
+    write_schedule(writer.path, schedule)  # recovery counts every planned request against it
+    return target.run(schedule, options, writer, prepared)
+
+
+__all__ = [
+    "OPTION_FLAGS",
+    "HttpTarget",
+    "Manifest",
+    "Options",
+    "Outcome",
+    "Prepared",
+    "RunInfo",
+    "SimTarget",
+    "Target",
+    "build_manifest",
+    "execute",
+    "refuse_unhonoured",
+    "target_of",
+]

@@ -1,0 +1,145 @@
+"""The execution seam: one path from a schedule to a run directory, one manifest, and options a
+target does not honour refused before anything is written."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from phaselens.driver.runner import DriverOptions
+from phaselens.errors import InputError
+from phaselens.execute import (
+    OPTION_FLAGS,
+    HttpTarget,
+    Options,
+    RunInfo,
+    SimTarget,
+    build_manifest,
+    execute,
+)
+from phaselens.store import load_run
+from phaselens.types import Schedule
+
+from .conftest import make_schedule
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "phaselens"
+
+
+def _sched() -> Schedule:
+    return make_schedule([0.0, 10.0, 20.0], out_tokens=4, in_tokens=16, models=("chat-8b",))
+
+
+@pytest.mark.parametrize(
+    ("options", "flags"),
+    [
+        (Options(driver=DriverOptions(concurrency=3)), "--concurrency"),
+        (Options(driver=DriverOptions(max_inflight=2)), "--max-inflight"),
+        (Options(driver=DriverOptions(timeout_s=5.0), workers=2), "--workers, --timeout"),
+        (Options(telemetry="gpu"), "--telemetry"),
+        # what the CLI passes: the user typed --timeout 600 (the default value) -> still refused
+        (Options(asked=frozenset({"timeout_s"})), "--timeout"),
+    ],
+)
+def test_the_simulator_refuses_options_it_does_not_honour(
+    tmp_path: Path, options: Options, flags: str
+) -> None:
+    with pytest.raises(InputError) as e:
+        execute(_sched(), SimTarget(), options, tmp_path)
+    assert str(e.value).startswith(f"--target sim: {flags}: only a real server's run honours")
+    assert list(tmp_path.iterdir()) == []  # refused before a run directory exists
+
+
+def test_default_options_ask_for_nothing_and_the_seed_is_not_an_option() -> None:
+    assert Options().asked_names() == frozenset()
+    assert Options(driver=DriverOptions(prompt_seed=7), quiet=False).asked_names() == frozenset()
+    # every field a user can set on the driver has a flag to name in the refusal
+    settable = {f for f in DriverOptions.__dataclass_fields__ if f != "prompt_seed"}
+    assert settable <= set(OPTION_FLAGS)
+
+
+def test_a_simulated_run_has_the_common_manifest_and_its_schedule(tmp_path: Path) -> None:
+    s = _sched()
+    out = execute(s, SimTarget(), out=tmp_path, info=RunInfo("t", {"x": 1}, {"a": 2}))
+    assert out.status == "complete" and out.planned == 3 and out.by_status == {"ok": 3}
+    assert out.path.parent == tmp_path and out.path.name.startswith("t-")
+    run = load_run(out.path)
+    m = run.manifest
+    assert (m["kind"], m["name"], m["target"], m["targets"]) == ("sim", "t", "sim", {"*": "sim"})
+    assert (m["spec"], m["slo"], m["status"]) == ({"x": 1}, {"a": 2}, "complete")
+    assert m["schedule"] == {
+        "requests": 3,
+        "seed": s.seed,
+        "spec_hash": s.spec_hash,
+        "duration_ns": s.duration_ns,
+    }
+    assert m["stages"] == [
+        {"index": 0, "rate_scale": 1.0, "t_start_ns": 0, "t_end_ns": s.duration_ns}
+    ]
+    assert set(m["versions"]) == {"phaselens", "python", "numpy"}
+    assert m["sim"]["deployment"] and m["engines"][0]["serves"] == ["chat-8b"]  # added at close
+    assert (out.path / "schedule.parquet").exists()  # as for a driver run: recovery counts on it
+    assert run.requests.height == 3
+
+
+def test_the_manifest_is_the_same_shape_for_every_target() -> None:
+    s = _sched()
+    common = {
+        "kind",
+        "name",
+        "target",
+        "targets",
+        "spec",
+        "slo",
+        "stages",
+        "schedule",
+        "versions",
+        "valid",
+        "invalid_reasons",
+    }
+    sim = build_manifest(s, SimTarget("sim"), RunInfo("a"), {}).to_json()
+    http = build_manifest(
+        s,
+        HttpTarget({"*": "http://u:pw@127.0.0.1:9/v1"}),
+        RunInfo("a"),
+        {"driver": {"endpoint": "chat"}, "target": "ignored", "targets": {"*": "ignored"}},
+    ).to_json()
+    assert set(sim) == common and set(http) == common | {"driver"}
+    assert sim["kind"] == "sim" and http["kind"] == "driver"
+    # the target's own label and URLs, passwords masked; entries cannot override them
+    assert http["target"] == "http://u:***@127.0.0.1:9/v1"
+    assert http["targets"] == {"*": "http://u:***@127.0.0.1:9/v1"}
+    assert {k: sim[k] for k in common - {"kind", "target", "targets"}} == {
+        k: http[k] for k in common - {"kind", "target", "targets"}
+    }
+    json.dumps(http)
+
+
+def test_a_bad_deploy_file_fails_before_a_run_directory_exists(tmp_path: Path) -> None:
+    bad = tmp_path / "deploy.yaml"
+    bad.write_text("gpus: [1, 2\n")
+    out = tmp_path / "runs"
+    with pytest.raises(InputError):
+        execute(_sched(), SimTarget(f"sim:{bad}"), out=out)
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_execute_is_the_only_place_that_creates_a_run_directory() -> None:
+    """No module but execute.py (and the store that defines it) creates a run directory."""
+    makers = {"create", "new_run_dir", "write_run"}
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path.name in ("execute.py", "store.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                owner = getattr(f, "value", None)
+                if name in makers and not (
+                    name == "create" and getattr(owner, "id", "") != "RunWriter"
+                ):
+                    found.append(f"{path.relative_to(SRC)}:{node.lineno} {name}")
+    assert found == []
