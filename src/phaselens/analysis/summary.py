@@ -12,7 +12,7 @@ from typing import Any
 
 from phaselens.analysis.breakdown import breakdown
 from phaselens.analysis.cost import cost
-from phaselens.analysis.diagnose import Analysis, diagnose
+from phaselens.analysis.findings import Analysis, diagnose
 from phaselens.analysis.fluctuation import fluctuation
 from phaselens.analysis.latency import (
     GROUP_DIMS,
