@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from phaselens.analysis.latency import request_table
-from phaselens.analysis.phases import build_timeline, phase_summary
+from phaselens.analysis.phase_summary import phase_summary
+from phaselens.analysis.phases import build_timeline
 from phaselens.types import StepRecord
 
 from .helpers import MS, eng, make_run, rec, util

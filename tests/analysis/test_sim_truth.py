@@ -19,9 +19,9 @@ BIN = 100_000_000
 
 
 def test_phase_figures_match_step_truth(monkeypatch: pytest.MonkeyPatch) -> None:
-    from phaselens.analysis import phases
+    from phaselens.analysis import labels
 
-    monkeypatch.setattr(phases, "STEP_BATCH", 97)  # steps integrated in many batches
+    monkeypatch.setattr(labels, "STEP_BATCH", 97)  # steps integrated in many batches
     rng = np.random.default_rng(7)
     t = np.sort(rng.uniform(0, 20, 240))
     inp = rng.choice([128, 4000, 8000], size=t.size, p=[0.4, 0.3, 0.3])

@@ -10,8 +10,8 @@ import polars as pl
 import pytest
 from tests.sim.helpers import make_schedule, one_engine
 
+from phaselens.analysis.bins import label_values
 from phaselens.analysis.fluctuation import sparse_window_std_mean, util_std_5s, window_stds
-from phaselens.analysis.phases import label_values
 from phaselens.analysis.summary import analyze
 from phaselens.errors import InputError
 from phaselens.sim.run import simulate

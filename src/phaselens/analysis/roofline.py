@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from phaselens.analysis.phases import LABELS, Timeline
+from phaselens.analysis.labels import LABELS
+from phaselens.analysis.phases import Timeline
 from phaselens.analysis.stats import as_float, fnum
 
 _PHASE = (

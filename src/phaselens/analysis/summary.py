@@ -12,7 +12,7 @@ from typing import Any
 
 from phaselens.analysis.breakdown import breakdown
 from phaselens.analysis.cost import cost
-from phaselens.analysis.diagnose import Analysis, diagnose
+from phaselens.analysis.findings import Analysis, diagnose
 from phaselens.analysis.fluctuation import fluctuation
 from phaselens.analysis.latency import (
     GROUP_DIMS,
@@ -26,7 +26,8 @@ from phaselens.analysis.latency import (
     stage_table,
     throughput,
 )
-from phaselens.analysis.phases import build_timeline, phase_summary
+from phaselens.analysis.phase_summary import phase_summary
+from phaselens.analysis.phases import build_timeline
 from phaselens.analysis.roofline import roofline
 from phaselens.analysis.stats import fnum
 from phaselens.store import Run

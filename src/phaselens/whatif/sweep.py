@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from phaselens.analysis.bins import label_values
 from phaselens.analysis.fluctuation import util_std_5s
 from phaselens.analysis.latency import request_table, slo_block, slo_targets
-from phaselens.analysis.phases import UTIL_PREFERENCE, label_values
+from phaselens.analysis.phases import UTIL_PREFERENCE
 from phaselens.errors import InputError
 from phaselens.sim.deploy import parse_deployment
 from phaselens.store import Run
