@@ -28,7 +28,7 @@ from phaselens.types import RequestRecord
 from .conftest import fake_server, make_schedule
 from .fakeserver import UNTRUSTED
 
-drive_mod: Any = importlib.import_module("phaselens.driver.drive")  # (the package: `drive`)
+writer_mod: Any = importlib.import_module("phaselens.driver.writer")
 
 USAGE = [k for k in UNTRUSTED if k.startswith("usage_")]
 TIMINGS = [k for k in UNTRUSTED if k.startswith("timings_")]
@@ -200,7 +200,7 @@ def test_a_writer_failure_fails_the_run_loudly_and_keeps_every_record(
     """A record that cannot be stored (as a 1e20 count was, before parse-time checks) and a
     failing flush: the writer thread goes on; the run ends `partial` with one error line, and
     requests.parquet has one row per planned request."""
-    real_record = drive_mod._WriterThread.record
+    real_record = writer_mod.WriterThread.record
 
     def record(self: Any, r: RequestRecord) -> None:
         if r.id == 3:
@@ -216,7 +216,7 @@ def test_a_writer_failure_fails_the_run_loudly_and_keeps_every_record(
             raise OSError(28, "No space left on device (test)")
         real_flush(self)
 
-    monkeypatch.setattr(drive_mod._WriterThread, "record", record)
+    monkeypatch.setattr(writer_mod.WriterThread, "record", record)
     monkeypatch.setattr(store.RunWriter, "flush", flush)
     n = 12
     with fake_server("--d-ms", "2") as url:
