@@ -57,7 +57,8 @@ def make(root: Path, n: int) -> Path:
 
 def measure_child(path: Path, out: Path) -> None:
     from phaselens.analysis.summary import compute
-    from phaselens.report.html import build_context, headline, render_page
+    from phaselens.report.headline import headline
+    from phaselens.report.html import build_context, render_page
     from phaselens.store import load_run
 
     c0 = time.process_time()

@@ -351,9 +351,9 @@ def analyze(
     ] = None,
 ) -> None:
     """Latency, goodput, phases, fluctuation, roofline, cost and findings of a run."""
-    from phaselens.analysis.render import render
     from phaselens.analysis.summary import analyze as _analyze
     from phaselens.analysis.summary import to_json
+    from phaselens.report.terminal import render
     from phaselens.store import load_run
 
     summary = _analyze(load_run(run_dir), gpu_cost_per_hour=gpu_cost_per_hour)
@@ -375,9 +375,9 @@ def demo(
     ] = "sim",
 ) -> None:
     """Simulate the seed's two-model bursty scenario, explain it, and write its HTML report."""
-    from phaselens.analysis.render import render
     from phaselens.execute import RunInfo, SimTarget, execute
     from phaselens.report.html import report_from_run
+    from phaselens.report.terminal import render
     from phaselens.spec import demo_spec_path, load_spec
     from phaselens.store import load_run
     from phaselens.workload.plan import build_schedule
@@ -410,7 +410,8 @@ def report(
     ] = None,
 ) -> None:
     """Write one self-contained HTML report (opens offline) and print the headline."""
-    from phaselens.report.html import headline, report_from_run
+    from phaselens.report.headline import headline
+    from phaselens.report.html import report_from_run
     from phaselens.store import load_run
 
     if output is not None:
@@ -496,7 +497,8 @@ def compare(
     ] = 0,
 ) -> None:
     """Compare runs against a baseline: differences with bootstrap intervals and verdicts."""
-    from phaselens.report.compare import compare_runs, summary_lines, to_json, write_compare
+    from phaselens.analysis.compare import compare_runs, to_json
+    from phaselens.report.compare import summary_lines, write_compare
     from phaselens.store import load_run
 
     if output is not None or not as_json:

@@ -9,17 +9,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from phaselens.analysis.bootstrap import Blocks, boot_quantiles, make_blocks
+from phaselens.analysis.compare import compare_runs, parse_fail_on
 from phaselens.cli import app
 from phaselens.errors import InputError
 from phaselens.execute import RunInfo, SimTarget, execute
-from phaselens.report.compare import (
-    Blocks,
-    boot_quantiles,
-    compare_runs,
-    make_blocks,
-    parse_fail_on,
-    write_compare,
-)
+from phaselens.report.compare import write_compare
 from phaselens.spec import load_spec
 from phaselens.store import Run, load_run
 from phaselens.workload.plan import build_schedule

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 from report_runs import analysis_of
 
-from phaselens.report.html import fmt, headline, render_report, write_report
+from phaselens.report.headline import headline
+from phaselens.report.html import render_report, write_report
+from phaselens.report.page import fmt
 from phaselens.store import Run
 
 XSS = "<script>alert(1)</script>"

@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import jinja2
 from rich.console import Console
 from rich.table import Table
 
 from phaselens.errors import InputError
+from phaselens.report.page import fig_json, fmt, render_page, template_env, write_page
 from phaselens.whatif.basis import COST_NAME
 from phaselens.whatif.calibrate import Calibration, summary_rows
 
@@ -239,39 +239,30 @@ def _pareto_figure(result: Mapping[str, Any]) -> Any:
 
 
 def render_html(result: Mapping[str, Any]) -> str:
-    from phaselens.report import html
-
-    css = html.page_css()
-    fig_json, fmt, plotly_js = html.fig_json, html.fmt, html.plotly_js
-
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-    tpl = env.from_string(_PAGE)
+    """The what-if page, on the report pages' scaffolding (same CSS, plotly.js and escaping)."""
     cal = result["calibration"]
-    return tpl.render(
-        css=css,
-        plotlyjs=plotly_js(),
-        fig=fig_json(_pareto_figure(result)),
-        run=result["run"],
-        calib_run=cal["run"],
-        method=cal["method"],
-        ranking=result["ranking"],
-        slo=dict(result.get("slo") or {}),
-        best=result["best"],
-        baseline=result["baseline"],
-        measured=result["measured"],
-        errors=summary_rows(cal["errors"]),
-        rows=result["rows"],
-        fmt=fmt,
-        advice=cliff_advice(result),
-        more_load_cell=more_load_cell,
-    )
+    ctx = {
+        "fig": fig_json(_pareto_figure(result)),
+        "run": result["run"],
+        "calib_run": cal["run"],
+        "method": cal["method"],
+        "ranking": result["ranking"],
+        "slo": dict(result.get("slo") or {}),
+        "best": result["best"],
+        "baseline": result["baseline"],
+        "measured": result["measured"],
+        "errors": summary_rows(cal["errors"]),
+        "rows": result["rows"],
+        "fmt": fmt,
+        "advice": cliff_advice(result),
+        "more_load_cell": more_load_cell,
+    }
+    return render_page(template_env().from_string(_PAGE), ctx)
 
 
 def write_html(result: Mapping[str, Any], path: Path | str) -> Path:
     p = Path(path)
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(render_html(result), encoding="utf-8")
+        return write_page(render_html(result), p)
     except OSError as e:
         raise InputError(f"{p}: cannot write ({e.strerror or e})") from None
-    return p

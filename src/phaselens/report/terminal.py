@@ -1,4 +1,4 @@
-"""A readable terminal summary of `analyze(run)`'s dict (rich).
+"""A readable terminal summary of `analyze(run)`'s dict (rich), printed by `analyze` and `demo`.
 
 Why separate: computation never prints; this only formats the summary dict, so what the terminal
 shows is exactly what `--json` would give.
