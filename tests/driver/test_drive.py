@@ -15,8 +15,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from phaselens.analysis.summary import analyze
 from phaselens.driver.runner import DriverOptions
 from phaselens.execute import HttpTarget, Options, execute
+from phaselens.report.headline import headline
 from phaselens.store import EVENTS, load_run
 from phaselens.types import STATUSES
 
@@ -68,7 +70,10 @@ def test_cli_run_writes_a_complete_run(tmp_path: Path) -> None:
     run = load_run(_one_run(tmp_path / "runs"))
     assert out.splitlines()[0] == str(run.path)
     assert "complete: 20 planned; ok 20" in out
-    assert "TTFT p50/p99 " in out and " tok/s" in out
+    # the one headline formatter (report.headline), as `phaselens report` prints it
+    head = [x for x in out.splitlines() if x.startswith(("VALID · ", "INVALID · "))]
+    assert len(head) == 1 and "20/20 requests ok" in head[0] and " tok/s" in head[0]
+    assert head[0] == headline(analyze(run))
     m = run.manifest
     assert m["status"] == "complete" and m["kind"] == "driver" and m["target"] == url
     assert m["token_count_method"] == "usage"

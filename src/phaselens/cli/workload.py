@@ -1,0 +1,333 @@
+"""`plan`, `run` and `demo`: a spec becomes a schedule and, through `phaselens.execute`, a run."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from phaselens.cli.app import app
+from phaselens.cliargs import (
+    MAX_INTERVAL_S,
+    MAX_SECONDS,
+    MAX_USERS,
+    MAX_WORKERS,
+    MIN_INTERVAL_S,
+    check_out_dir,
+    check_out_file,
+    integer,
+    number,
+)
+from phaselens.errors import InputError
+
+
+@app.command()
+def plan(
+    spec: Annotated[Path, typer.Argument(help="Workload spec (YAML).")],
+    out: Annotated[
+        Optional[Path],  # noqa: UP045 (typer needs it at runtime on Python 3.10)
+        typer.Option("--out", help="Also write the schedule as Parquet."),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the summary as one JSON object.")
+    ] = False,
+    set_: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--set", help="Override a spec field: --set 'models[0].rate=4' (repeatable)."),
+    ] = None,
+) -> None:
+    """Plan a workload and summarize it per model and stage (nothing is sent)."""
+    import json
+    import warnings
+
+    from phaselens.spec import load_spec
+    from phaselens.workload.plan import build_schedule, schedule_frame, summarize, summary_table
+
+    if out is not None:
+        check_out_file(out, "--out")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ws = load_spec(spec, set_ or [])
+        schedule = build_schedule(ws)
+    for w in caught:
+        print(f"phaselens: warning: {w.message}", file=sys.stderr)
+    summary = summarize(schedule)
+    if out is not None:
+        buf = io.BytesIO()  # polars reports a failed file write as ComputeError, Python as OSError
+        schedule_frame(schedule).write_parquet(buf)
+        try:
+            out.write_bytes(buf.getvalue())
+        except OSError as e:
+            raise InputError(f"{out}: cannot write ({e.strerror or e})") from None
+    if as_json:
+        typer.echo(json.dumps({"name": ws.name, **summary}))
+        return
+    from rich.console import Console
+
+    console = Console() if sys.stdout.isatty() else Console(width=120)
+    title = f"{ws.name}: {summary['total']:,} requests over {summary['duration_s']:g} s"
+    console.print(summary_table(summary, title=title))
+    if out is not None:
+        console.print(f"schedule written to {out}")
+
+
+# ---------------------------------------------------------------- run (driver; issue 3)
+
+
+def _parse_pairs(values: list[str], opt: str, sep: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for v in values:
+        k, ok, val = v.partition(sep)
+        if not ok or not k.strip():
+            raise InputError(f"{opt}: {v.split(sep)[0]!r}...: expected KEY{sep}VALUE")
+        out[k.strip()] = val.strip()
+    return out
+
+
+def _headline_line(path: Path) -> None:
+    """The run's headline after a run (the one formatter, `report.headline`; the full view is
+    `phaselens analyze`)."""
+    from phaselens.analysis.summary import analyze as _analyze
+    from phaselens.report.headline import headline
+    from phaselens.store import load_run
+
+    try:
+        s = _analyze(load_run(path))
+    except Exception as e:  # the run is written; a summary failure must not hide that
+        print(f"phaselens: warning: no summary ({type(e).__name__}: {e})", file=sys.stderr)
+        return
+    typer.echo(headline(s))
+
+
+# `phaselens run` parameter -> the execution option it sets (keys of execute.OPTION_FLAGS); a
+
+# target refuses those it does not honour: a user must not believe they simulated a closed loop.
+_OPTION_OF = {
+    "endpoint": "endpoint", "model_map": "model_map", "api_key_env": "api_key",
+    "header": "headers", "workers": "workers", "max_inflight": "max_inflight",
+    "concurrency": "concurrency", "timeout": "timeout_s", "idle_timeout": "idle_timeout_s",
+    "no_optional": "optional_fields", "no_optional_for": "plain_models",
+    "tokenizer": "tokenizer", "loop": "event_loop", "telemetry": "telemetry",
+    "telemetry_interval": "telemetry_interval_s",
+}  # fmt: skip
+
+
+def _asked(ctx: typer.Context) -> frozenset[str]:
+    """The execution options the user typed (a target refuses those it does not honour)."""
+
+    def given_by_user(name: str) -> bool:  # by name: typer ships its own copy of click
+        src = ctx.get_parameter_source(name)
+        return src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT")
+
+    return frozenset(opt for p, opt in _OPTION_OF.items() if given_by_user(p))
+
+
+@app.command()
+def run(
+    ctx: typer.Context,
+    spec: Annotated[Path, typer.Argument(help="Workload spec (YAML).")],
+    target: Annotated[
+        list[str],
+        typer.Option(
+            "--target",
+            help="http://HOST:PORT (OpenAI-compatible server), MODEL=URL (repeat: one server "
+            "per model), or sim / sim:DEPLOY.yaml (the simulator).",
+        ),
+    ],
+    endpoint: Annotated[
+        str, typer.Option("--endpoint", help="completions or chat (/v1/chat/completions).")
+    ] = "chat",
+    model_map: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--model-map", help="SPEC_NAME=SERVED_NAME: the model name sent (repeat)."),
+    ] = None,
+    api_key_env: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--api-key-env", help="Environment variable holding the API key (Bearer)."),
+    ] = None,
+    header: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--header", help="Extra request header 'Name: value' (repeat)."),
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="Runs directory.")] = Path("runs"),
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            callback=integer(1, MAX_WORKERS),
+            help="Client processes (split the schedule).",
+        ),
+    ] = 1,
+    max_inflight: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--max-inflight",
+            callback=integer(1, MAX_USERS),
+            help="Open loop: cap on requests on the wire.",
+        ),
+    ] = None,
+    concurrency: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--concurrency",
+            callback=integer(1, MAX_USERS),
+            help="Closed loop with N virtual users.",
+        ),
+    ] = None,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            callback=number(0.0, MAX_SECONDS, lo_open=True),
+            help="Per-request limit, seconds from send.",
+        ),
+    ] = 600.0,
+    idle_timeout: Annotated[
+        float,
+        typer.Option(
+            "--idle-timeout",
+            callback=number(0.0, MAX_SECONDS, lo_open=True),
+            help="Longest silence inside a response, s.",
+        ),
+    ] = 60.0,
+    no_optional: Annotated[
+        bool,
+        typer.Option(
+            "--no-optional-fields",
+            help="Never send stream_options/ignore_eos/min_tokens (else dropped on 400/422).",
+        ),
+    ] = False,
+    no_optional_for: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--no-optional-fields-for", help="The same for one model's requests."),
+    ] = None,
+    tokenizer: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--tokenizer", help="Local tokenizer.json for exact prompt lengths."),
+    ] = None,
+    loop: Annotated[
+        str,
+        typer.Option("--loop", help="Event loop: auto (uvloop when installed), asyncio, uvloop."),
+    ] = "auto",
+    telemetry: Annotated[
+        str, typer.Option("--telemetry", help="auto, none, or gpu,engine,dcgm=URL,...")
+    ] = "auto",
+    telemetry_interval: Annotated[
+        float,
+        typer.Option(
+            "--telemetry-interval",
+            callback=number(MIN_INTERVAL_S, MAX_INTERVAL_S),
+            help="Seconds between samples.",
+        ),
+    ] = 0.1,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", help="No progress line (automatic without a TTY).")
+    ] = False,
+    set_: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--set", help="Override a spec field: --set 'models[0].rate=4' (repeatable)."),
+    ] = None,
+) -> None:
+    """Run a workload against a server (or the simulator) and write a run directory."""
+    from phaselens.driver.runner import LOOPS, DriverOptions
+    from phaselens.execute import HttpTarget, Options, RunInfo, SimTarget, execute, target_of
+    from phaselens.spec import load_spec
+    from phaselens.workload.plan import build_schedule
+
+    if endpoint not in ("completions", "chat"):
+        raise InputError(f"--endpoint: expected completions or chat, got {endpoint!r}")
+    if loop not in LOOPS:
+        raise InputError(f"--loop: expected {', '.join(LOOPS)}, got {loop!r}")
+    tgt = target_of(target)
+    ws = load_spec(spec, set_ or [])
+    schedule = build_schedule(ws)
+    check_out_dir(out, "--out")
+    api_key = None
+    if api_key_env and isinstance(tgt, HttpTarget):
+        api_key = os.environ.get(api_key_env)
+        if not api_key:
+            raise InputError(f"--api-key-env: environment variable {api_key_env} is not set")
+    driver = DriverOptions(
+        endpoint="chat" if endpoint == "chat" else "completions",
+        model_map=_parse_pairs(model_map or [], "--model-map", "="),
+        headers=_parse_pairs(header or [], "--header", ":"),
+        api_key=api_key,
+        max_inflight=max_inflight,
+        concurrency=concurrency,
+        timeout_s=timeout,
+        idle_timeout_s=idle_timeout,
+        optional_fields=not no_optional,
+        plain_models=tuple(no_optional_for or ()),
+        event_loop=loop,
+        tokenizer=tokenizer,
+        prompt_seed=ws.seed,
+    )
+    options = Options(
+        driver=driver,
+        workers=workers,
+        telemetry=telemetry,
+        telemetry_interval_s=telemetry_interval,
+        quiet=quiet or not sys.stdout.isatty(),
+        asked=_asked(ctx),
+    )
+    res = execute(schedule, tgt, options, out, RunInfo.of(ws))
+    if isinstance(tgt, SimTarget):
+        typer.echo(str(res.path))
+        _headline_line(res.path)
+        return
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(res.by_status.items()))
+    typer.echo(f"{res.path}")
+    typer.echo(f"{res.status}: {res.planned} planned; {counts}")
+    _headline_line(res.path)
+    if not res.valid:
+        for reason in res.invalid_reasons:
+            typer.echo(f"INVALID: {reason}")
+    for warning in res.warnings:  # client lag too small to matter (docs/metrics.md)
+        typer.echo(f"WARN: {warning}")
+    if res.error:
+        print(f"phaselens: error: {res.error}", file=sys.stderr)
+        raise typer.Exit(1)
+    if res.status == "interrupted":
+        raise typer.Exit(130)
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option("--out", help="Runs directory.")] = Path("runs"),
+    spec: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--spec", help="Another workload spec (default: the seed scenario)."),
+    ] = None,
+    target: Annotated[
+        str, typer.Option("--target", help="sim or sim:DEPLOY.yaml (default deployment: sim).")
+    ] = "sim",
+) -> None:
+    """Simulate the seed's two-model bursty scenario, explain it, and write its HTML report."""
+    from phaselens.execute import RunInfo, SimTarget, execute
+    from phaselens.report.html import report_from_run
+    from phaselens.report.terminal import render
+    from phaselens.spec import demo_spec_path, load_spec
+    from phaselens.store import load_run
+    from phaselens.workload.plan import build_schedule
+
+    if not (target == "sim" or target.startswith("sim:")):
+        raise InputError(
+            f"--target: demo runs on the simulator (sim or sim:DEPLOY.yaml), got {target!r}"
+        )
+    ws = load_spec(spec or demo_spec_path())
+    schedule = build_schedule(ws)
+    check_out_dir(out, "--out")
+    typer.echo(
+        f"Simulating {ws.name}: {len(schedule)} requests over {schedule.duration_ns / 1e9:.0f} s "
+        f"({', '.join(schedule.models)}) on target {target} ..."
+    )
+    path = execute(schedule, SimTarget(target), out=out, info=RunInfo.of(ws)).path
+    report, summary = report_from_run(load_run(path), path / "report.html")
+    render(summary)
+    typer.echo(f"Run:    {path}")
+    typer.echo(f"Report: {report}")
+    typer.echo(f"Next:   phaselens analyze {path}   |   phaselens trace {path} -o trace.json")
