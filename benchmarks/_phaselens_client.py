@@ -29,7 +29,7 @@ def main() -> None:
 
     from phaselens import load_run
     from phaselens.driver.drive import drive
-    from phaselens.driver.runner import DriverOptions
+    from phaselens.driver.options import DriverOptions
     from phaselens.spec import parse_spec
     from phaselens.workload.plan import build_schedule
 

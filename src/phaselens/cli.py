@@ -295,7 +295,7 @@ def run(
     ] = None,
 ) -> None:
     """Run a workload against a server (or the simulator) and write a run directory."""
-    from phaselens.driver.runner import LOOPS
+    from phaselens.driver.eventloop import LOOPS
     from phaselens.spec import load_spec
     from phaselens.workload.plan import build_schedule
 
@@ -319,7 +319,7 @@ def run(
         _run_latency_line(path)
         return
     from phaselens.driver.drive import drive
-    from phaselens.driver.runner import DriverOptions
+    from phaselens.driver.options import DriverOptions
 
     api_key = None
     if api_key_env:

@@ -15,7 +15,7 @@ from e2e.conftest import _launcher, vllm  # noqa: F401  (session fixtures that s
 from phaselens import load_run
 from phaselens.analysis.summary import analyze
 from phaselens.driver.drive import drive
-from phaselens.driver.runner import DriverOptions
+from phaselens.driver.options import DriverOptions
 from phaselens.spec import parse_spec
 from phaselens.workload.plan import build_schedule
 

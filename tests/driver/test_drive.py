@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 from phaselens.driver.drive import drive
-from phaselens.driver.runner import DriverOptions
+from phaselens.driver.options import DriverOptions
 from phaselens.store import EVENTS, load_run
 from phaselens.types import STATUSES
 

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from phaselens.driver.drive import drive
-from phaselens.driver.runner import DriverOptions
+from phaselens.driver.options import DriverOptions
 from phaselens.errors import InputError
 from phaselens.store import load_run
 

@@ -16,8 +16,8 @@ import pytest
 from aiohttp import web
 
 from phaselens.driver.drive import drive
+from phaselens.driver.options import DriverOptions
 from phaselens.driver.preflight import context_notes, server_context
-from phaselens.driver.runner import DriverOptions
 
 from .conftest import fake_server, make_schedule
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from phaselens.cli import _parse_pairs, _parse_targets
-from phaselens.driver.runner import DriverOptions, check_targets, endpoint_url
+from phaselens.driver.options import DriverOptions, check_targets, endpoint_url
 from phaselens.errors import InputError
 from phaselens.redact import redact_url
 

@@ -4,6 +4,8 @@
 """
 
 from phaselens.driver.drive import DriveResult, drive
-from phaselens.driver.runner import DriverOptions, LiveStats, RunSummary, run_schedule
+from phaselens.driver.options import DriverOptions
+from phaselens.driver.runner import RunSummary, run_schedule
+from phaselens.driver.state import LiveStats
 
 __all__ = ["DriveResult", "DriverOptions", "LiveStats", "RunSummary", "drive", "run_schedule"]
