@@ -28,7 +28,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from phaselens import load_run
-    from phaselens.driver.runner import DriverOptions
+    from phaselens.driver.options import DriverOptions
     from phaselens.execute import HttpTarget, Options, RunInfo, execute
     from phaselens.spec import parse_spec
     from phaselens.workload.plan import build_schedule

@@ -29,7 +29,7 @@ from phaselens.types import Outcome, Schedule
 
 if TYPE_CHECKING:  # (imported where used: a simulated run loads no driver module, and back)
     from phaselens.driver.drive import DrivePlan
-    from phaselens.driver.runner import DriverOptions
+    from phaselens.driver.options import DriverOptions
     from phaselens.spec import WorkloadSpec
 
 # Every option a target may or may not honour, by the CLI flag a user wrote it with.
@@ -60,7 +60,7 @@ _RUN_FIELDS = ("workers", "telemetry", "telemetry_interval_s")
 
 
 def _driver_options() -> DriverOptions:
-    from phaselens.driver.runner import DriverOptions
+    from phaselens.driver.options import DriverOptions
 
     return DriverOptions()
 
@@ -85,7 +85,7 @@ class Options:
         """The options this caller asked for (see `asked`)."""
         if self.asked is not None:
             return self.asked
-        from phaselens.driver.runner import DriverOptions
+        from phaselens.driver.options import DriverOptions
 
         default, base = DriverOptions(), Options()
         out = {

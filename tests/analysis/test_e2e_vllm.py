@@ -14,7 +14,7 @@ import pytest
 from e2e.conftest import _launcher, vllm  # noqa: F401  (session fixtures that start vLLM)
 from phaselens import load_run
 from phaselens.analysis.summary import analyze
-from phaselens.driver.runner import DriverOptions
+from phaselens.driver.options import DriverOptions
 from phaselens.execute import HttpTarget, Options, RunInfo, execute
 from phaselens.spec import parse_spec
 from phaselens.workload.plan import build_schedule

@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 from phaselens.analysis.summary import analyze
-from phaselens.driver.runner import DriverOptions
+from phaselens.driver.options import DriverOptions
 from phaselens.execute import HttpTarget, Options, execute
 from phaselens.report.headline import headline
 from phaselens.store import EVENTS, load_run

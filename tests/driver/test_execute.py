@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from phaselens.driver.runner import DriverOptions
+from phaselens.driver.options import DriverOptions
 from phaselens.errors import InputError
 from phaselens.execute import (
     OPTION_FLAGS,

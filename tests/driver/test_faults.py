@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from phaselens.driver.runner import DriverOptions
+from phaselens.driver.options import DriverOptions
 from phaselens.errors import InputError
 from phaselens.execute import HttpTarget, Options, RunInfo, execute
 from phaselens.store import load_run

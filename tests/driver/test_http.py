@@ -18,6 +18,9 @@ import pytest
 
 from phaselens.driver import http
 from phaselens.driver.openai import CONTINUE, DONE, FAILED
+from phaselens.driver.pool import Pool, exchange
+from phaselens.driver.request import check_header, request_head
+from phaselens.driver.transport import ConnectFailed, ConnectionLost, Head, HttpError, Target
 from phaselens.redact import basic_auth
 
 
@@ -71,11 +74,11 @@ def _chunked(body: bytes, sizes: list[int], ext: bool = False, trailer: bool = F
 
 def _run(
     response: bytes, cuts: list[int], sink: _Sink | None = None, close_at_end: bool = False
-) -> tuple[http.Head | BaseException, _Sink, http.Conn, http.Pool]:
+) -> tuple[Head | BaseException, _Sink, http.Conn, Pool]:
     """Feed `response` to a fresh connection in reads cut at `cuts`; return what it made."""
 
-    async def go() -> tuple[http.Head | BaseException, _Sink, http.Conn, http.Pool]:
-        pool = http.Pool(asyncio.get_running_loop())
+    async def go() -> tuple[Head | BaseException, _Sink, http.Conn, Pool]:
+        pool = Pool(asyncio.get_running_loop())
         conn = http.Conn(pool, ("http", "h", 80))
         conn.connection_made(_Transport())  # type: ignore[arg-type]
         s = sink or _Sink()
@@ -87,13 +90,13 @@ def _run(
         if close_at_end:
             conn.connection_lost(None)
         try:
-            head: http.Head | BaseException = await asyncio.wait_for(head_fut, 1)
-        except (http.HttpError, http.ConnectionLost) as e:
+            head: Head | BaseException = await asyncio.wait_for(head_fut, 1)
+        except (HttpError, ConnectionLost) as e:
             return e, s, conn, pool
         body = conn.read_body(s)
         try:
             await asyncio.wait_for(body, 1)
-        except (http.HttpError, http.ConnectionLost) as e:
+        except (HttpError, ConnectionLost) as e:
             return e, s, conn, pool
         conn.finish()
         return head, s, conn, pool
@@ -126,7 +129,7 @@ def test_every_two_way_split_gives_the_exact_body(kind: str) -> None:
     close = kind in ("until-close", "http10")
     for cut in range(len(resp) + 1):
         head, sink, conn, pool = _run(resp, [cut], close_at_end=close)
-        assert isinstance(head, http.Head), (kind, cut, head)
+        assert isinstance(head, Head), (kind, cut, head)
         assert head.status == 200
         assert b"".join(sink.got) == BODY, (kind, cut)
         assert sink.ends == 1, (kind, cut)
@@ -143,7 +146,7 @@ def test_random_many_way_splits(kind: str) -> None:
     for _ in range(40):
         cuts = sorted(rng.integers(0, len(resp), size=int(rng.integers(2, 30))).tolist())
         head, sink, _, _ = _run(resp, cuts, close_at_end=close)
-        assert isinstance(head, http.Head)
+        assert isinstance(head, Head)
         assert b"".join(sink.got) == BODY and sink.ends == 1, (kind, cuts)
 
 
@@ -165,14 +168,14 @@ def test_a_read_is_stamped_once_and_whole_chunks_pass_unsplit() -> None:
 def test_drain_after_the_sink_is_satisfied_keeps_the_connection() -> None:
     resp = FRAMINGS["chunked"]
     head, sink, conn, pool = _run(resp, [60, 70, 90], sink=_Sink(stop_after=b"data: {}\n\n"))
-    assert isinstance(head, http.Head)
+    assert isinstance(head, Head)
     assert b"".join(sink.got).startswith(b"data: {}\n\n") and sink.ends == 0
     assert conn.state == http._IDLE and conn in pool._idle[conn.key]
 
 
 def test_body_bytes_before_the_sink_keep_their_own_stamps() -> None:
     async def go() -> list[tuple[bytes, int]]:
-        pool = http.Pool(asyncio.get_running_loop())
+        pool = Pool(asyncio.get_running_loop())
         conn = http.Conn(pool, ("http", "h", 80))
         conn.connection_made(_Transport())  # type: ignore[arg-type]
         fut = conn.send(b"x")
@@ -213,7 +216,7 @@ def test_body_bytes_before_the_sink_keep_their_own_stamps() -> None:
 )
 def test_bad_responses_fail_with_a_reason(resp: bytes, why: str) -> None:
     head, _, conn, _ = _run(resp, [])
-    assert isinstance(head, http.HttpError), head
+    assert isinstance(head, HttpError), head
     assert str(head).startswith("bad HTTP response: ") and why in str(head), str(head)
     assert str(head).count("bad HTTP response") == 1, str(head)  # said once, not doubled
     assert len(str(head)) < 200
@@ -230,7 +233,7 @@ def test_a_sink_that_raises_ends_the_exchange_with_its_exception() -> None:
             raise ValueError("parser bug")
 
     async def go() -> tuple[BaseException | None, http.Conn]:
-        pool = http.Pool(asyncio.get_running_loop())
+        pool = Pool(asyncio.get_running_loop())
         conn = http.Conn(pool, ("http", "h", 80))
         conn.connection_made(_Transport())  # type: ignore[arg-type]
         fut = conn.send(b"x")
@@ -251,7 +254,7 @@ def test_a_sink_that_raises_ends_the_exchange_with_its_exception() -> None:
 
 def test_reset_mid_body_is_connection_lost_and_before_head_too() -> None:
     async def go(first: bytes) -> BaseException:
-        pool = http.Pool(asyncio.get_running_loop())
+        pool = Pool(asyncio.get_running_loop())
         conn = http.Conn(pool, ("http", "h", 80))
         conn.connection_made(_Transport())  # type: ignore[arg-type]
         fut = conn.send(b"x")
@@ -266,7 +269,7 @@ def test_reset_mid_body_is_connection_lost_and_before_head_too() -> None:
             else:
                 conn.connection_lost(ConnectionResetError(104, "Connection reset by peer"))
                 await fut
-        except http.ConnectionLost as e:
+        except ConnectionLost as e:
             return e
         raise AssertionError("no error")
 
@@ -282,17 +285,17 @@ def test_parser_codes_are_the_sink_codes() -> None:
 
 
 def test_request_head_and_header_checks() -> None:
-    t = http.Target.of("https://u:p%40ss@api.example:8443/v1/chat/completions?x=1")
+    t = Target.of("https://u:p%40ss@api.example:8443/v1/chat/completions?x=1")
     assert t.key == ("https", "api.example", 8443) and t.tls
     assert t.path == "/v1/chat/completions?x=1" and t.authority == "api.example:8443"
-    head = http.request_head(t, {"Content-Type": "application/json"})
+    head = request_head(t, {"Content-Type": "application/json"})
     assert head.startswith(b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: api.example:8443\r\n")
     assert b"u:p" not in head
     assert basic_auth("http://u:p%40ss@h/") == "Basic dTpwQHNz"  # base64("u:p@ss")
     assert basic_auth("http://h/") is None
-    assert http.check_header("X-A", "b") is None
-    assert http.check_header("X-A", "b\r\nEvil: 1") is not None
-    assert http.check_header("Bad Name", "v") is not None
+    assert check_header("X-A", "b") is None
+    assert check_header("X-A", "b\r\nEvil: 1") is not None
+    assert check_header("Bad Name", "v") is not None
 
 
 # ---------------------------------------------------------------------------- real sockets
@@ -306,10 +309,10 @@ def _closed_port() -> int:
 
 def test_refused_connection_says_cannot_connect() -> None:
     async def go() -> BaseException:
-        pool = http.Pool(asyncio.get_running_loop())
+        pool = Pool(asyncio.get_running_loop())
         try:
-            await http.exchange(pool, http.Target.of(f"http://127.0.0.1:{_closed_port()}/"), b"x")
-        except http.ConnectFailed as e:
+            await exchange(pool, Target.of(f"http://127.0.0.1:{_closed_port()}/"), b"x")
+        except ConnectFailed as e:
             return e
         raise AssertionError("connected")
 
@@ -335,11 +338,11 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
     async def go() -> list[bytes]:
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        pool = http.Pool(asyncio.get_running_loop())
-        target = http.Target.of(f"http://127.0.0.1:{port}/")
+        pool = Pool(asyncio.get_running_loop())
+        target = Target.of(f"http://127.0.0.1:{port}/")
         got = []
         for _ in range(2):
-            conn, _head = await http.exchange(pool, target, b"POST / HTTP/1.1\r\n\r\n")
+            conn, _head = await exchange(pool, target, b"POST / HTTP/1.1\r\n\r\n")
             s = _Sink()
             await conn.read_body(s)
             conn.finish()
@@ -362,7 +365,7 @@ def test_exchange_retries_once_when_a_reused_connection_dies_before_any_response
 
     async def go(reused: bool, dies: tuple[bool, bool]) -> tuple[str, list[str]]:
         loop = asyncio.get_running_loop()
-        pool = http.Pool(loop)
+        pool = Pool(loop)
         calls: list[str] = []
 
         def conn_that(dies: bool) -> http.Conn:
@@ -370,7 +373,7 @@ def test_exchange_retries_once_when_a_reused_connection_dies_before_any_response
             conn.connection_made(_Transport())  # type: ignore[arg-type]
             real_send = conn.send
 
-            def send(data: bytes) -> asyncio.Future[http.Head]:
+            def send(data: bytes) -> asyncio.Future[Head]:
                 fut = real_send(data)
                 if dies:
                     loop.call_soon(conn.connection_lost, None)
@@ -381,20 +384,20 @@ def test_exchange_retries_once_when_a_reused_connection_dies_before_any_response
             conn.send = send  # type: ignore[method-assign]
             return conn
 
-        async def acquire(target: http.Target) -> tuple[http.Conn, bool]:
+        async def acquire(target: Target) -> tuple[http.Conn, bool]:
             calls.append("acquire")
             return conn_that(dies[len(calls) - 1]), reused
 
-        async def connect(target: http.Target) -> http.Conn:
+        async def connect(target: Target) -> http.Conn:
             calls.append("connect")
             return conn_that(dies[len(calls) - 1])
 
         pool.acquire = acquire  # type: ignore[method-assign]
         pool.connect = connect  # type: ignore[method-assign]
         try:
-            _, head = await http.exchange(pool, http.Target.of("http://h/"), b"x")
+            _, head = await exchange(pool, Target.of("http://h/"), b"x")
             return f"status {head.status}", calls
-        except http.ConnectionLost as e:
+        except ConnectionLost as e:
             return f"lost: {e}", calls
 
     assert asyncio.run(go(True, (True, False))) == ("status 204", ["acquire", "connect"])
@@ -432,17 +435,17 @@ def test_the_retry_never_takes_another_idle_connection() -> None:
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         loop = asyncio.get_running_loop()
-        pool = http.Pool(loop)
-        target = http.Target.of(f"http://127.0.0.1:{port}/")
+        pool = Pool(loop)
+        target = Target.of(f"http://127.0.0.1:{port}/")
         req = b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
         # two connections, each used once and back in the pool (now stale)
-        pairs = [await http.exchange(pool, target, req) for _ in range(2)]
+        pairs = [await exchange(pool, target, req) for _ in range(2)]
         for conn, _head in pairs:
             s = _Sink()
             await conn.read_body(s)
             conn.finish()
         idle_before = len(pool._idle[target.key])
-        conn, _head = await http.exchange(pool, target, req)
+        conn, _head = await exchange(pool, target, req)
         s = _Sink()
         await conn.read_body(s)
         conn.finish()

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from phaselens.driver.options import DriverOptions
 from phaselens.driver.preflight import context_notes, server_context
-from phaselens.driver.runner import DriverOptions
 from phaselens.execute import HttpTarget, Options, execute
 
 from .conftest import fake_server, make_schedule

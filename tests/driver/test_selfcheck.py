@@ -10,7 +10,6 @@ import numpy as np
 from rich.console import Console
 
 from phaselens.driver.progress import ProgressLine
-from phaselens.driver.runner import LiveStats
 from phaselens.driver.selfcheck import (
     MAX_LAG_SHARE,
     LatencyScale,
@@ -19,6 +18,7 @@ from phaselens.driver.selfcheck import (
     same_host,
     verdict,
 )
+from phaselens.driver.state import LiveStats
 from phaselens.types import RequestRecord
 
 MS = 1_000_000

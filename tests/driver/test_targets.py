@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from phaselens.cli import _parse_pairs
-from phaselens.driver.runner import DriverOptions, check_targets, endpoint_url
+from phaselens.driver.options import DriverOptions, check_targets, endpoint_url
 from phaselens.errors import InputError
 from phaselens.execute import HttpTarget, SimTarget, target_of
 from phaselens.redact import redact_url

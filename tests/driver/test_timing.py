@@ -22,7 +22,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from phaselens.driver.runner import DriverOptions, RunSummary, run_loop, run_schedule
+from phaselens.driver.eventloop import run_loop
+from phaselens.driver.options import DriverOptions
+from phaselens.driver.runner import RunSummary, run_schedule
 from phaselens.types import RequestRecord
 
 from .conftest import fake_server, make_schedule

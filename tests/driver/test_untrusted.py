@@ -19,7 +19,7 @@ import pytest
 
 from phaselens import store
 from phaselens.driver.openai import StreamParser
-from phaselens.driver.runner import DriverOptions
+from phaselens.driver.options import DriverOptions
 from phaselens.driver.values import MAX_SERVER_MS, MAX_TOKENS, count, timings
 from phaselens.execute import HttpTarget, Options, Outcome, execute
 from phaselens.store import load_run

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from phaselens import cli
-from phaselens.driver.runner import DriverOptions, check_targets
+from phaselens.driver.options import DriverOptions, check_targets
 from phaselens.errors import InputError
 from phaselens.redact import Secrets, basic_auth, redact_text, redact_url
 from phaselens.telemetry.sampler import parse_spec

@@ -137,7 +137,7 @@ def measure(
     (named `...-staged`, manifest `validation.stages`); `repeat` k > 0 marks the k-th repeat of
     the same runs (`...-x2`, manifest `validation.repeat`)."""
     from phaselens.driver.drive import drive
-    from phaselens.driver.runner import DriverOptions
+    from phaselens.driver.options import DriverOptions
     from phaselens.spec import parse_spec
     from phaselens.workload.plan import build_schedule
 

@@ -233,7 +233,8 @@ def run(
     ] = None,
 ) -> None:
     """Run a workload against a server (or the simulator) and write a run directory."""
-    from phaselens.driver.runner import LOOPS, DriverOptions
+    from phaselens.driver.eventloop import LOOPS
+    from phaselens.driver.options import DriverOptions
     from phaselens.execute import HttpTarget, Options, RunInfo, SimTarget, execute, target_of
     from phaselens.spec import load_spec
     from phaselens.workload.plan import build_schedule

@@ -17,19 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from phaselens.driver.eventloop import relay_stop, resolve_loop, run_loop
+from phaselens.driver.options import DriverOptions, check_targets
 from phaselens.driver.preflight import context_preflight
 from phaselens.driver.prompts import PromptMaker
-from phaselens.driver.runner import (
-    DriverOptions,
-    LiveStats,
-    RunSummary,
-    check_targets,
-    relay_stop,
-    resolve_loop,
-    run_loop,
-    run_schedule,
-)
+from phaselens.driver.runner import RunSummary, run_schedule
 from phaselens.driver.selfcheck import same_host, verdict
+from phaselens.driver.state import LiveStats
 from phaselens.driver.writer import WriterThread, close_run, seen_ids
 from phaselens.errors import InputError
 from phaselens.redact import Secrets, redact_url, scrub_json, scrub_record, scrub_samples

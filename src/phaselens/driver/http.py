@@ -1,4 +1,5 @@
-"""A small HTTP/1.1 client for the driver's hot path: one asyncio Protocol per connection.
+# One job, 430 lines: the HTTP/1.1 response state machine (head, framings, gzip) in one Protocol.
+"""HTTP/1.1 responses parsed as they arrive: one asyncio Protocol per connection (`Conn`).
 
 Why not aiohttp (which the driver used first): for every read of a streamed body, aiohttp's
 StreamReader resolves a future and resumes the request's task before the caller sees the bytes.
@@ -8,8 +9,8 @@ the response's sink inside `data_received`; a request's task wakes twice (head, 
 
 Scope (what OpenAI-compatible servers speak): one POST with a JSON body per exchange; responses
 framed by Content-Length, chunked transfer coding or connection close; gzip/deflate bodies
-(decoded, though `Accept-Encoding: identity` is asked for); keep-alive connections pooled per
-target; TLS; user:password in the URL as Basic auth. No proxies, no redirects, no HTTP/2.
+(decoded, though `Accept-Encoding: identity` is asked for). Connections, keep-alive, TLS and
+the stale-connection retry are `pool.py`; the request's bytes `request.py`.
 """
 
 from __future__ import annotations
@@ -17,13 +18,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import ssl
 import time
 import zlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Protocol, cast
-from urllib.parse import urlsplit
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+from phaselens.driver.transport import (
+    DRAIN,
+    MORE,
+    STOP,
+    ConnectionLost,
+    Head,
+    HttpError,
+    Sink,
+)
+
+if TYPE_CHECKING:
+    from phaselens.driver.pool import Pool
+
+__all__ = ["DRAIN", "MORE", "STOP", "Conn", "cause"]
 
 _MAX_HEAD = 64 << 10  # response head larger than this: not a server we can talk to
 _MAX_LINE = 4096  # a chunk-size line longer than this is garbage
@@ -32,82 +45,6 @@ _MAX_LINE = 4096  # a chunk-size line longer than this is garbage
 _IDLE, _HEAD, _BODY, _CLOSED = 0, 1, 2, 3
 # Body framing
 _LENGTH, _CHUNKED, _UNTIL_CLOSE = 0, 1, 2
-
-
-class HttpError(Exception):
-    """The server's bytes are not a valid HTTP/1.1 response."""
-
-
-class ConnectionLost(Exception):
-    """The connection ended before the response did."""
-
-
-class ConnectFailed(ConnectionLost):
-    """No connection could be opened to the target."""
-
-
-# What Sink.data returns
-MORE, DRAIN, STOP = 0, 1, 2
-
-
-class Sink(Protocol):
-    """Where a response body goes. `data` gets each read's decoded bytes and the instant they
-    arrived, and answers MORE, DRAIN (has what it needs: the rest is read unseen and the
-    exchange ends with the body, so the connection can be reused) or STOP (end the exchange
-    now; the connection is closed). `end` is called when the body ended before DRAIN/STOP."""
-
-    def data(self, payload: bytes, t_ns: int) -> int: ...
-
-    def end(self, t_ns: int) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """Where requests for one URL go, and the fixed part of their request head."""
-
-    key: tuple[str, str, int]  # (scheme, host, port): the pool key
-    host: str
-    port: int
-    tls: bool
-    path: str  # path and query, as sent on the request line
-    authority: str  # the Host header
-
-    @classmethod
-    def of(cls, url: str) -> Target:
-        p = urlsplit(url)
-        tls = p.scheme == "https"
-        host = p.hostname or ""
-        port = p.port or (443 if tls else 80)
-        path = (p.path or "/") + (f"?{p.query}" if p.query else "")
-        authority = p.netloc.rsplit("@", 1)[-1]
-        return cls((p.scheme, host, port), host, port, tls, path, authority)
-
-
-def request_head(target: Target, headers: Mapping[str, str]) -> bytes:
-    """The request head up to (not including) Content-Length, built once per target."""
-    lines = [f"POST {target.path} HTTP/1.1", f"Host: {target.authority}"]
-    lines += [f"{k}: {v}" for k, v in headers.items()]
-    lines.append("Accept-Encoding: identity")
-    return ("\r\n".join(lines) + "\r\n").encode("latin-1")
-
-
-def check_header(name: str, value: str) -> str | None:
-    """Why a header cannot be sent (None when it can): no line breaks, a token as the name."""
-    if not name or any(c in name for c in " \t:\r\n") or "\r" in value or "\n" in value:
-        return f"invalid header {name!r}: names are tokens, values have no line breaks"
-    try:
-        (name + value).encode("latin-1")
-    except UnicodeEncodeError:
-        return f"invalid header {name!r}: only latin-1 text can be sent"
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class Head:
-    status: int
-    reason: str
-    headers: Mapping[str, str]  # names in lower case
-    http11: bool = True  # False for an HTTP/1.0 response (no keep-alive unless asked)
 
 
 class Conn(asyncio.Protocol):
@@ -182,13 +119,13 @@ class Conn(asyncio.Protocol):
         self.pool.forget(self)
         t = time.perf_counter_ns()
         if state == _HEAD:
-            why = _cause(exc, "closed by the server")
+            why = cause(exc, "closed by the server")
             self._fail(ConnectionLost(f"connection lost before the response head: {why}"))
         elif state == _BODY and not self.complete:
             if self._mode == _UNTIL_CLOSE and exc is None:
                 self._end(t)
             else:
-                why = _cause(exc, "closed by the server")
+                why = cause(exc, "closed by the server")
                 self._fail(ConnectionLost(f"connection lost mid-body: {why}"))
 
     # ------------------------------------------------------------------ the caller's side
@@ -244,6 +181,11 @@ class Conn(asyncio.Protocol):
             self.pool.release(self)
         else:
             self.abort()
+
+    def reusable(self) -> bool:
+        """Idle, and its transport still open: the pool may hand it out."""
+        t = self.transport
+        return self.state == _IDLE and t is not None and not t.is_closing()
 
     def abort(self) -> None:
         if self.state != _CLOSED:
@@ -464,11 +406,7 @@ class Conn(asyncio.Protocol):
         self._fail(HttpError(f"bad HTTP response: {what}"))
 
 
-def _const(conn: Conn) -> Callable[[], Conn]:
-    return lambda: conn
-
-
-def _cause(exc: BaseException | None, default: str) -> str:
+def cause(exc: BaseException | None, default: str) -> str:
     return f"{type(exc).__name__}: {exc}" if exc is not None else default
 
 
@@ -493,126 +431,3 @@ def _parse_head(raw: bytes) -> Head:
         val = v.strip().decode("latin-1")
         headers[name] = f"{headers[name]}, {val}" if name in headers else val
     return Head(status, reason, headers, parts[0] != b"HTTP/1.0")
-
-
-class Pool:
-    """Keep-alive connections per target (LIFO), and every open connection (to close at end)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._idle: dict[tuple[str, str, int], list[Conn]] = {}
-        self._open: set[Conn] = set()
-        self._addrs: dict[tuple[str, int], list[tuple[str, int]]] = {}
-        self._ssl: ssl.SSLContext | None = None
-
-    def take_idle(self, key: tuple[str, str, int]) -> Conn | None:
-        """An idle keep-alive connection for `key`, or None."""
-        idle = self._idle.get(key)
-        while idle:
-            c = idle.pop()
-            if c.state == _IDLE and c.transport is not None and not c.transport.is_closing():
-                return c
-        return None
-
-    async def acquire(self, target: Target) -> tuple[Conn, bool]:
-        """An idle connection to `target` (reused: True) or a new one (False)."""
-        c = self.take_idle(target.key)
-        if c is not None:
-            return c, True
-        return await self.connect(target), False
-
-    async def connect(self, target: Target) -> Conn:
-        """A new connection to `target` (never one from the idle pool)."""
-        loop = self.loop
-        where = f"{target.host}:{target.port}"
-        addrs = self._addrs.get((target.host, target.port))
-        if addrs is None:
-            try:
-                infos = await loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
-            except OSError as e:
-                raise ConnectFailed(f"Cannot connect to host {where}: {_cause(e, '')}") from None
-            addrs = [(str(a[4][0]), int(a[4][1])) for a in infos]
-        ctx = None
-        if target.tls:
-            if self._ssl is None:
-                self._ssl = ssl.create_default_context()
-            ctx = self._ssl
-        err: BaseException | None = None
-        for k, (ip, port) in enumerate(addrs):
-            conn = Conn(self, target.key)
-            try:
-                await loop.create_connection(
-                    _const(conn),
-                    ip,
-                    port,
-                    ssl=ctx,
-                    server_hostname=target.host if ctx is not None else None,
-                )
-            except OSError as e:
-                err = e
-                continue
-            if k:  # remember the address that answered first
-                addrs = [addrs[k], *addrs[:k], *addrs[k + 1 :]]
-            self._addrs[(target.host, target.port)] = addrs
-            self._open.add(conn)
-            return conn
-        raise ConnectFailed(f"Cannot connect to host {where}: {_cause(err, 'no address')}")
-
-    async def warm(self, target: Target, n: int) -> int:
-        """Open up to n idle connections to `target` ahead of the run; how many opened."""
-        tries = (self.connect(target) for _ in range(n))
-        got = await asyncio.gather(*tries, return_exceptions=True)
-        opened = [c for c in got if isinstance(c, Conn)]
-        for c in opened:
-            self.release(c)
-        return len(opened)
-
-    def release(self, conn: Conn) -> None:
-        self._idle.setdefault(conn.key, []).append(conn)
-
-    def forget(self, conn: Conn) -> None:
-        self._open.discard(conn)
-
-    def close(self) -> None:
-        """Abort every connection still open (idle ones, and any left draining)."""
-        for c in list(self._open):
-            c.abort()
-        self._idle.clear()
-
-
-async def exchange(
-    pool: Pool,
-    target: Target,
-    data: bytes,
-    sent: tuple[Conn, asyncio.Future[Head]] | None = None,
-) -> tuple[Conn, Head]:
-    """Send one request; the connection (now the caller's: call `finish`) and response head.
-
-    `sent`: the request was already written on a reused connection (`Conn.send` on one from
-    `Pool.take_idle`); wait for its head. A reused keep-alive connection that the server
-    closed just before our request (nothing of a response received) is retried once on a new
-    connection, as browsers and urllib3 do. New, not another idle one: the other idle
-    connections have been idle as long and are as likely closed by now (a server that closes
-    idle connections would fail the retry too).
-    """
-    for attempt in (0, 1):
-        if sent is not None and attempt == 0:
-            (conn, fut), reused = sent, True
-        elif attempt == 0:
-            conn, reused = await pool.acquire(target)
-            fut = conn.send(data)
-        else:
-            conn, reused = await pool.connect(target), False
-            fut = conn.send(data)
-        try:
-            head = await fut
-        except ConnectionLost:
-            conn.abort()
-            if reused and not conn.received and attempt == 0:
-                continue
-            raise
-        except BaseException:
-            conn.abort()
-            raise
-        return conn, head
-    raise AssertionError("unreachable")

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from phaselens.driver.runner import DriverOptions
+from phaselens.driver.options import DriverOptions
 from phaselens.redact import basic_auth, redact_url
 from phaselens.types import Schedule
 

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from phaselens.driver.runner import LiveStats
+from phaselens.driver.state import LiveStats
 
 
 class ProgressLine:

@@ -25,15 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from phaselens.driver.eventloop import relay_stop, run_loop
+from phaselens.driver.options import DriverOptions
 from phaselens.driver.prompts import PromptMaker
-from phaselens.driver.runner import (
-    DriverOptions,
-    LiveStats,
-    RunSummary,
-    relay_stop,
-    run_loop,
-    run_schedule,
-)
+from phaselens.driver.runner import RunSummary, run_schedule
+from phaselens.driver.state import LiveStats
 from phaselens.store import clock_anchor
 from phaselens.types import RequestRecord, Schedule, TelemetrySample
 

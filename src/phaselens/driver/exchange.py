@@ -1,0 +1,252 @@
+"""One request's exchange, start to record: send, the optional-field retry, the stream, the end.
+
+Why here and nothing else: every way a request can end (ok, an HTTP error, a broken stream, a
+timeout set by the watchdog, an interrupted run, a bug) becomes exactly one `RequestRecord`
+in this module. It talks to a `transport.Transport`, so it is unit-tested with a scripted one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+
+from phaselens.driver.openai import StreamParser, error_text
+from phaselens.driver.request import wire
+from phaselens.driver.state import Flight, RunState
+from phaselens.driver.transport import (
+    DRAIN,
+    MORE,
+    ConnectionLost,
+    Head,
+    HttpError,
+    Response,
+)
+from phaselens.types import Status
+
+_ERR_BODY_MAX = 4096
+
+
+def _int_or_none(x: float | None) -> int | None:
+    return None if x is None else int(x)
+
+
+def failure(e: Exception) -> tuple[Status, str]:
+    """The record's status and error text for an exception out of one request."""
+    if isinstance(e, HttpError):
+        return "http_error", str(e)
+    if isinstance(e, ConnectionLost):
+        return "disconnected", str(e)
+    if isinstance(e, OSError):
+        return "disconnected", f"{type(e).__name__}: {e}"
+    return "client_error", f"{type(e).__name__}: {e}"
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A request `send_now` wrote at its planned instant; its task takes over from here."""
+
+    conn: Response
+    head: Awaitable[Head]
+    ready: int  # perf_counter_ns when it was written
+
+
+class _ErrorBody:
+    """Collects the first bytes of an error response (for the record's error text)."""
+
+    __slots__ = ("chunks", "n")
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.n = 0
+
+    def data(self, payload: bytes, t_ns: int) -> int:
+        self.chunks.append(payload)
+        self.n += len(payload)
+        return DRAIN if self.n >= _ERR_BODY_MAX else MORE
+
+    def end(self, t_ns: int) -> None:
+        pass
+
+    def bytes(self) -> bytes:
+        return b"".join(self.chunks)[:_ERR_BODY_MAX]
+
+
+def send_now(d: RunState, i: int, body: bytes, optional: bool) -> Started | None:
+    """Called by the pacer at the planned instant: write request i at once on an idle
+    keep-alive connection, so the send does not wait for the loop to start its task (two
+    loop turns, each serving every pending read: most of the send lag under load).
+    None when it cannot (no idle connection, a --max-inflight cap, the body must change):
+    then the task sends as usual."""
+    transport = d.transport
+    if d.sem is not None or transport is None:
+        return None
+    m = int(d.s.model_idx[i])
+    if optional != d.optional(i, d.urls[m]):
+        return None
+    ready = time.perf_counter_ns()
+    sent = transport.write_idle(d.targets[m], wire(d.heads[m], d.run_tag, d.rid(i), body))
+    if sent is None:
+        return None
+    return Started(sent[0], sent[1], ready)
+
+
+async def run_one(
+    d: RunState,
+    i: int,
+    scheduled: int,
+    prompt_body: bytes | None,
+    built_optional: bool = True,
+    started: Started | None = None,
+) -> None:
+    """Send request i (or finish what `send_now` began) and emit its record; never raises
+    (cancellation included)."""
+    clock = time.perf_counter_ns
+    t0 = d.t0
+    ready = clock() if started is None else started.ready
+    m = int(d.s.model_idx[i])
+    url = d.urls[m]
+    flight = Flight(asyncio.current_task(), 0)
+    sent: int | None = None
+    parser = StreamParser(d.o.max_event_bytes)
+    http_status: int | None = None
+    ctype = "?"
+    try:
+        if d.stop.is_set():
+            # Stopped before this task first ran: the sweep that cancelled the requests on
+            # the wire could not see it. Written already (send_now): cancelled, else unsent.
+            if started is not None:
+                d.send_lags.append(ready - t0 - scheduled)
+                sent = ready - t0
+                started.conn.abort()
+            raise asyncio.CancelledError
+        if d.sem is not None:
+            await d.sem.acquire()
+        try:
+            d.send_lags.append(ready - t0 - scheduled)
+            optional = d.optional(i, url)
+            if prompt_body is None or built_optional != optional:
+                body = d.body(i, optional)
+            else:
+                body = prompt_body
+            transport = d.transport
+            assert transport is not None
+            sent_abs = clock() if started is None else started.ready
+            sent = sent_abs - t0
+            flight.deadline_ns = sent_abs + d.timeout_ns
+            d.flights.add(flight)
+            d.stats.sent += 1
+            d.stats.inflight += 1
+            try:
+                for attempt in (0, 1):
+                    conn, head = await transport.exchange(
+                        d.targets[m],
+                        wire(d.heads[m], d.run_tag, d.rid(i), body),
+                        (started.conn, started.head) if started and not attempt else None,
+                    )
+                    try:
+                        http_status = head.status
+                        ctype = head.headers.get("content-type", "?")
+                        if head.status >= 300:
+                            eb = _ErrorBody()
+                            await conn.read_body(eb)
+                            if head.status in (400, 422) and attempt == 0 and optional:
+                                body = d.body(i, False)
+                                optional = False
+                                continue  # retry once without the optional fields
+                            d.emit(
+                                d.record(
+                                    i,
+                                    scheduled,
+                                    "http_error",
+                                    sent_ns=sent,
+                                    end_ns=clock() - t0,
+                                    http_status=head.status,
+                                    error=error_text(head.status, head.reason, eb.bytes()),
+                                ),
+                                i,
+                            )
+                            return
+                        if attempt == 1:
+                            d.no_optional.add(url)  # remember: this target rejects them
+                            d.rejected.add(url)
+                        conn.last_ns = clock()
+                        flight.conn = conn
+                        await conn.read_body(parser)
+                    finally:
+                        conn.finish()
+                    break
+            finally:
+                d.flights.discard(flight)
+                d.stats.inflight -= 1
+        finally:
+            if d.sem is not None:
+                d.sem.release()
+        end = (parser.end_ns if parser.end_ns else clock()) - t0
+        status: Status = "ok"
+        if parser.error:
+            status = "http_error"
+        elif parser.events == 0:
+            status = "http_error"
+            parser.error = f"bad stream: no SSE data events (Content-Type: {ctype})"
+        _finish(d, i, scheduled, status, sent, end, parser, http_status, parser.error)
+    except asyncio.CancelledError:
+        now = clock() - t0
+        if flight.reason:
+            _finish(d, i, scheduled, "timeout", sent, now, parser, http_status, flight.reason)
+        elif sent is None:
+            rec = d.record(i, scheduled, "not_sent", error="stopped before sending")
+            d.emit(rec, i)
+        else:
+            err = "cancelled: run interrupted"
+            _finish(d, i, scheduled, "cancelled", sent, now, parser, http_status, err)
+    except Exception as e:  # a broken server, or a bug: the record says which; go on
+        status, why = failure(e)
+        _finish(d, i, scheduled, status, sent, clock() - t0, parser, http_status, why)
+
+
+def _finish(
+    d: RunState,
+    i: int,
+    scheduled: int,
+    status: Status,
+    sent: int | None,
+    end: int,
+    p: StreamParser,
+    http_status: int | None,
+    error: str,
+) -> None:
+    """Emit the record of a request whose stream `p` parsed (however far it got)."""
+    t0 = d.t0
+    tok = tuple(map(t0.__rsub__, p.token_ns))  # t - t0 for each, at C speed
+    if status in ("timeout", "disconnected") and p.done:
+        status, error = "ok", ""  # [DONE] had come; only the drain after it failed
+        end = p.end_ns - t0
+    if status == "ok":
+        d.methods[p.method] += 1
+    if p.notes:  # server values that were ignored (driver/values.py): said in the record
+        note = "note: " + "; ".join(p.notes)
+        error = f"{error}; {note}" if error else note
+    d.emit(
+        d.record(
+            i,
+            scheduled,
+            status,
+            sent_ns=sent,
+            first_token_ns=tok[0] if tok else None,
+            end_ns=end if sent is not None else None,
+            token_ns=tok,
+            token_counts=tuple(p.token_counts),
+            input_tokens=p.prompt_tokens
+            if p.prompt_tokens is not None
+            else int(d.s.input_tokens[i]),
+            output_tokens=p.output_tokens,
+            http_status=http_status,
+            error=error,
+            server_prompt_ms=p.timings.get("prompt_ms"),
+            server_cached_tokens=_int_or_none(p.timings.get("cache_n")),
+            server_decode_ms=p.timings.get("predicted_ms"),
+        ),
+        i,
+    )
