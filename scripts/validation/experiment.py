@@ -1,14 +1,14 @@
 """The documented validation experiment (docs/validation.md): real llama.cpp, calibrate, predict.
 
-    .venv/bin/python tests/whatif/experiment.py auto --out runs/val
-    .venv/bin/python tests/whatif/experiment.py measure --np 4 --rates 4,16,24 --out runs/val
-    .venv/bin/python tests/whatif/experiment.py measure-staged --np 4 --rate 56 \
+    .venv/bin/python scripts/validation/experiment.py auto --out runs/val
+    .venv/bin/python scripts/validation/experiment.py measure --np 4 --rates 4,16,24 --out runs/val
+    .venv/bin/python scripts/validation/experiment.py measure-staged --np 4 --rate 56 \
         --stages 0.3:20,0.7:20,1:30 --seed 8 --out runs/val
-    .venv/bin/python tests/whatif/experiment.py predict --out runs/val \
+    .venv/bin/python scripts/validation/experiment.py predict --out runs/val \
         --calib-on llamacpp-np4-staged-s8
-    .venv/bin/python tests/whatif/experiment.py measure --np 2 --rates 48,56 --duration 25 \
+    .venv/bin/python scripts/validation/experiment.py measure --np 2 --rates 48,56 --duration 25 \
         --seed 11 --repeat 2 --out runs/val        # repeat k of the same runs
-    .venv/bin/python tests/whatif/experiment.py repeats --out runs/val \
+    .venv/bin/python scripts/validation/experiment.py repeats --out runs/val \
         --calib-run runs/val/llamacpp-np4-staged-s12-...   # repeats vs one prediction
 
 On a 2-core machine, give the engine and the driver a core each (docs/validation.md, third
@@ -27,7 +27,10 @@ calibration run's model, `pick_rates`, gives a first guess). Staged runs are key
 `-np` slots, drives one Poisson run per rate with phaselens' own driver, and stops it. `predict`
 calibrates on one run and predicts every other run — other rates, and the other `-np` setting
 through the `policy.max_num_seqs` knob — printing the markdown table of docs/validation.md.
-Not a test module (no test_ prefix); the small e2e version is test_validation_e2e.py.
+Run from the repository root with the project's venv (it imports `phaselens`; `make engines`
+builds llama-server). It lives in scripts/, not tests/: it is a measurement, not a test; its
+small e2e version is tests/whatif/test_validation_e2e.py, its unit tests
+tests/whatif/test_experiment_staged.py (which import it as `scripts.validation.experiment`).
 """
 
 from __future__ import annotations
