@@ -18,14 +18,9 @@ from tests.builders import schedule
 from phaselens.errors import InputError
 from phaselens.spec import apply_override, load_spec, parse_spec
 from phaselens.types import PlannedRequest, Schedule, StageInfo
-from phaselens.workload.plan import (
-    build_schedule,
-    schedule_frame,
-    spec_hash,
-    subset,
-    summarize,
-)
+from phaselens.workload.plan import build_schedule, spec_hash
 from phaselens.workload.traces import read_trace
+from phaselens.workload.views import schedule_frame, subset, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
