@@ -39,7 +39,7 @@ from phaselens.driver.selfcheck import LatencyScale, Verdict, same_host, verdict
 from phaselens.errors import InputError
 from phaselens.redact import Secrets, redact_url, scrub_json, scrub_record, scrub_samples
 from phaselens.store import RunWriter, clock_anchor, write_schedule
-from phaselens.telemetry.sampler import parse_spec as parse_telemetry
+from phaselens.telemetry.choose import parse_spec as parse_telemetry
 from phaselens.telemetry.sampler import start_telemetry
 from phaselens.types import RequestRecord, Schedule, TelemetrySample
 
