@@ -1,3 +1,4 @@
+# One job, 527 lines: the workload spec; 3/4 of it the declarative pydantic schema, read together.
 """The workload spec: what traffic to generate, validated at the edge.
 
 Why pydantic here and nowhere else inside: a spec is user input, so every field is checked once,
