@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 
 from phaselens.spec import load_spec
-from phaselens.workload.plan import build_schedule, summarize
+from phaselens.workload.plan import build_schedule
+from phaselens.workload.views import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 

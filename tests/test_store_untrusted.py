@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pytest
+from tests.builders import schedule
 
 from analysis.helpers import rec, util
 from phaselens.cli import main
@@ -500,18 +501,13 @@ def test_random_byte_damage_is_a_clean_error_or_a_clean_load(
 
 # ---- the schedule: every planned request counted ------------------------------------------------
 def _schedule(n: int) -> Any:
-    from phaselens.types import Schedule, StageInfo
+    from phaselens.types import StageInfo
 
-    return Schedule(
-        models=("m",),
-        t_ns=np.arange(n, dtype=np.int64) * 100 * MS_NS,
-        model_idx=np.zeros(n, dtype=np.int32),
-        stage=np.zeros(n, dtype=np.int32),
-        input_tokens=np.full(n, 10, dtype=np.int64),
-        output_tokens=np.full(n, 4, dtype=np.int64),
-        prefix_group=np.full(n, -1, dtype=np.int32),
-        prefix_tokens=np.zeros(n, dtype=np.int64),
-        priority=np.ones(n, dtype=np.int32),
+    return schedule(
+        np.arange(n, dtype=np.int64) * 100 * MS_NS,
+        input_tokens=10,
+        output_tokens=4,
+        priority=1,
         stages=(StageInfo(0, 1.0, 0, n * 100 * MS_NS),),
         seed=1,
         spec_hash="t",

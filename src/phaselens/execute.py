@@ -104,6 +104,7 @@ class RunInfo:
     name: str = "run"
     spec: Mapping[str, Any] = field(default_factory=dict)
     slo: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)  # the caller's own manifest entries
 
     @classmethod
     def of(cls, ws: WorkloadSpec) -> RunInfo:
@@ -311,6 +312,12 @@ def refuse_unhonoured(target: Target, options: Options) -> None:
     )
 
 
+_COMMON = frozenset(f.name for f in fields(Manifest) if f.name != "entries") | {
+    "valid",
+    "invalid_reasons",
+}
+
+
 def build_manifest(
     schedule: Schedule, target: Target, info: RunInfo, entries: Mapping[str, Any]
 ) -> Manifest:
@@ -334,7 +341,11 @@ def build_manifest(
             "python": sys.version.split()[0],
             "numpy": np.__version__,
         },
-        entries={k: v for k, v in entries.items() if k not in ("target", "targets")},
+        entries={
+            k: v
+            for k, v in {**info.extra, **entries}.items()
+            if k not in ("target", "targets") and k not in _COMMON
+        },
     )
 
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, ValidationError
 
-from phaselens.yamlio import show
+from phaselens.yamlio import LineOf, show
 
 MAX_FLOAT = 1e15  # any float field, unless its own bound is tighter
 MAX_TOKENS = 10_000_000  # token lengths and length-distribution parameters
@@ -41,6 +41,7 @@ def _printable(v: str) -> str:
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME), AfterValidator(_printable)]
 
 _FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.\[\]]*): (.*)$", re.S)
+_PATH_PART = re.compile(r"([A-Za-z_]\w*)|\[(\d+)\]")
 _OPS = {
     "greater_than": ">",
     "greater_than_equal": ">=",
@@ -72,18 +73,23 @@ def describe(
     e: ValidationError,
     skip: Collection[str] = (),
     expected_tags: Callable[[str], str] | None = None,
+    lines: LineOf | None = None,
 ) -> str:
-    """The first validation error as `field.path: what was expected (got ...)`."""
+    """The first validation error as `field.path: what was expected (got ...)`, ending in
+    `(line N)` where `lines` (a file's `YamlDoc.line`) finds the field in the file."""
     errs = e.errors(include_url=False)
     err = errs[0]
-    loc = loc_str(err["loc"], skip)
+    parts = [p for p in err["loc"] if isinstance(p, int) or p not in skip]
+    loc = loc_str(parts)
     kind, ctx, msg = err["type"], err.get("ctx") or {}, str(err["msg"])
     got = show(err.get("input"))
     if kind == "union_tag_invalid":
         loc = f"{loc}.type" if loc else "type"
+        parts.append("type")
         msg = f"unknown type {show(ctx.get('tag'))}; expected one of {ctx.get('expected_tags')}"
     elif kind == "union_tag_not_found":
         loc = f"{loc}.type" if loc else "type"
+        parts.append("type")
         msg = f"missing; expected one of {expected_tags(loc) if expected_tags else '?'}"
     elif kind == "missing":
         msg = "required"
@@ -108,7 +114,9 @@ def describe(
         if m:
             loc = f"{loc}.{m.group(1)}" if loc else m.group(1)
             msg = m.group(2)
+            parts += [int(i) if i else k for k, i in _PATH_PART.findall(m.group(1))]
     else:
         msg = f"{msg} (got {got})"
     more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
-    return f"{loc or '<top>'}: {msg}{more}"
+    n = lines(parts) if lines is not None else None
+    return f"{loc or '<top>'}: {msg}{more}{'' if n is None else f' (line {n})'}"

@@ -80,7 +80,7 @@ def _writer_alive(manifest: Mapping[str, Any]) -> bool:
 def write_schedule(run_dir: Path, schedule: Schedule) -> None:
     """The plan, written when the run is created: recovery after a kill -9 counts every planned
     request against it, so a request the log never saw is `lost`, not forgotten."""
-    from phaselens.workload.plan import schedule_frame
+    from phaselens.workload.views import schedule_frame
 
     tmp = run_dir / (SCHEDULE + ".tmp")
     schedule_frame(schedule).write_parquet(tmp)

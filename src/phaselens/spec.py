@@ -1,3 +1,4 @@
+# One job, 527 lines: the workload spec; 3/4 of it the declarative pydantic schema, read together.
 """The workload spec: what traffic to generate, validated at the edge.
 
 Why pydantic here and nowhere else inside: a spec is user input, so every field is checked once,
@@ -48,7 +49,7 @@ from phaselens.fields import (
     describe,
     loc_str,
 )
-from phaselens.yamlio import clip, load_yaml, parse_yaml, show
+from phaselens.yamlio import LineOf, clip, load_yaml_doc, parse_yaml, show
 
 # Limits on what a spec may ask for; each can be raised with PHASELENS_LIMIT_<NAME> (bounds.py).
 MAX_MODELS = limit("MODELS", 100)  # models in one spec (and model labels split from a trace)
@@ -401,21 +402,31 @@ def demo_spec_path() -> Path:
 def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> WorkloadSpec:
     """Read, override (`models[0].rate=4`), validate and resolve a YAML workload spec."""
     p = Path(path)
-    data = load_yaml(p, "spec")
+    doc = load_yaml_doc(p, "spec")
+    data = doc.data
     if not isinstance(data, dict):
         raise InputError(f"{p}: expected a mapping at the top level (name, seed, models, ...)")
     data.setdefault("name", p.stem)
-    for item in overrides:
-        apply_override(data, item)
-    return parse_spec(data, str(p), p.resolve().parent)
+    overridden = [apply_override(data, item) for item in overrides]
+
+    def lines(loc: Sequence[str | int]) -> int | None:
+        """The file's line of a field, unless a `--set` replaced it (or a mapping above it)."""
+        if any(tuple(loc[: len(keys)]) == keys for keys in overridden):
+            return None
+        return doc.line(loc)
+
+    return parse_spec(data, str(p), p.resolve().parent, lines)
 
 
-def parse_spec(data: Mapping[str, Any], source: str, base_dir: Path) -> WorkloadSpec:
-    """Validate a spec mapping; relative paths resolve against `base_dir` and must exist."""
+def parse_spec(
+    data: Mapping[str, Any], source: str, base_dir: Path, lines: LineOf | None = None
+) -> WorkloadSpec:
+    """Validate a spec mapping; relative paths resolve against `base_dir` and must exist.
+    `lines` (from the file read) puts the line of a bad field into the message."""
     try:
         spec = WorkloadSpec.model_validate(dict(data))
     except ValidationError as e:
-        raise InputError(f"{source}: {describe(e, _TAGS, _expected_for)}") from None
+        raise InputError(f"{source}: {describe(e, _TAGS, _expected_for, lines)}") from None
     spec = _resolve_paths(spec, source, base_dir)
     spec._source = source
     return spec
@@ -475,8 +486,9 @@ def _expected_for(loc: str) -> str:
 _PATH_TOKEN = re.compile(r"([A-Za-z_]\w*)|\[(\d+)\]")
 
 
-def apply_override(data: dict[str, Any], item: str) -> None:
-    """Apply one `a.b[0].c=value` override in place; the value is parsed as YAML."""
+def apply_override(data: dict[str, Any], item: str) -> tuple[str | int, ...]:
+    """Apply one `a.b[0].c=value` override in place; the value is parsed as YAML. Returns the
+    path it set (`("a", "b", 0, "c")`)."""
     shown = clip(item, 80)
     if "=" not in item:
         raise InputError(f"--set {shown}: expected PATH=VALUE, e.g. models[0].rate=4")
@@ -512,3 +524,4 @@ def apply_override(data: dict[str, Any], item: str) -> None:
         if not isinstance(node, dict):
             raise InputError(f"--set {shown}: {_loc(keys[:-1])}: not a mapping")
         node[last] = value
+    return tuple(keys)

@@ -1,3 +1,4 @@
+# One job, 522 lines: the record contract (schemas checked against types.py) and its one writer.
 """The run directory: crash-safe while running, Parquet when closed.
 
 Why: a load test that dies must not lose what it measured. Records are appended to

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterable
 
-from phaselens.store import Run, records_frame, samples_frame, steps_frame
-from phaselens.types import RequestRecord, StepRecord, TelemetrySample
+from tests.builders import make_run as make_run
+
+from phaselens.types import RequestRecord, TelemetrySample
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -52,23 +51,6 @@ def rec(
         input_tokens=input_tokens,
         output_tokens=sum(cnts),
         priority=priority,
-    )
-
-
-def make_run(
-    records: Iterable[RequestRecord],
-    samples: Iterable[TelemetrySample] = (),
-    steps: Iterable[StepRecord] = (),
-    manifest: Mapping[str, Any] | None = None,
-) -> Run:
-    m = {"status": "complete", "kind": "driver", "valid": True, "invalid_reasons": []}
-    m.update(manifest or {})
-    return Run(
-        path=Path("/nonexistent"),
-        manifest=m,
-        requests=records_frame(records),
-        telemetry=samples_frame(samples),
-        steps=steps_frame(steps),
     )
 
 

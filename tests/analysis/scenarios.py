@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tests import builders
 
 from phaselens.sim.deploy import Deployment, parse_deployment
 from phaselens.sim.run import simulate
@@ -43,18 +44,14 @@ def schedule(
     st = tuple(StageInfo(i, r, int(a * S), int(b * S)) for i, (r, a, b) in enumerate(stages)) or (
         StageInfo(0, 1.0, 0, end),
     )
-    return Schedule(
-        models=("m",),
-        t_ns=t[order],
-        model_idx=np.zeros(n, dtype=np.int32),
+    return builders.schedule(
+        t[order],
         stage=col(0 if stage is None else stage, np.int32),
         input_tokens=col(input_tokens, np.int64),
         output_tokens=col(output_tokens, np.int64),
         prefix_group=col(-1 if prefix_group is None else prefix_group, np.int32),
         prefix_tokens=col(prefix_tokens, np.int64),
-        priority=np.zeros(n, dtype=np.int32),
         stages=st,
-        seed=0,
         spec_hash="scenario",
         duration_ns=max(end, max((s.t_end_ns for s in st), default=0)),
     )

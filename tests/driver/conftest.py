@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.builders import schedule
 
 from phaselens.types import Schedule, StageInfo
 
@@ -50,24 +51,15 @@ def make_schedule(
     model_idx: Sequence[int] | None = None,
 ) -> Schedule:
     """A hand-made schedule: request i at t_ms[i] milliseconds."""
-    n = len(t_ms)
     t_ns = (np.asarray(t_ms, dtype=np.float64) * 1e6).astype(np.int64)
-
-    def col(v: Sequence[int] | int, dtype: type) -> np.ndarray:
-        return np.full(n, v, dtype=dtype) if isinstance(v, int) else np.asarray(v, dtype=dtype)
-
-    return Schedule(
-        models=tuple(models),
-        t_ns=t_ns,
-        model_idx=np.asarray(model_idx if model_idx is not None else [0] * n, dtype=np.int32),
-        stage=np.zeros(n, dtype=np.int32),
-        input_tokens=col(in_tokens, np.int64),
-        output_tokens=col(out_tokens, np.int64),
-        prefix_group=np.full(n, -1, dtype=np.int32),
-        prefix_tokens=np.zeros(n, dtype=np.int64),
-        priority=np.zeros(n, dtype=np.int32),
-        stages=(StageInfo(0, 1.0, 0, int(t_ns[-1]) + 1 if n else 1),),
+    end = int(t_ns[-1]) + 1 if len(t_ns) else 1
+    return schedule(
+        t_ns,
+        models=models,
+        model_idx=model_idx if model_idx is not None else 0,
+        input_tokens=in_tokens,
+        output_tokens=out_tokens,
+        stages=(StageInfo(0, 1.0, 0, end),),
         seed=1,
-        spec_hash="test",
-        duration_ns=int(t_ns[-1]) + 1 if n else 1,
+        duration_ns=end,
     )

@@ -115,6 +115,11 @@ def test_the_manifest_is_the_same_shape_for_every_target() -> None:
         k: http[k] for k in common - {"kind", "target", "targets"}
     }
     json.dumps(http)
+    # the caller's own entries are kept, but cannot override what the manifest itself says
+    extra = {"validation": {"case": 3}, "kind": "mine", "schedule": {}, "valid": False}
+    mine = build_manifest(s, SimTarget(), RunInfo("a", extra=extra), {}).to_json()
+    assert mine["validation"] == {"case": 3}
+    assert (mine["kind"], mine["schedule"], mine["valid"]) == ("sim", sim["schedule"], True)
 
 
 def test_a_bad_deploy_file_fails_before_a_run_directory_exists(tmp_path: Path) -> None:

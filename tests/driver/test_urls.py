@@ -13,7 +13,7 @@ from phaselens import cli
 from phaselens.driver.options import DriverOptions, check_targets
 from phaselens.errors import InputError
 from phaselens.redact import Secrets, basic_auth, redact_text, redact_url
-from phaselens.telemetry.sampler import parse_spec
+from phaselens.telemetry.choose import parse_spec
 from phaselens.urls import url_problem
 
 from .conftest import make_schedule

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from tests.builders import schedule
 
 from phaselens.sim.deploy import Deployment, parse_deployment
-from phaselens.types import Schedule, StageInfo
+from phaselens.types import Schedule
 
 
 def make_schedule(
@@ -20,28 +21,22 @@ def make_schedule(
     prefix_tokens: Sequence[int] | np.ndarray | None = None,
     priority: Sequence[int] | np.ndarray | None = None,
 ) -> Schedule:
+    """Requests at `t_s` seconds, sorted by time (each column with them)."""
     t = np.round(np.asarray(t_s, dtype=np.float64) * 1e9).astype(np.int64)
-    n = t.shape[0]
     order = np.argsort(t, kind="stable")
 
-    def col(x: Sequence[int] | np.ndarray | None, fill: int, dtype: type) -> np.ndarray:
-        a = np.full(n, fill, dtype=dtype) if x is None else np.asarray(x, dtype=dtype)
-        return a[order]
+    def col(x: Sequence[int] | np.ndarray | None, fill: int) -> np.ndarray | int:
+        return fill if x is None else np.asarray(x)[order]
 
-    return Schedule(
-        models=tuple(models or ("m",)),
-        t_ns=t[order],
-        model_idx=col(model_idx, 0, np.int32),
-        stage=np.zeros(n, dtype=np.int32),
-        input_tokens=col(input_tokens, 0, np.int64),
-        output_tokens=col(output_tokens, 0, np.int64),
-        prefix_group=col(prefix_group, -1, np.int32),
-        prefix_tokens=col(prefix_tokens, 0, np.int64),
-        priority=col(priority, 0, np.int32),
-        stages=(StageInfo(0, 1.0, 0, int(t.max(initial=0)) + 1),),
-        seed=0,
-        spec_hash="test",
-        duration_ns=int(t.max(initial=0)) + 1,
+    return schedule(
+        t[order],
+        models=models or ("m",),
+        model_idx=col(model_idx, 0),
+        input_tokens=col(input_tokens, 0),
+        output_tokens=col(output_tokens, 0),
+        prefix_group=col(prefix_group, -1),
+        prefix_tokens=col(prefix_tokens, 0),
+        priority=col(priority, 0),
     )
 
 

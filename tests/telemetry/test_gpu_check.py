@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from phaselens.telemetry import nvml, sampler
+from phaselens.telemetry import choose, nvml, sampler
 
 from .fake_nvml import FakeGpu, make_fake
 
@@ -75,7 +75,7 @@ def test_gpu_check_tells_the_phases_apart_with_fakes(
     fake = make_fake([gpu])
     monkeypatch.setitem(sys.modules, "torch", _fake_torch(gpu))
     monkeypatch.setitem(
-        sampler.SOURCES, "gpu", lambda spec, clock, interval: [nvml.open_nvml(clock, fake)]
+        choose.SOURCES, "gpu", lambda spec, clock, interval: [nvml.open_nvml(clock, fake)]
     )
     check = _load_gpu_check()
     monkeypatch.setattr(check, "_import_sampler", lambda: (sampler, "thread"))

@@ -7,11 +7,10 @@ import json
 from pathlib import Path
 
 import numpy as np
+from scripts.validation import experiment as ex
 
 from phaselens.spec import parse_spec
 from phaselens.workload.plan import build_schedule
-
-from . import experiment as ex
 
 
 def test_staged_workload_steps_through_its_rates() -> None:

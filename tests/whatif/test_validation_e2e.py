@@ -35,7 +35,7 @@ TOLERANCE_PCT = 35.0  # p50s of a light held-out run; see the module doc
 def test_calibrate_on_one_llamacpp_run_predict_another(tmp_path: Path) -> None:
     if os.environ.get("PHASELENS_SKIP_E2E") == "1":
         pytest.skip("PHASELENS_SKIP_E2E=1")
-    from . import experiment as ex
+    from scripts.validation import experiment as ex
 
     eng = ex._engines()
     gone = eng.missing(("llamacpp",), ex.SIZE)

@@ -13,18 +13,14 @@ import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hst
+from tests.builders import schedule
 
 from phaselens.errors import InputError
 from phaselens.spec import apply_override, load_spec, parse_spec
 from phaselens.types import PlannedRequest, Schedule, StageInfo
-from phaselens.workload.plan import (
-    build_schedule,
-    schedule_frame,
-    spec_hash,
-    subset,
-    summarize,
-)
+from phaselens.workload.plan import build_schedule, spec_hash
 from phaselens.workload.traces import read_trace
+from phaselens.workload.views import schedule_frame, subset, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
@@ -280,16 +276,15 @@ def test_huge_plans_are_refused_with_the_estimate() -> None:
 
 
 def _hand_schedule(stages: tuple[StageInfo, ...], stage: list[int]) -> Schedule:
-    return Schedule(
+    return schedule(
+        np.array([0, 1, 2, 3, 6], np.int64) * 10**9,
         models=("a", "b"),
-        t_ns=np.array([0, 1, 2, 3, 6], np.int64) * 10**9,
-        model_idx=np.array([0, 0, 1, 0, 0], np.int32),
-        stage=np.array(stage, np.int32),
-        input_tokens=np.array([10, 20, 5, 30, 40], np.int64),
-        output_tokens=np.array([1, 2, 7, 3, 4], np.int64),
-        prefix_group=np.array([-1, 0, -1, 0, -1], np.int32),
-        prefix_tokens=np.array([0, 8, 0, 8, 0], np.int64),
-        priority=np.zeros(5, np.int32),
+        model_idx=[0, 0, 1, 0, 0],
+        stage=stage,
+        input_tokens=[10, 20, 5, 30, 40],
+        output_tokens=[1, 2, 7, 3, 4],
+        prefix_group=[-1, 0, -1, 0, -1],
+        prefix_tokens=[0, 8, 0, 8, 0],
         stages=stages,
         seed=1,
         spec_hash="x",

@@ -45,7 +45,8 @@ def plan(
     import warnings
 
     from phaselens.spec import load_spec
-    from phaselens.workload.plan import build_schedule, schedule_frame, summarize, summary_table
+    from phaselens.workload.plan import build_schedule
+    from phaselens.workload.views import schedule_frame, summarize, summary_table
 
     if out is not None:
         check_out_file(out, "--out")

@@ -28,7 +28,7 @@ from phaselens.driver.writer import WriterThread, close_run, seen_ids
 from phaselens.errors import InputError
 from phaselens.redact import Secrets, redact_url, scrub_json, scrub_record, scrub_samples
 from phaselens.store import RunWriter, clock_anchor
-from phaselens.telemetry.sampler import parse_spec as parse_telemetry
+from phaselens.telemetry.choose import parse_spec as parse_telemetry
 from phaselens.telemetry.sampler import start_telemetry
 from phaselens.types import Outcome, RequestRecord, Schedule
 

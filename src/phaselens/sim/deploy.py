@@ -24,7 +24,7 @@ from phaselens.fields import MAX_TOKENS, Fraction, Int32, Name, describe
 from phaselens.sim.cost import CostParams
 from phaselens.sim.hardware import GPUS, GPUSpec
 from phaselens.sim.models import MODELS, ModelSpec, resolve_model
-from phaselens.yamlio import clip, load_yaml
+from phaselens.yamlio import LineOf, clip, load_yaml_doc
 
 MIN_KV_TOKENS = (
     4096  # an engine whose KV cache holds fewer tokens is refused (unless max_model_len)
@@ -202,21 +202,27 @@ class Deployment:
         return {"gpus": gpus, "engines": engines}
 
 
-def parse_deployment(data: Any, source: str) -> Deployment:
-    """Validate a deployment mapping (already loaded from YAML) and resolve it."""
+def parse_deployment(data: Any, source: str, lines: LineOf | None = None) -> Deployment:
+    """Validate a deployment mapping (already loaded from YAML) and resolve it; `lines` (from
+    the file read) puts the line of a bad field into the message."""
     if not isinstance(data, dict):
         raise InputError(f"{source}: expected a mapping with `gpus` and `engines`")
     try:
         d = DeploymentIn.model_validate(data)
     except ValidationError as e:
-        raise InputError(f"{source}: {describe(e)}") from None
+        raise InputError(f"{source}: {describe(e, lines=lines)}") from None
     return _resolve(d, source)
+
+
+def read_deployment(path: Path | str) -> tuple[dict[str, Any], Deployment]:
+    """A deployment YAML file's mapping as written, and the deployment it validates to."""
+    doc = load_yaml_doc(path, "deployment")
+    return doc.data, parse_deployment(doc.data, doc.source, doc.line)
 
 
 def load_deployment(path: Path | str) -> Deployment:
     """Read and validate a deployment YAML file."""
-    p = Path(path)
-    return parse_deployment(load_yaml(p, "deployment"), str(p))
+    return read_deployment(path)[1]
 
 
 def _resolve_gpu(g: GpuIn, i: int, source: str) -> Gpu:

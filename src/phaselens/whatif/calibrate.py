@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from phaselens.errors import InputError
 from phaselens.fields import describe
 from phaselens.sim.cost import CostParams
-from phaselens.sim.deploy import CostValue, Deployment, parse_deployment
+from phaselens.sim.deploy import CostValue, Deployment, parse_deployment, read_deployment
 from phaselens.store import Run
 from phaselens.types import F64, Schedule
 from phaselens.whatif.basis import (
@@ -62,7 +62,7 @@ from phaselens.whatif.predict import (
     with_kv,
 )
 from phaselens.whatif.replay import schedule_from_run
-from phaselens.yamlio import clip, load_yaml
+from phaselens.yamlio import clip, load_yaml_doc
 
 MIN_OK = 20  # fewer successful requests: nothing trustworthy to fit
 MIN_ISOLATED = 8  # lone requests needed for the exact light-load equations
@@ -174,20 +174,21 @@ def load_calibration(path: Path | str) -> Calibration:
     p = Path(path)
     if not p.exists():
         raise InputError(f"{p}: calibration file not found (write one with `phaselens calibrate`)")
-    d = load_yaml(p, "calibration")
+    doc = load_yaml_doc(p, "calibration")
+    d = doc.data
     if not isinstance(d, dict) or d.get("format") != FORMAT or "deployment" not in d:
         raise InputError(f"{p}: not a phaselens calibration (format {FORMAT} with a deployment)")
     try:
         c = _CalibIn.model_validate({k: v for k, v in d.items() if v is not None})
     except ValidationError as e:
-        raise InputError(f"{p}: {describe(e)}") from None
+        raise InputError(f"{p}: {describe(e, lines=doc.line)}") from None
     names = {f.name for f in fields(CostParams)}
     bad = sorted(set(c.cost) - names)
     if bad:
         raise InputError(f"{p}: cost.{clip(bad[0], 60)}: not a CostParams field")
     cost = CostParams(**c.cost)
     # the deployment with the fitted constants, validated now: one line naming the field
-    parse_deployment(with_cost(c.deployment, cost), f"{p}: deployment")
+    parse_deployment(with_cost(c.deployment, cost), f"{p}: deployment", doc.under("deployment"))
     return Calibration(
         run=c.run,
         deployment=c.deployment,
@@ -205,12 +206,7 @@ def load_calibration(path: Path | str) -> Calibration:
 
 
 def load_deploy_mapping(path: Path | str) -> dict[str, Any]:
-    p = Path(path)
-    data = load_yaml(p, "deployment")
-    if not isinstance(data, dict):
-        raise InputError(f"{p}: expected a mapping with `gpus` and `engines`")
-    parse_deployment(data, str(p))  # validate now: one line naming the field
-    return data
+    return read_deployment(path)[0]  # validated now: one line naming the field
 
 
 # ---- checks on the run -------------------------------------------------------------------------

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +20,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import polars as pl
-from rich.table import Table
 
 from phaselens.errors import InputError
 from phaselens.spec import (
@@ -39,7 +36,6 @@ from phaselens.workload.traces import Trace, read_trace
 from phaselens.yamlio import clip, show
 
 STREAMS = ("arrival", "input", "output", "prefix", "thin")
-PERCENTILES = (50, 90, 99)
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,179 +358,3 @@ def _file_digest(path: str) -> str:
     except OSError:
         return f"missing:{Path(path).name}"
     return f"sha256:{h.hexdigest()}"
-
-
-# ---------------------------------------------------------------- views
-def subset(schedule: Schedule, idx: npt.ArrayLike) -> Schedule:
-    """The rows `idx` (positions or a boolean mask) as a Schedule keeping original ids: a shard.
-
-    Rows stay in time order whatever the order of `idx`.
-    """
-    sel = np.asarray(idx)
-    if sel.dtype == np.bool_:
-        if sel.shape != (len(schedule),):
-            raise ValueError(f"mask of shape {sel.shape} for a schedule of {len(schedule)} rows")
-        pos = np.flatnonzero(sel)
-    else:
-        pos = np.unique(sel.astype(np.int64))  # sorted rows = time order
-    ids = schedule.ids[pos] if schedule.ids is not None else pos.astype(np.int64)
-    return Schedule(
-        models=schedule.models,
-        t_ns=schedule.t_ns[pos],
-        model_idx=schedule.model_idx[pos],
-        stage=schedule.stage[pos],
-        input_tokens=schedule.input_tokens[pos],
-        output_tokens=schedule.output_tokens[pos],
-        prefix_group=schedule.prefix_group[pos],
-        prefix_tokens=schedule.prefix_tokens[pos],
-        priority=schedule.priority[pos],
-        stages=schedule.stages,
-        seed=schedule.seed,
-        spec_hash=schedule.spec_hash,
-        duration_ns=schedule.duration_ns,
-        ids=ids,
-    )
-
-
-def schedule_ids(schedule: Schedule) -> I64:
-    """Request ids per row (row positions unless the schedule is a shard)."""
-    if schedule.ids is not None:
-        return schedule.ids
-    return np.arange(len(schedule), dtype=np.int64)
-
-
-def schedule_frame(schedule: Schedule) -> pl.DataFrame:
-    """One row per planned request (what `plan --out F.parquet` writes)."""
-    names = pl.Series("names", list(schedule.models), dtype=pl.String)
-    return pl.DataFrame(
-        {
-            "id": schedule_ids(schedule),
-            "model": names.gather(schedule.model_idx) if len(schedule) else [],
-            "stage": schedule.stage,
-            "t_ns": schedule.t_ns,
-            "input_tokens": schedule.input_tokens,
-            "output_tokens": schedule.output_tokens,
-            "prefix_group": schedule.prefix_group,
-            "prefix_tokens": schedule.prefix_tokens,
-            "priority": schedule.priority,
-        },
-        schema={
-            "id": pl.Int64(),
-            "model": pl.String(),
-            "stage": pl.Int32(),
-            "t_ns": pl.Int64(),
-            "input_tokens": pl.Int64(),
-            "output_tokens": pl.Int64(),
-            "prefix_group": pl.Int32(),
-            "prefix_tokens": pl.Int64(),
-            "priority": pl.Int32(),
-        },
-    )
-
-
-def _pcts(x: I64) -> dict[str, float | None]:
-    if x.size == 0:
-        return {"p50": None, "p90": None, "p99": None, "max": None}
-    q = np.percentile(x, PERCENTILES)  # linear interpolation (numpy's default)
-    out: dict[str, float | None] = {f"p{p}": float(v) for p, v in zip(PERCENTILES, q, strict=True)}
-    out["max"] = float(x.max())
-    return out
-
-
-def _group_stats(t_ns: I64, inp: I64, out: I64, pg: I32, duration_ns: int) -> dict[str, Any]:
-    n = int(t_ns.size)
-    gaps = np.diff(t_ns).astype(np.float64)
-    cv = float(gaps.std() / gaps.mean()) if gaps.size >= 2 and gaps.mean() > 0 else None
-    return {
-        "count": n,
-        "rate": n / (duration_ns / 1e9) if duration_ns > 0 else None,
-        "interarrival_cv": cv,
-        "input_tokens": _pcts(inp),
-        "output_tokens": _pcts(out),
-        "prefix_share": float((pg >= 0).mean()) if n else None,
-    }
-
-
-def summarize(schedule: Schedule) -> dict[str, Any]:
-    """Per model, overall and per stage: count, mean rate, inter-arrival CV (std/mean of the
-    gaps, population std), input/output p50/p90/p99/max, share of requests with a prefix."""
-
-    def stats(sel: npt.NDArray[np.bool_], duration_ns: int) -> dict[str, Any]:
-        return _group_stats(
-            schedule.t_ns[sel],
-            schedule.input_tokens[sel],
-            schedule.output_tokens[sel],
-            schedule.prefix_group[sel],
-            duration_ns,
-        )
-
-    models: dict[str, Any] = {}
-    for k, name in enumerate(schedule.models):
-        models[name] = stats(schedule.model_idx == k, schedule.duration_ns)
-    stages = []
-    for st in schedule.stages:
-        in_stage = schedule.stage == st.index
-        dur = st.t_end_ns - st.t_start_ns
-        stages.append(
-            {
-                "index": st.index,
-                "rate_scale": st.rate_scale,
-                "t_start_s": st.t_start_ns / 1e9,
-                "t_end_s": st.t_end_ns / 1e9,
-                "count": int(in_stage.sum()),
-                "rate": float(in_stage.sum()) / (dur / 1e9) if dur > 0 else None,
-                "models": {
-                    name: stats(in_stage & (schedule.model_idx == k), dur)
-                    for k, name in enumerate(schedule.models)
-                },
-            }
-        )
-    return {
-        "total": len(schedule),
-        "duration_s": schedule.duration_ns / 1e9,
-        "seed": schedule.seed,
-        "spec_hash": schedule.spec_hash,
-        "models": models,
-        "stages": stages,
-    }
-
-
-def _fmt(v: float | None, digits: int = 0) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    return f"{v:,.{digits}f}"
-
-
-def summary_table(summary: Mapping[str, Any], title: str = "") -> Table:
-    """The `phaselens plan` table: one row per model overall, then per model and stage."""
-    t = Table(title=title or None, show_lines=False)
-    for col in ("model", "stage"):
-        t.add_column(col)
-    for col in ("count", "rate/s", "IA CV", "input p50/p90/p99/max", "output p50/p90/p99/max"):
-        t.add_column(col, justify="right")
-    t.add_column("prefix", justify="right")
-
-    def row(name: str, stage: str, s: Mapping[str, Any]) -> list[str]:
-        share = s["prefix_share"]
-        return [
-            name,
-            stage,
-            f"{s['count']:,}",
-            _fmt(s["rate"], 2),
-            _fmt(s["interarrival_cv"], 2),
-            *(
-                "/".join(_fmt(s[key][k]) for k in ("p50", "p90", "p99", "max"))
-                for key in ("input_tokens", "output_tokens")
-            ),
-            "-" if share is None else f"{100 * share:.0f}%",
-        ]
-
-    for name, s in summary["models"].items():
-        t.add_row(*row(name, "all", s), style="bold")
-    stages = summary["stages"]
-    if len(stages) > 1:
-        for name in summary["models"]:
-            for st in stages:
-                label = f"{st['index']} (x{st['rate_scale']:g})"
-                t.add_row(*row(name, label, st["models"][name]))
-    return t

@@ -1,14 +1,14 @@
 """The documented validation experiment (docs/validation.md): real llama.cpp, calibrate, predict.
 
-    .venv/bin/python tests/whatif/experiment.py auto --out runs/val
-    .venv/bin/python tests/whatif/experiment.py measure --np 4 --rates 4,16,24 --out runs/val
-    .venv/bin/python tests/whatif/experiment.py measure-staged --np 4 --rate 56 \
+    .venv/bin/python scripts/validation/experiment.py auto --out runs/val
+    .venv/bin/python scripts/validation/experiment.py measure --np 4 --rates 4,16,24 --out runs/val
+    .venv/bin/python scripts/validation/experiment.py measure-staged --np 4 --rate 56 \
         --stages 0.3:20,0.7:20,1:30 --seed 8 --out runs/val
-    .venv/bin/python tests/whatif/experiment.py predict --out runs/val \
+    .venv/bin/python scripts/validation/experiment.py predict --out runs/val \
         --calib-on llamacpp-np4-staged-s8
-    .venv/bin/python tests/whatif/experiment.py measure --np 2 --rates 48,56 --duration 25 \
+    .venv/bin/python scripts/validation/experiment.py measure --np 2 --rates 48,56 --duration 25 \
         --seed 11 --repeat 2 --out runs/val        # repeat k of the same runs
-    .venv/bin/python tests/whatif/experiment.py repeats --out runs/val \
+    .venv/bin/python scripts/validation/experiment.py repeats --out runs/val \
         --calib-run runs/val/llamacpp-np4-staged-s12-...   # repeats vs one prediction
 
 On a 2-core machine, give the engine and the driver a core each (docs/validation.md, third
@@ -27,7 +27,10 @@ calibration run's model, `pick_rates`, gives a first guess). Staged runs are key
 `-np` slots, drives one Poisson run per rate with phaselens' own driver, and stops it. `predict`
 calibrates on one run and predicts every other run — other rates, and the other `-np` setting
 through the `policy.max_num_seqs` knob — printing the markdown table of docs/validation.md.
-Not a test module (no test_ prefix); the small e2e version is test_validation_e2e.py.
+Run from the repository root with the project's venv (it imports `phaselens`; `make engines`
+builds llama-server). It lives in scripts/, not tests/: it is a measurement, not a test; its
+small e2e version is tests/whatif/test_validation_e2e.py, its unit tests
+tests/whatif/test_experiment_staged.py (which import it as `scripts.validation.experiment`).
 """
 
 from __future__ import annotations
@@ -136,8 +139,8 @@ def measure(
     """One run per rate, each on a fresh engine; with `stages`, each run steps through them
     (named `...-staged`, manifest `validation.stages`); `repeat` k > 0 marks the k-th repeat of
     the same runs (`...-x2`, manifest `validation.repeat`)."""
-    from phaselens.driver.drive import drive
     from phaselens.driver.options import DriverOptions
+    from phaselens.execute import HttpTarget, Options, RunInfo, execute
     from phaselens.spec import parse_spec
     from phaselens.workload.plan import build_schedule
 
@@ -169,20 +172,14 @@ def measure(
             if stages:
                 extra["stages"] = [list(x) for x in stages]
             ws = parse_spec(data, "validation", Path("."))
-            res = drive(
-                build_schedule(ws),
-                {"*": eng.url},
-                DriverOptions(endpoint="chat", timeout_s=300, idle_timeout_s=120),
-                out,
-                name=ws.name,
-                spec=ws.model_dump(mode="json"),
-                slo=ws.slo_dict,
-                quiet=True,
+            options = Options(
+                driver=DriverOptions(endpoint="chat", timeout_s=300, idle_timeout_s=120),
                 telemetry="engine",
                 telemetry_interval_s=0.1,
                 handle_sigint=False,
-                manifest_extra={"validation": extra},
             )
+            info = RunInfo(ws.name, ws.model_dump(mode="json"), ws.slo_dict, {"validation": extra})
+            res = execute(build_schedule(ws), HttpTarget({"*": eng.url}), options, out, info)
             print(f"{res.path}: {res.status}, {dict(res.by_status)}", flush=True)
             paths.append(Path(res.path))
         finally:
