@@ -171,6 +171,14 @@ def test_an_inverse_efficiency_fitted_zero_goes_to_the_floor_not_the_prior() -> 
     assert tuple(th[:4]) == (U_FLOOR, 2.0, U_FLOOR, 1e-3)
 
 
+def test_an_efficiency_over_one_is_named_by_its_cost_name(cpu_run: Run) -> None:
+    """The note on an efficiency above 1 names the constant as calib.yaml's cost does
+    (`eta_memory`; before issue 14 it said `eta_mem`, a name no file uses)."""
+    c = calibrate(cpu_run, deploy_map(None, CPU_DEPLOY), "deploy.yaml")
+    over = [n for n in c.notes if "> 1: the device's peak" in n]
+    assert over and over[0].startswith("eta_memory > 1:")
+
+
 def test_not_identified_constants_are_printed_by_their_names(cpu_run: Run, tmp_path: Path) -> None:
     """`calibrate` names what it could not fit as calib.yaml's cost does (no bare `r`)."""
     c = calibrate(cpu_run, deploy_map(None, CPU_DEPLOY), "deploy.yaml")
