@@ -17,7 +17,7 @@ from phaselens.errors import InputError
 from phaselens.sim.cost import CostParams
 from phaselens.sim.deploy import load_deployment, parse_deployment
 from phaselens.spec import load_spec
-from phaselens.whatif.calibrate import Calibration, load_calibration, write_calibration
+from phaselens.whatif.calibfile import Calibration, load_calibration, write_calibration
 
 SPEC = """\
 name: lines

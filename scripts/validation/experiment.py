@@ -226,7 +226,8 @@ def predict(
     out: Path, calib_on: str, tflops: float, bandwidth_gbs: float, source: str = "client"
 ) -> dict[str, Any]:
     from phaselens.store import load_run
-    from phaselens.whatif.calibrate import calibrate, check, write_calibration
+    from phaselens.whatif.calibfile import write_calibration
+    from phaselens.whatif.calibrate import calibrate, check
 
     runs = _runs(out)
     if calib_on not in runs:
@@ -405,7 +406,8 @@ def pick_rates(out: Path, light_key: str, tflops: float, bw: float) -> tuple[flo
     the knee is the lowest rate whose predicted regime is no longer light; overloaded is twice
     that (same requests, times compressed: whatif's load.scale)."""
     from phaselens.store import load_run
-    from phaselens.whatif.calibrate import calibrate, with_cost
+    from phaselens.whatif.calibfile import with_cost
+    from phaselens.whatif.calibrate import calibrate
     from phaselens.whatif.replay import schedule_from_run
     from phaselens.whatif.sweep import Job, evaluate
 

@@ -19,15 +19,16 @@ from phaselens.errors import InputError
 from phaselens.sim.deploy import parse_deployment
 from phaselens.spec import parse_spec
 from phaselens.store import Run, load_run
-from phaselens.whatif.basis import Theta, isolated_basis, isolated_predict, nnls
-from phaselens.whatif.calibrate import (
-    calibrate,
-    check,
-    load_calibration,
-    lone_requests,
-    max_inflight,
-    write_calibration,
+from phaselens.whatif.basis import (
+    coefficients,
+    isolated_basis,
+    isolated_predict,
+    nnls,
+    with_coefficients,
 )
+from phaselens.whatif.calibfile import load_calibration, write_calibration
+from phaselens.whatif.calibrate import calibrate, check
+from phaselens.whatif.fitinputs import lone_requests, max_inflight
 from phaselens.whatif.predict import regimes, simulate_with
 from phaselens.workload.plan import build_schedule
 
@@ -69,7 +70,7 @@ def test_isolated_basis_equals_the_simulator_for_a_lone_request() -> None:
     b = isolated_basis(
         d, np.zeros(1, np.int64), sched.input_tokens, sched.output_tokens, max_decode_steps=10_000
     )
-    got = isolated_predict(b, Theta.from_cost(d.cost))
+    got = isolated_predict(b, coefficients(d.cost))
     assert got[0] == pytest.approx(ttft, rel=1e-6)
     assert got[1] == pytest.approx(tpot, rel=1e-6)
 
@@ -97,7 +98,8 @@ def test_client_fit_recovers_the_true_constants_and_request_overhead(tmp_path: P
     # the split between per-step and per-sequence overhead comes from the batched requests
     assert c.cost.per_seq_overhead_s == pytest.approx(TRUE["per_seq_overhead_s"], rel=0.25)
     assert c.request_overhead_s == pytest.approx(0.025, rel=0.05)
-    assert all(c.identified[k] for k in ("u_lin", "u_att", "u_mem", "c0", "c_seq", "r"))
+    fitted = ("eta_linear", "eta_attention", "eta_memory", "step_overhead_s", "per_seq_overhead_s")
+    assert all(c.identified[k] for k in (*fitted, "request_overhead_s"))
     e = c.errors["all"]
     for key in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"):
         assert abs(e[key]["error_pct"]) < 2.0, key
@@ -116,8 +118,8 @@ def test_heavy_run_without_lone_requests_fits_one_common_scale(tmp_path: Path) -
     """Every constant 1.5x slower than the deployment's defaults, and no request ever alone:
     the fit must say it could not identify each constant, and find the common scale."""
     d0 = parse_deployment(deploy_map(), "t").cost
-    v = Theta.from_cost(d0).vec() * 1.5
-    slow = Theta.of(v).cost(d0)
+    v = coefficients(d0) * 1.5
+    slow = with_coefficients(d0, v)
     cost = {k: getattr(slow, k) for k in TRUE}
     run = truth_run(tmp_path, rate=2.0, duration_s=40, cost=cost, steps=False)
     assert lone_requests(run.requests).shape[0] < 8
@@ -205,7 +207,7 @@ def test_json_of_a_calibration_is_strict(light: Run) -> None:
 
 def test_kv_capacity_from_the_usage_gauge(tmp_path: Path) -> None:
     """The simulator's KV gauge against the client's in-flight tokens gives back its capacity."""
-    from phaselens.whatif.calibrate import fit_kv_capacity
+    from phaselens.whatif.fitinputs import fit_kv_capacity
 
     run = truth_run(tmp_path, rate=1.0, duration_s=60, gpu_memory_utilization=0.82)
     d = parse_deployment(deploy_map(gpu_memory_utilization=0.82), "t")

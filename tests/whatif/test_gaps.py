@@ -17,7 +17,7 @@ from rich.console import Console
 
 from phaselens.sim.deploy import parse_deployment
 from phaselens.store import Run
-from phaselens.whatif.basis import Theta, isolated_predict
+from phaselens.whatif.basis import K, coefficients, isolated_predict
 from phaselens.whatif.calibrate import calibrate, check
 from phaselens.whatif.fit import U_FLOOR, _bound_unused
 from phaselens.whatif.gaps import decode_gaps, gaps_usable
@@ -51,7 +51,7 @@ def test_clean_gaps_are_exactly_the_simulators_decode_steps(cpu_run: Run) -> Non
     assert g is not None
     assert set(np.unique(g.batch).tolist()) >= {1, 2, 3}
     assert g.basis.steps.first.sum() > 0  # some gaps are a sequence's first decode step
-    pred = isolated_predict(g.basis, Theta.from_cost(d.cost))
+    pred = isolated_predict(g.basis, coefficients(d.cost))
     np.testing.assert_allclose(pred, g.target, rtol=1e-5)
 
 
@@ -72,7 +72,7 @@ def test_client_fit_recovers_cpu_engine_overheads(cpu_run: Run, tmp_path: Path) 
     c = calibrate(cpu_run, deploy_map(None, CPU_DEPLOY), "deploy.yaml")
     assert c.method == "client"
     t = CPU_TRUE_COST
-    assert c.identified["c_multi"] and not c.identified["c_seq"]
+    assert c.identified["extra_seq_overhead_s"] and not c.identified["per_seq_overhead_s"]
     assert c.cost.per_seq_overhead_s == 0.0
     assert c.cost.extra_seq_overhead_s == pytest.approx(t["extra_seq_overhead_s"], rel=0.03)
     assert c.cost.first_decode_overhead_s == pytest.approx(t["first_decode_overhead_s"], rel=0.05)
@@ -106,7 +106,7 @@ def test_client_fit_recovers_the_cost_of_waiting_requests(tmp_path: Path) -> Non
     cost = {**CPU_TRUE_COST, "wait_token_overhead_s": 0.0001}
     run = cpu_truth(tmp_path, 8.0, 30, cost=cost, max_num_seqs=2)
     c = calibrate(run, deploy_map(None, CPU_DEPLOY, max_num_seqs=2), "deploy.yaml")
-    assert c.identified["c_wake"] and not c.identified["c_wait"]
+    assert c.identified["wait_token_overhead_s"] and not c.identified["wait_overhead_s"]
     assert c.cost.wait_token_overhead_s == pytest.approx(0.0001, rel=0.05)
     assert c.cost.wait_overhead_s == 0.0
     assert c.cost.queue_overhead_s < 0.05 * 0.0002  # none in the truth: not invented
@@ -141,7 +141,7 @@ def test_client_fit_separates_a_queue_from_its_length(tmp_path: Path) -> None:
     cost = {**CPU_TRUE_COST, "queue_overhead_s": 0.0003, "wait_token_overhead_s": 0.000025}
     run = cpu_truth(tmp_path, 8.0, 30, cost=cost, max_num_seqs=2)
     c = calibrate(run, deploy_map(None, CPU_DEPLOY, max_num_seqs=2), "deploy.yaml")
-    assert c.identified["c_queue"] and c.identified["c_wake"]
+    assert c.identified["queue_overhead_s"] and c.identified["wait_token_overhead_s"]
     assert c.cost.queue_overhead_s == pytest.approx(0.0003, rel=0.05)
     assert c.cost.wait_token_overhead_s == pytest.approx(0.000025, rel=0.1)
     assert c.cost.extra_seq_overhead_s == pytest.approx(cost["extra_seq_overhead_s"], rel=0.03)
@@ -156,7 +156,7 @@ def test_a_weight_read_that_never_binds_is_not_added_back(tmp_path: Path) -> Non
     deployment's η_mem (~0.4 ms) on every decode step would double-count what c0 pays."""
     cost = {**CPU_TRUE_COST, "eta_memory": 1000.0, "step_overhead_s": 0.0005}
     c = calibrate(cpu_truth(tmp_path, 4.0, 30, cost=cost), deploy_map(None, CPU_DEPLOY), "d")
-    assert not c.identified["u_mem"]
+    assert not c.identified["eta_memory"]
     d = parse_deployment(deploy_map(None, CPU_DEPLOY), "t")
     assert d.engines[0].model.weight_read_bytes / (20e9 * c.cost.eta_memory) < 1e-4
     for k in ("step_overhead_s", "extra_seq_overhead_s", "first_decode_overhead_s"):
@@ -167,8 +167,16 @@ def test_a_weight_read_that_never_binds_is_not_added_back(tmp_path: Path) -> Non
 
 
 def test_an_inverse_efficiency_fitted_zero_goes_to_the_floor_not_the_prior() -> None:
-    th = _bound_unused(Theta(0.0, 2.0, 0.0, 1e-3, 0.0))
-    assert (th.u_lin, th.u_att, th.u_mem, th.c0) == (U_FLOOR, 2.0, U_FLOOR, 1e-3)
+    th = _bound_unused(np.array([0.0, 2.0, 0.0, 1e-3, *[0.0] * (K - 4)]))
+    assert tuple(th[:4]) == (U_FLOOR, 2.0, U_FLOOR, 1e-3)
+
+
+def test_an_efficiency_over_one_is_named_by_its_cost_name(cpu_run: Run) -> None:
+    """The note on an efficiency above 1 names the constant as calib.yaml's cost does
+    (`eta_memory`; before issue 14 it said `eta_mem`, a name no file uses)."""
+    c = calibrate(cpu_run, deploy_map(None, CPU_DEPLOY), "deploy.yaml")
+    over = [n for n in c.notes if "> 1: the device's peak" in n]
+    assert over and over[0].startswith("eta_memory > 1:")
 
 
 def test_not_identified_constants_are_printed_by_their_names(cpu_run: Run, tmp_path: Path) -> None:
@@ -183,7 +191,7 @@ def test_not_identified_constants_are_printed_by_their_names(cpu_run: Run, tmp_p
     assert "each further sequence" in text
     stepped = cpu_truth(tmp_path, 4.0, 20, steps=True)
     c2 = calibrate(stepped, deploy_map(None, CPU_DEPLOY), "deploy.yaml", prefer="steps")
-    assert c2.identified["r"] is False
+    assert c2.identified["request_overhead_s"] is False
     con2 = Console(record=True, width=300)
     print_calibration(c2, con2)
     line2 = next(ln for ln in con2.export_text().splitlines() if ln.startswith("not identified"))
@@ -197,7 +205,7 @@ def test_tokens_read_together_give_no_gap(cpu_run: Run) -> None:
     weighed 1e9 times the others in the relative-residual fit (sixth validation series)."""
     import polars as pl
 
-    from phaselens.whatif.calibrate import lone_requests
+    from phaselens.whatif.fitinputs import lone_requests
 
     d = parse_deployment(deploy_map(CPU_TRUE_COST, CPU_DEPLOY), "t")
     sched = schedule_from_run(cpu_run)

@@ -12,7 +12,8 @@ import pytest
 
 from phaselens.cli import main
 from phaselens.store import Run
-from phaselens.whatif.calibrate import calibrate, with_cost, write_calibration
+from phaselens.whatif.calibfile import with_cost, write_calibration
+from phaselens.whatif.calibrate import calibrate
 from phaselens.whatif.knobs import grid, parse_sets
 from phaselens.whatif.render import cliff_advice, render_html
 from phaselens.whatif.replay import schedule_from_run
@@ -51,7 +52,7 @@ def test_replay_is_the_run_schedule(setup: tuple[Run, Path, Path]) -> None:
 
 
 def test_sweep_baseline_ranking_and_pareto(setup: tuple[Run, Path, Path]) -> None:
-    from phaselens.whatif.calibrate import load_calibration
+    from phaselens.whatif.calibfile import load_calibration
 
     run, _, calib = setup
     c = load_calibration(calib)
@@ -90,7 +91,7 @@ def test_pareto_by_hand() -> None:
 
 
 def test_infeasible_combination_is_a_row_not_a_crash(setup: tuple[Run, Path, Path]) -> None:
-    from phaselens.whatif.calibrate import load_calibration
+    from phaselens.whatif.calibfile import load_calibration
 
     run, _, calib = setup
     res = sweep(run, load_calibration(calib), [{"policy.gpu_memory_utilization": 0.2}])
@@ -100,7 +101,7 @@ def test_infeasible_combination_is_a_row_not_a_crash(setup: tuple[Run, Path, Pat
 
 
 def test_processes_give_the_same_rows(setup: tuple[Run, Path, Path]) -> None:
-    from phaselens.whatif.calibrate import load_calibration
+    from phaselens.whatif.calibfile import load_calibration
 
     run, _, calib = setup
     c = load_calibration(calib)
@@ -205,7 +206,7 @@ def test_a_changed_knob_past_the_light_regime_says_its_error_is_larger(
     """The calibration's error is the measured setting's. One slot instead of 16 queues (not
     light): the row says its error is larger; the same load on the measured setting, or more
     load alone, does not."""
-    from phaselens.whatif.calibrate import load_calibration
+    from phaselens.whatif.calibfile import load_calibration
     from phaselens.whatif.replay import schedule_from_run
     from phaselens.whatif.sweep import Job, evaluate
 
@@ -267,7 +268,7 @@ def test_sweep_flags_the_cliff_of_a_queue_that_slows_the_engine(tmp_path: Path) 
     """Truth: each waiting request costs 0.1 ms per sampled token (llama-server's broadcast,
     docs/validation.md), so past the knee the queue slows service and grows itself. At 3x the
     run's 4 r/s the engine is near saturation and 3.3x tips it into overload; 2x is light."""
-    from phaselens.whatif.calibrate import load_calibration
+    from phaselens.whatif.calibfile import load_calibration
 
     from .helpers import CPU_DEPLOY, CPU_TRUE_COST
 

@@ -16,7 +16,7 @@ import yaml
 from phaselens import cli
 from phaselens.errors import InputError
 from phaselens.sim.cost import CostParams
-from phaselens.whatif.calibrate import Calibration, load_calibration, write_calibration
+from phaselens.whatif.calibfile import Calibration, load_calibration, write_calibration
 
 DEPLOY = {
     "gpus": [{"name": "g0", "type": "H100-SXM"}],
@@ -114,3 +114,21 @@ def test_bad_calibration_files_through_whatif(
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith(f"phaselens: error: {p}: {expected}"), err
+
+
+def test_identified_is_written_by_cost_names_and_old_symbol_names_still_read(
+    tmp_path: Path,
+) -> None:
+    """calib.yaml's `identified` uses the CostParams names (one scheme); a file written before
+    issue 14, which used the fit's symbols (`c0`, `r`, `u_lin`), still loads, renamed."""
+    p = _calib(tmp_path)
+    assert yaml.safe_load(p.read_text())["identified"] == {"step_overhead_s": True}
+    d = yaml.safe_load(p.read_text())
+    d["identified"] = {"c0": True, "r": False, "u_lin": True, "c_wake": False}
+    p.write_text(yaml.safe_dump(d))
+    assert load_calibration(p).identified == {
+        "step_overhead_s": True,
+        "request_overhead_s": False,
+        "eta_linear": True,
+        "wait_token_overhead_s": False,
+    }

@@ -16,8 +16,9 @@ import numpy as np
 from phaselens.sim.cost import EngineCost, StepCost
 from phaselens.sim.deploy import Deployment
 from phaselens.sim.device import DeviceState, turn_order
-from phaselens.sim.engine import EngineState, Seq, Sink, StepLog
+from phaselens.sim.engine import EngineState, StepLog
 from phaselens.sim.loop import KV_DONE, STEP_END, WAKE, EventLoop
+from phaselens.sim.seq import Seq, Sink
 from phaselens.types import Schedule
 
 ST_OK, ST_REJECTED = 0, 1
@@ -235,7 +236,7 @@ class Cluster:
     ) -> tuple[int, StepCost]:
         """`_stretch` for short stretches: the same arithmetic, one step at a time, no events."""
         n, sp, s, bs, ph = st.n_dec, st.sum_p, st.step_idx, st.bs, st.phase
-        free = st.free_blocks()
+        free = st.kv.free()
         step = st.cost.decode_step_fn(n, len(st.waiting))
         t = t0
         ends: list[int] = []
@@ -281,7 +282,7 @@ class Cluster:
             return t0, cost
         needs = st.block_needs(b)
         cum = np.cumsum(needs)
-        fit = int(np.searchsorted(cum, st.free_blocks(), side="right"))
+        fit = int(np.searchsorted(cum, st.kv.free(), side="right"))
         b = min(b, fit)
         if b == 0:
             return t0, cost
@@ -341,7 +342,7 @@ class Cluster:
     def _kv_done(self, rid: int) -> None:
         seq, src = self.pending.pop(rid)
         p = self.engines[src]
-        p._release(seq, seq.computed)
+        p.kv.release(seq, seq.computed)
         self.first_token_ns[rid] = self.now
         self.segment_explicit(rid, self.now)
         if seq.gen >= seq.out:

@@ -1,11 +1,10 @@
-"""Batching policies and the state of one serving engine (no timing, no cost formulas here).
+# One job, ~440 lines: one state machine (plan, price, apply, fast-forward, preempt).
+"""The step loop of one serving engine: plan a step, price it, apply it (no timing here).
 
-Why this shape: every policy shares the same mechanics — a waiting queue, running sequences, a
-KV cache in blocks, preemption by recompute, prefix caching — and differs only in *which* waiting
-requests a step admits. So the mechanics live in `EngineState` and each policy is one admission
-function in the `ADMIT` dict: `continuous` (vLLM V1), `dynamic` (the seed's request-level
-batching: release on a token count or a timeout, then decode until the longest member finishes)
-and `static` (a fixed, padded batch).
+Why this shape: the engine's mechanics — a waiting queue, running sequences, decode aggregates,
+preemption by recompute — are one state machine advanced one step at a time; the KV blocks are
+counted by `kvpool.py` (with the prefix cache in `prefix.py`), and which waiting requests a step
+admits is the policy's (`admission.py`), which moves a request only through `admit_head`.
 
 Speed: decoding sequences are never visited one by one. Each decoding sequence advances exactly
 one token per step, so the engine keeps only aggregates (count, Σ context, and how many
@@ -18,64 +17,15 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from phaselens.sim.admission import ADMIT
 from phaselens.sim.cost import EngineCost, StepCost, prefill_attn_units
 from phaselens.sim.deploy import Policy
-
-
-class Seq:
-    """One request in flight on an engine (mutable simulator state, never leaves the package)."""
-
-    __slots__ = (
-        "c0",
-        "computed",
-        "epoch",
-        "g0",
-        "gen",
-        "group",
-        "key",
-        "out",
-        "prefix",
-        "prompt",
-        "rid",
-        "s0",
-        "shared",
-        "target",
-    )
-
-    def __init__(
-        self, rid: int, prompt: int, out: int, key: tuple[int, int], group: int, prefix: int
-    ) -> None:
-        self.rid = rid
-        self.prompt = prompt
-        self.out = out
-        self.key = key  # waiting-queue order (policy-specific first element, then arrival order)
-        self.group = group  # prefix group, -1 for none
-        self.prefix = prefix  # leading tokens shared with the group
-        self.gen = 0  # tokens generated (delivered) so far
-        self.computed = 0  # tokens whose KV is in the cache (valid while prefilling)
-        self.target = prompt  # tokens to have in KV before the next token is sampled
-        self.shared = 0  # prefix-cache blocks this sequence holds a reference to
-        self.epoch = 0  # bumped on preemption: invalidates stale finish-heap entries
-        self.s0 = 0  # decoding: first decode step index
-        self.c0 = 0  # decoding: tokens in KV at step s0
-        self.g0 = 0  # decoding: tokens generated before step s0
-
-
-@dataclass(frozen=True, slots=True)
-class Sink:
-    """Where an engine reports what happened to requests (the cluster owns the arrays)."""
-
-    segment: Callable[[int, int, int, int], None]  # (rid, engine index, first step, last step)
-    first_token: Callable[[int], None]  # (rid): first token at the end of the current step
-    prefill_start: Callable[[int], None]  # (rid): first admitted, at the start of this step
-    finished: Callable[[int, int], None]  # (rid, tokens delivered), at the current step end
-    handoff: Callable[[Seq], None]  # prefill done on a prefill engine: send the KV on
+from phaselens.sim.kvpool import KvPool
+from phaselens.sim.seq import Seq, Sink
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,12 +56,7 @@ class EngineState:
         self.role = role
         self.sink = sink
         self.bs = policy.block_size
-        self.total_blocks = kv_tokens // policy.block_size
-        self.used_blocks = 0
-        self.evictable_blocks = 0
-        self.group_cached: dict[int, int] = {}
-        self.group_ref: dict[int, int] = {}
-        self.evictable: OrderedDict[int, int] = OrderedDict()
+        self.kv = KvPool(kv_tokens, policy.block_size, policy.prefix_cache)
         self.waiting: list[tuple[tuple[int, int], int]] = []  # heap of (key, rid)
         self.waiting_seqs: dict[int, Seq] = {}
         self.waiting_tokens = 0
@@ -153,6 +98,10 @@ class EngineState:
         self.waiting_tokens += seq.target
         self.oldest_wait_ns[seq.rid] = now_ns
 
+    def head(self) -> Seq:
+        """The next request of the waiting queue (not removed)."""
+        return self.waiting_seqs[self.waiting[0][1]]
+
     def _pop_waiting(self) -> Seq:
         _, rid = heapq.heappop(self.waiting)
         seq = self.waiting_seqs.pop(rid)
@@ -160,72 +109,34 @@ class EngineState:
         del self.oldest_wait_ns[rid]
         return seq
 
-    def _peek_waiting(self) -> Seq:
-        return self.waiting_seqs[self.waiting[0][1]]
-
-    # ---- KV blocks ---------------------------------------------------------------------------
-    def free_blocks(self) -> int:
-        return self.total_blocks - self.used_blocks - self.evictable_blocks
-
-    def _ensure_free(self, n: int) -> bool:
-        """Make `n` blocks free, evicting unreferenced prefix-cache groups (LRU) if needed."""
-        while self.total_blocks - self.used_blocks - self.evictable_blocks < n and self.evictable:
-            g, nb = self.evictable.popitem(last=False)
-            self.evictable_blocks -= nb
-            del self.group_cached[g]
-        return self.total_blocks - self.used_blocks - self.evictable_blocks >= n
-
-    def _release(self, seq: Seq, computed: int) -> None:
-        """Free a sequence's KV (finish or preemption); drop its prefix-group reference."""
+    def admit_head(self, budget: int | None) -> int | None:
+        """Admit the head of the waiting queue with (part of) its prefill; returns the chunk,
+        or None when its KV does not fit (a prefix reference taken is given back). What
+        policies admit through."""
+        seq = self.head()
+        fresh = seq.gen == 0 and seq.epoch == 0
+        kv = self.kv
+        kv.prefix_hit(seq)
+        remaining = seq.target - seq.computed
+        chunk = remaining if budget is None else min(remaining, budget)
         bs = self.bs
-        self.used_blocks -= (computed + bs - 1) // bs - seq.shared
-        if seq.shared:
-            g = seq.group
-            ref = self.group_ref[g] - 1
-            self.group_ref[g] = ref
-            if ref == 0:
-                nb = self.group_cached[g]
-                self.used_blocks -= nb
-                self.evictable_blocks += nb
-                self.evictable[g] = nb
-            seq.shared = 0
-
-    def _prefix_hit(self, seq: Seq) -> None:
-        """Reuse the cached prefix blocks of the sequence's group (hash-chained, whole blocks)."""
-        if seq.group < 0 or not self.policy.prefix_cache or seq.computed:
-            return
-        full = min(seq.prefix, seq.prompt - 1) // self.bs
-        cached = self.group_cached.get(seq.group, 0)
-        hit = min(full, cached)
-        if hit <= 0:
-            return
-        g = seq.group
-        if self.group_ref.get(g, 0) == 0:
-            nb = self.evictable.pop(g)
-            self.evictable_blocks -= nb
-            self.used_blocks += nb
-            self.group_ref[g] = 1
-        else:
-            self.group_ref[g] += 1
-        seq.shared = hit
-        seq.computed = hit * self.bs
-
-    def _publish_prefix(self, seq: Seq) -> None:
-        """After a prefill, its full prefix blocks become (or extend) the group's cached chain.
-
-        The blocks move from the sequence's private count to the group's, so KV in use does not
-        change; a later request with a longer prompt extends a chain a shorter one started.
-        """
-        if not self.policy.prefix_cache:
-            return
-        full = min(seq.prefix, seq.prompt - 1) // self.bs
-        cached = self.group_cached.get(seq.group, 0)
-        if full <= cached or seq.shared < cached:
-            return  # nothing new, or it did not build on the whole cached chain
-        if cached == 0:
-            self.group_ref[seq.group] = self.group_ref.get(seq.group, 0) + 1
-        self.group_cached[seq.group] = full
-        seq.shared = full
+        blocks = (seq.computed + chunk + bs - 1) // bs - seq.shared
+        if not kv.ensure_free(blocks):
+            if seq.shared:  # undo the prefix reference taken above
+                kv.release(seq, seq.shared * bs)
+                seq.computed = 0
+            return None
+        self._pop_waiting()
+        if fresh:
+            self.cur_new += 1
+            self.sink.prefill_start(seq.rid)
+            self.prefix_hit_tokens += seq.computed
+            self.prefix_query_tokens += seq.prompt
+        kv.used += blocks
+        self.running[seq.rid] = seq
+        self.prefilling.append(seq)
+        self.cur_chunks.append((seq, chunk))
+        return chunk
 
     # ---- decode aggregates -------------------------------------------------------------------
     def _start_decode(self, seq: Seq, seg_start: int, first_step: int) -> None:
@@ -268,7 +179,7 @@ class EngineState:
             victim.gen = victim.g0 + (s - victim.s0)
             if s > victim.s0:
                 self.sink.segment(victim.rid, self.index, victim.s0, s - 1)
-        self._release(victim, computed)
+        self.kv.release(victim, computed)
         victim.epoch += 1
         victim.computed = 0
         victim.target = victim.prompt + victim.gen
@@ -289,13 +200,14 @@ class EngineState:
         self.cur_new = 0
         self.cur_first = 0
         # 1. new KV blocks for decoding sequences crossing a block boundary this step
+        kv = self.kv
         need = self.phase[s % self.bs]
-        if need and not self._ensure_free(need):
-            while not self._ensure_free(self.phase[s % self.bs]):
+        if need and not kv.ensure_free(need):
+            while not kv.ensure_free(self.phase[s % self.bs]):
                 if not self._preempt_one(s):
                     break
             need = self.phase[s % self.bs]
-        self.used_blocks += need
+        kv.used += need
         # 2. handed-off sequences (P/D decode engine) join decoding directly
         if self.decode_admits:
             self._admit_handoffs(s)
@@ -317,12 +229,12 @@ class EngineState:
             new_blocks = (seq.computed + chunk + bs - 1) // bs - (seq.computed + bs - 1) // bs
             protect = {q.rid for q, _ in self.cur_chunks}
             protect.add(seq.rid)
-            while not self._ensure_free(new_blocks):
+            while not kv.ensure_free(new_blocks):
                 if not self._preempt_one(s, protect):
                     break
-            if seq.rid not in self.running or not self._ensure_free(new_blocks):
+            if seq.rid not in self.running or not kv.ensure_free(new_blocks):
                 continue
-            self.used_blocks += new_blocks
+            kv.used += new_blocks
             self.cur_chunks.append((seq, chunk))
             budget -= chunk
         if not self.cur_preempt:
@@ -334,10 +246,10 @@ class EngineState:
         keep: list[Seq] = []
         for seq in self.decode_admits:
             blocks = (seq.computed + 1 + self.bs - 1) // self.bs
-            if len(self.running) >= self.policy.max_num_seqs or not self._ensure_free(blocks):
+            if len(self.running) >= self.policy.max_num_seqs or not self.kv.ensure_free(blocks):
                 keep.append(seq)
                 continue
-            self.used_blocks += blocks
+            self.kv.used += blocks
             self.running[seq.rid] = seq
             # registered one step early so that this step's boundary check is already paid
             seq.target = seq.computed
@@ -397,7 +309,7 @@ class EngineState:
             if seq.computed >= seq.target:
                 self.prefilling.remove(seq)
                 if seq.group >= 0:
-                    self._publish_prefix(seq)
+                    self.kv.prefix.publish(seq)
                 seq.gen += 1
                 if self.role == "prefill":
                     del self.running[seq.rid]
@@ -408,7 +320,7 @@ class EngineState:
                 if seq.gen >= seq.out:
                     sink.segment(seq.rid, self.index, s, s)
                     del self.running[seq.rid]
-                    self._release(seq, seq.computed)
+                    self.kv.release(seq, seq.computed)
                     sink.finished(seq.rid, seq.gen)
                 else:
                     started.append(seq)
@@ -422,7 +334,7 @@ class EngineState:
             computed = seq_f.c0 + (s - seq_f.s0) + 1
             self._stop_decode(seq_f, computed)
             del running[rid]
-            self._release(seq_f, computed)
+            self.kv.release(seq_f, computed)
             seq_f.gen = seq_f.out
             sink.segment(rid, self.index, seq_f.s0, s)
             sink.finished(rid, seq_f.out)
@@ -439,7 +351,7 @@ class EngineState:
                 t1_ns,
                 prefill_tokens,
                 self.cur_dec,
-                self.used_blocks * self.bs,
+                self.kv.used * self.bs,
                 len(running),
                 len(self.waiting),
                 self.cur_preempt,
@@ -487,7 +399,7 @@ class EngineState:
         bs = self.bs
         running, waiting = len(self.running), len(self.waiting)
         ilog, flog = self.ilog, self.flog
-        kv = self.used_blocks
+        kv = self.kv.used
         start = t0
         for j in range(b):
             end = ends[j]
@@ -496,7 +408,7 @@ class EngineState:
             start = end
             kv += needs[j]
         self.sum_p += b * n
-        self.used_blocks += sum(needs)
+        self.kv.used += sum(needs)
         self.step_idx += b
 
     def step_log(self) -> StepLog:
@@ -525,103 +437,3 @@ class EngineState:
             return None
         oldest = min(self.oldest_wait_ns.values())
         return oldest + int(self.policy.max_wait_ms * 1e6)
-
-
-def _admit_one(st: EngineState, seq_budget: int | None) -> int | None:
-    """Admit the head of the waiting queue with (part of) its prefill; returns the chunk."""
-    seq = st._peek_waiting()
-    fresh = seq.gen == 0 and seq.epoch == 0
-    st._prefix_hit(seq)
-    remaining = seq.target - seq.computed
-    chunk = remaining if seq_budget is None else min(remaining, seq_budget)
-    bs = st.bs
-    blocks = (seq.computed + chunk + bs - 1) // bs - seq.shared
-    if not st._ensure_free(blocks):
-        if seq.shared:  # undo the prefix reference taken above
-            st._release(seq, seq.shared * bs)
-            seq.computed = 0
-        return None
-    st._pop_waiting()
-    if fresh:
-        st.cur_new += 1
-        st.sink.prefill_start(seq.rid)
-        st.prefix_hit_tokens += seq.computed
-        st.prefix_query_tokens += seq.prompt
-    st.used_blocks += blocks
-    st.running[seq.rid] = seq
-    st.prefilling.append(seq)
-    st.cur_chunks.append((seq, chunk))
-    return chunk
-
-
-def admit_continuous(st: EngineState, now_ns: int, budget: int) -> None:
-    """vLLM V1: fill the token budget with waiting requests, chunking the last one if allowed."""
-    pol = st.policy
-    any_prefill = bool(st.cur_chunks)
-    while st.waiting and budget > 0 and len(st.running) < pol.max_num_seqs:
-        head = st._peek_waiting()
-        remaining = head.target - head.computed
-        if pol.chunked_prefill:
-            chunk = _admit_one(st, budget)
-        elif remaining <= budget or not any_prefill:
-            chunk = _admit_one(st, None)  # a prompt over the budget runs alone, unchunked
-        else:
-            break
-        if chunk is None:
-            break
-        any_prefill = True
-        budget -= chunk
-
-
-def _release_batch(st: EngineState, now_ns: int, trigger_count: int) -> bool:
-    if st.running or not st.waiting:
-        return False
-    pol = st.policy
-    oldest = min(st.oldest_wait_ns.values())
-    timed_out = oldest < 0 or now_ns - oldest >= int(pol.max_wait_ms * 1e6)
-    if pol.type == "dynamic":
-        return (
-            timed_out
-            or st.waiting_tokens >= pol.max_wait_tokens
-            or (len(st.waiting) >= trigger_count)
-        )
-    return timed_out or len(st.waiting) >= trigger_count
-
-
-def admit_dynamic(st: EngineState, now_ns: int, budget: int) -> None:
-    """The seed's dynamic batching: release when `max_wait_tokens` queue or `max_wait_ms` wait.
-
-    The released batch (at most `max_batch_size`) prefills in one step and then decodes until
-    its longest member finishes; nothing joins it meanwhile (request-level batching).
-    """
-    _admit_batch(st, now_ns, st.policy.max_batch_size, pad=False)
-
-
-def admit_static(st: EngineState, now_ns: int, budget: int) -> None:
-    """Static batching: a batch of `batch_size` (or whatever waited `max_wait_ms`), padded."""
-    _admit_batch(st, now_ns, st.policy.batch_size, pad=True)
-
-
-def _admit_batch(st: EngineState, now_ns: int, size: int, pad: bool) -> None:
-    if st.running:
-        st.cur_pad = pad and bool(st.running)
-        return
-    st.cur_pad = False
-    if not _release_batch(st, now_ns, size):
-        return
-    pmax = 0
-    while st.waiting and len(st.running) < size:
-        if _admit_one(st, None) is None:
-            break
-        pmax = max(pmax, st.cur_chunks[-1][0].target)
-    st.batch_pmax = pmax
-    st.batch_slots = size
-    st.batch_k = 0
-    st.cur_pad = pad and bool(st.cur_chunks)
-
-
-ADMIT: dict[str, Callable[[EngineState, int, int], None]] = {
-    "continuous": admit_continuous,
-    "dynamic": admit_dynamic,
-    "static": admit_static,
-}

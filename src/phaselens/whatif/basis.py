@@ -27,120 +27,65 @@ from phaselens.sim.cost import CostParams, prefill_attn_units
 from phaselens.sim.deploy import Deployment, Engine
 from phaselens.types import F64
 
-NAMES = (
-    "u_lin",
-    "u_att",
-    "u_mem",
-    "c0",
-    "c_seq",
-    "c_layer",
-    "r",
-    "c_req",
-    "c_first",
-    "c_multi",
-    "c_wait",
-    "c_queue",
-    "c_wake",
+# The linear model's columns, named as CostParams (and calib.yaml's `cost`) name the constants,
+# plus the request overhead outside the engine (calib.yaml's `request_overhead_s`). A coefficient
+# vector θ holds one value per column; the three efficiencies enter as their inverses u = 1/η
+# (the step is linear in u, not in η). `coefficients` and `with_coefficients` are the only
+# places that invert them.
+COLUMNS = (
+    "eta_linear",
+    "eta_attention",
+    "eta_memory",
+    "step_overhead_s",
+    "per_seq_overhead_s",
+    "per_layer_overhead_s",
+    "request_overhead_s",
+    "per_request_overhead_s",
+    "first_decode_overhead_s",
+    "extra_seq_overhead_s",
+    "wait_overhead_s",
+    "queue_overhead_s",
+    "wait_token_overhead_s",
 )
-K = len(NAMES)
-# what each coefficient is called in CostParams (and in calib.yaml's cost), for messages
-COST_NAME = {
-    "u_lin": "eta_linear",
-    "u_att": "eta_attention",
-    "u_mem": "eta_memory",
-    "c0": "step_overhead_s",
-    "c_seq": "per_seq_overhead_s",
-    "c_layer": "per_layer_overhead_s",
-    "r": "request_overhead_s",
-    "c_req": "per_request_overhead_s",
-    "c_first": "first_decode_overhead_s",
-    "c_multi": "extra_seq_overhead_s",
-    "c_wait": "wait_overhead_s",
-    "c_queue": "queue_overhead_s",
-    "c_wake": "wait_token_overhead_s",
-}
+K = len(COLUMNS)
+INVERTED = COLUMNS[:3]  # held as 1/η in θ
+REQUEST = COLUMNS.index("request_overhead_s")
+STEP = COLUMNS.index("step_overhead_s")
+LAYER = COLUMNS.index("per_layer_overhead_s")
 
 
-@dataclass(frozen=True, slots=True)
-class Theta:
-    """Fitted constants in linear form: inverse efficiencies, overheads (s), request overhead."""
+def coefficients(c: CostParams, request_overhead_s: float = 0.0) -> F64:
+    """θ of these constants (efficiencies inverted), with the request overhead outside them."""
+    v = np.array(
+        [request_overhead_s if n == "request_overhead_s" else getattr(c, n) for n in COLUMNS],
+        dtype=np.float64,
+    )
+    v[:3] = 1.0 / v[:3]
+    return v
 
-    u_lin: float
-    u_att: float
-    u_mem: float
-    c0: float
-    c_seq: float
-    c_layer: float = 0.0
-    r: float = 0.0
-    c_req: float = 0.0
-    c_first: float = 0.0
-    c_multi: float = 0.0
-    c_wait: float = 0.0
-    c_queue: float = 0.0
-    c_wake: float = 0.0
 
-    def vec(self) -> F64:
-        return np.array(
-            [
-                self.u_lin,
-                self.u_att,
-                self.u_mem,
-                self.c0,
-                self.c_seq,
-                self.c_layer,
-                self.r,
-                self.c_req,
-                self.c_first,
-                self.c_multi,
-                self.c_wait,
-                self.c_queue,
-                self.c_wake,
-            ]
-        )
+def with_coefficients(base: CostParams, th: F64) -> CostParams:
+    """`base` with the engine constants of θ (the request overhead is not a CostParams field)."""
+    vals = {n: float(x) for n, x in zip(COLUMNS, th, strict=True) if n != "request_overhead_s"}
+    for n in INVERTED:
+        vals[n] = 1.0 / vals[n]
+    return replace(base, **vals)
 
-    @staticmethod
-    def of(v: F64) -> Theta:
-        return Theta(*(float(x) for x in v))
 
-    @staticmethod
-    def from_cost(c: CostParams, r: float = 0.0) -> Theta:
-        return Theta(
-            1.0 / c.eta_linear,
-            1.0 / c.eta_attention,
-            1.0 / c.eta_memory,
-            c.step_overhead_s,
-            c.per_seq_overhead_s,
-            c.per_layer_overhead_s,
-            r,
-            c.per_request_overhead_s,
-            c.first_decode_overhead_s,
-            c.extra_seq_overhead_s,
-            c.wait_overhead_s,
-            c.queue_overhead_s,
-            c.wait_token_overhead_s,
-        )
+def with_values(th: F64, **values: float) -> F64:
+    """A copy of θ with the named columns set."""
+    out: F64 = th.copy()
+    for n, x in values.items():
+        out[COLUMNS.index(n)] = x
+    return out
 
-    def folded(self, layers: int) -> Theta:
-        """Per-layer launches folded into c0: for one model they are a constant per step."""
-        return replace(self, c0=self.c0 + self.c_layer * layers, c_layer=0.0)
 
-    def cost(self, base: CostParams) -> CostParams:
-        """The CostParams this θ stands for."""
-        return replace(
-            base,
-            eta_linear=1.0 / self.u_lin,
-            eta_attention=1.0 / self.u_att,
-            eta_memory=1.0 / self.u_mem,
-            step_overhead_s=self.c0,
-            per_seq_overhead_s=self.c_seq,
-            per_layer_overhead_s=self.c_layer,
-            per_request_overhead_s=self.c_req,
-            first_decode_overhead_s=self.c_first,
-            extra_seq_overhead_s=self.c_multi,
-            wait_overhead_s=self.c_wait,
-            queue_overhead_s=self.c_queue,
-            wait_token_overhead_s=self.c_wake,
-        )
+def folded(th: F64, layers: int) -> F64:
+    """Per-layer launches folded into c0: for one model they are a constant per step."""
+    out: F64 = th.copy()
+    out[STEP] = th[STEP] + th[LAYER] * layers
+    out[LAYER] = 0.0
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,20 +168,24 @@ def concat(parts: list[Steps]) -> Steps:
     return Steps(*(np.concatenate([getattr(p, f) for p in parts]) for f in Steps.__slots__))
 
 
-def step_time(s: Steps, th: Theta) -> F64:
-    t_lin = np.maximum(th.u_lin * s.a1, th.u_mem * s.a2)
-    t_att = np.maximum(th.u_att * s.a3, th.u_mem * s.a4)
-    out: F64 = t_lin + t_att + th.c0 + th.c_seq * s.seqs + th.c_layer * s.layers + s.fixed
-    out = out + th.c_req * s.new + th.c_first * s.first
-    out = out + th.c_multi * np.maximum(s.seqs - 1.0, 0.0) + th.c_wait * s.waiting
-    out = out + th.c_queue * (s.waiting > 0) + th.c_wake * s.waiting * s.sampled
+def step_time(s: Steps, th: F64) -> F64:
+    """Seconds of each step at θ (the fitted form of `EngineCost.step_bw`)."""
+    u_lin, u_att, u_mem, c0, c_seq, c_layer = th[:6]  # th[6]: r, outside the engine
+    c_req, c_first, c_multi, c_wait, c_queue, c_wake = th[7:]
+    t_lin = np.maximum(u_lin * s.a1, u_mem * s.a2)
+    t_att = np.maximum(u_att * s.a3, u_mem * s.a4)
+    out: F64 = t_lin + t_att + c0 + c_seq * s.seqs + c_layer * s.layers + s.fixed
+    out = out + c_req * s.new + c_first * s.first
+    out = out + c_multi * np.maximum(s.seqs - 1.0, 0.0) + c_wait * s.waiting
+    out = out + c_queue * (s.waiting > 0) + c_wake * s.waiting * s.sampled
     return out
 
 
-def linear_rows(s: Steps, th: Theta) -> F64:
-    """Per step, the row of the linear model at θ's active sides (columns = NAMES, r = 0)."""
-    lin = th.u_lin * s.a1 >= th.u_mem * s.a2
-    att = th.u_att * s.a3 >= th.u_mem * s.a4
+def linear_rows(s: Steps, th: F64) -> F64:
+    """Per step, the row of the linear model at θ's active sides (columns = COLUMNS, r = 0)."""
+    u_lin, u_att, u_mem = th[0], th[1], th[2]
+    lin = u_lin * s.a1 >= u_mem * s.a2
+    att = u_att * s.a3 >= u_mem * s.a4
     rows = np.zeros((s.a1.shape[0], K))
     rows[:, 0] = np.where(lin, s.a1, 0.0)
     rows[:, 1] = np.where(att, s.a3, 0.0)
@@ -341,17 +290,19 @@ def isolated_basis(
     )
 
 
-def isolated_predict(b: Isolated, th: Theta) -> F64:
+def isolated_predict(b: Isolated, th: F64) -> F64:
     """Predicted seconds of every observation (TTFT rows include r); NaN where absent."""
     t = step_time(b.steps, th) * b.weight
     n_obs = b.is_ttft.shape[0]
     summed: F64 = np.bincount(b.group, weights=t, minlength=n_obs).astype(np.float64)
     present = np.bincount(b.group, minlength=n_obs) > 0
-    out: F64 = np.where(present, summed + b.fixed_obs + np.where(b.is_ttft, th.r, 0.0), np.nan)
+    out: F64 = np.where(
+        present, summed + b.fixed_obs + np.where(b.is_ttft, th[REQUEST], 0.0), np.nan
+    )
     return out
 
 
-def isolated_rows(b: Isolated, th: Theta) -> tuple[F64, F64]:
+def isolated_rows(b: Isolated, th: F64) -> tuple[F64, F64]:
     """Linear rows (one per observation) at θ's sides, and the fixed seconds per observation."""
     rows = linear_rows(b.steps, th) * b.weight[:, None]
     fixed = b.steps.fixed * b.weight
@@ -359,7 +310,7 @@ def isolated_rows(b: Isolated, th: Theta) -> tuple[F64, F64]:
     out = np.zeros((n_obs, K))
     for j in range(K):
         out[:, j] = np.bincount(b.group, weights=rows[:, j], minlength=n_obs)
-    out[:, 6] = np.where(b.is_ttft, 1.0, 0.0)
+    out[:, REQUEST] = np.where(b.is_ttft, 1.0, 0.0)
     fx = np.bincount(b.group, weights=fixed, minlength=n_obs) + b.fixed_obs
     return out, fx
 

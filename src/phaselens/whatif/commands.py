@@ -14,13 +14,8 @@ from rich.console import Console
 
 from phaselens.errors import InputError
 from phaselens.store import load_run
-from phaselens.whatif.calibrate import (
-    calibrate,
-    check,
-    load_calibration,
-    load_deploy_mapping,
-    write_calibration,
-)
+from phaselens.whatif.calibfile import load_calibration, load_deploy_mapping, write_calibration
+from phaselens.whatif.calibrate import calibrate, check
 from phaselens.whatif.knobs import choose, parse_sets
 from phaselens.whatif.render import errors_table, print_calibration, print_sweep, write_html
 from phaselens.whatif.sweep import sweep

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from phaselens.types import F64
-from phaselens.whatif.basis import NAMES, Theta
+from phaselens.whatif.basis import COLUMNS, INVERTED, nnls
 
 MAX_SIDE_ITER = 30
 U_FLOOR = 1e-3  # an inverse efficiency the data never bound: a thousand times the peak
@@ -33,9 +33,10 @@ STARTS = (
 
 @dataclass(frozen=True, slots=True)
 class LinFit:
-    """The fitted θ, which coefficients the data determined, and the relative residual."""
+    """The fitted θ (`basis.COLUMNS` order), which constants the data determined (by name), and
+    the relative residual."""
 
-    theta: Theta
+    theta: F64
     identified: dict[str, bool]
     rms_rel: float
     rows: int
@@ -43,8 +44,6 @@ class LinFit:
 
 
 def _solve(a: F64, b: F64, cols: list[int]) -> F64:
-    from phaselens.whatif.basis import nnls
-
     x = np.zeros(a.shape[1])
     if not cols:
         return x
@@ -57,9 +56,9 @@ def _solve(a: F64, b: F64, cols: list[int]) -> F64:
 
 
 def fit_linear(
-    rows_at: Callable[[Theta], tuple[F64, F64]],
+    rows_at: Callable[[F64], tuple[F64, F64]],
     target: F64,
-    prior: Theta,
+    prior: F64,
     use: tuple[str, ...],
 ) -> LinFit:
     """Fit the coefficients named in `use` (others stay at `prior`) to `target` seconds.
@@ -70,13 +69,13 @@ def fit_linear(
     """
     w = 1.0 / np.maximum(target, 1e-9)
     starts = [prior]
-    pv = prior.vec()
+    pv = prior
     for f_lin, f_att, f_mem in STARTS:
         v = pv.copy()
         v[0] *= f_lin
         v[1] *= f_att
         v[2] *= f_mem
-        starts.append(Theta.of(v))
+        starts.append(v)
     best: LinFit | None = None
     for start in starts:
         th = start
@@ -87,15 +86,15 @@ def fit_linear(
             if sides == last_sides:
                 break
             last_sides = sides
-            free = [NAMES.index(n) for n in use]
+            free = [COLUMNS.index(n) for n in use]
             # columns nothing exercises stay at the prior
             cols = [j for j in free if np.any(a[:, j] != 0)]
-            held = [j for j in range(len(NAMES)) if j not in cols]
+            held = [j for j in range(len(COLUMNS)) if j not in cols]
             rhs = target - fixed - a[:, held] @ pv[held] if held else target - fixed
             x = _solve(a * w[:, None], rhs * w, cols)
             v = pv.copy()
             v[cols] = x[cols]
-            th = _bound_unused(Theta.of(v))
+            th = _bound_unused(v)
             # every iterate is scored at its own sides: a solve can flip a side (a coefficient
             # held at the prior starts to bind), and the iteration need not improve monotonically
             cand = _score(rows_at, target, w, th, use, it)
@@ -106,27 +105,27 @@ def fit_linear(
 
 
 def _score(
-    rows_at: Callable[[Theta], tuple[F64, F64]],
+    rows_at: Callable[[F64], tuple[F64, F64]],
     target: F64,
     w: F64,
-    th: Theta,
+    th: F64,
     use: tuple[str, ...],
     it: int,
 ) -> LinFit:
     a, fixed = rows_at(th)
-    rel = (a @ th.vec() + fixed - target) * w
+    rel = (a @ th + fixed - target) * w
     rms = float(np.sqrt(np.mean(rel * rel))) if rel.size else float("nan")
-    ident = {n: bool(n in use and np.any(a[:, i] != 0)) for i, n in enumerate(NAMES)}
-    for i, n in enumerate(NAMES[:3]):
-        if ident[n] and th.vec()[i] <= 0:
+    ident = {n: bool(n in use and np.any(a[:, i] != 0)) for i, n in enumerate(COLUMNS)}
+    for i, n in enumerate(INVERTED):
+        if ident[n] and th[i] <= 0:
             ident[n] = False
     return LinFit(th, ident, rms, int(target.shape[0]), it)
 
 
 def fit_robust(
-    rows_at: Callable[[Theta], tuple[F64, F64]],
+    rows_at: Callable[[F64], tuple[F64, F64]],
     target: F64,
-    prior: Theta,
+    prior: F64,
     use: tuple[str, ...],
 ) -> tuple[LinFit, int]:
     """`fit_linear`, then once more without outliers; returns the fit and how many were dropped.
@@ -137,21 +136,21 @@ def fit_robust(
     """
     lf = fit_linear(rows_at, target, prior, use)
     a, fx = rows_at(lf.theta)
-    rel = (a @ lf.theta.vec() + fx - target) / np.maximum(target, 1e-9)
+    rel = (a @ lf.theta + fx - target) / np.maximum(target, 1e-9)
     med = float(np.median(rel))
     mad = 1.4826 * float(np.median(np.abs(rel - med)))
     keep = np.abs(rel - med) <= max(3.0 * mad, 0.05)
     if keep.all() or keep.sum() < 0.5 * keep.size:
         return lf, 0
 
-    def rows_kept(th: Theta) -> tuple[F64, F64]:
+    def rows_kept(th: F64) -> tuple[F64, F64]:
         a2, f2 = rows_at(th)
         return a2[keep], f2[keep]
 
     return fit_linear(rows_kept, target[keep], prior, use), int((~keep).sum())
 
 
-def _bound_unused(th: Theta) -> Theta:
+def _bound_unused(th: F64) -> F64:
     """An inverse efficiency fitted as 0 means its side never mattered; keep it finite.
 
     u = 0 would claim infinite speed. It is set to U_FLOOR (a thousand times the peak): the data
@@ -159,11 +158,11 @@ def _bound_unused(th: Theta) -> Theta:
     coefficient took the same cost (a memory-bound decode's weight read is a constant per step,
     like c0), restoring the prior would add that cost a second time.
     """
-    v = th.vec()
-    for i in range(3):
+    v: F64 = th.copy()
+    for i in range(len(INVERTED)):
         if v[i] <= 0:
             v[i] = U_FLOOR
-    return Theta.of(v)
+    return v
 
 
 def golden(f: Callable[[float], float], lo: float, hi: float, iters: int = 14) -> float:

@@ -18,7 +18,7 @@ from phaselens.analysis.latency import request_table
 from phaselens.sim.deploy import Deployment
 from phaselens.sim.run import SimResult, simulate
 from phaselens.types import F64, Schedule
-from phaselens.whatif.basis import Theta, isolated_basis, isolated_predict
+from phaselens.whatif.basis import isolated_basis, isolated_predict
 
 REGIMES = ("light", "near_saturation", "overloaded")
 LIGHT_MAX_Q = 0.25  # queueing delay below a quarter of the request's isolated service time
@@ -77,8 +77,8 @@ def measured_rows(run_requests: pl.DataFrame, ids: np.ndarray) -> pl.DataFrame:
     return order.join(m, on="id", how="left").sort("_row").drop("_row")
 
 
-def iso_times(deploy: Deployment, schedule: Schedule, th: Theta) -> tuple[F64, F64]:
-    """Each request's TTFT and E2E (seconds) if it were alone on its engine."""
+def iso_times(deploy: Deployment, schedule: Schedule, th: F64) -> tuple[F64, F64]:
+    """Each request's TTFT and E2E (seconds) if it were alone on its engine, at θ."""
     route = {m: i for i, e in enumerate(deploy.engines) for m in e.serves}
     eng = np.asarray([route[m] for m in schedule.models], dtype=np.int64)[schedule.model_idx]
     b = isolated_basis(

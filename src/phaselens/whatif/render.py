@@ -15,8 +15,8 @@ from rich.table import Table
 
 from phaselens.errors import InputError
 from phaselens.report.page import fig_json, fmt, render_page, template_env, write_page
-from phaselens.whatif.basis import COST_NAME
-from phaselens.whatif.calibrate import Calibration, summary_rows
+from phaselens.whatif.calibfile import Calibration
+from phaselens.whatif.calibrate import summary_rows
 
 
 def _f(x: Any, nd: int = 1) -> str:
@@ -58,7 +58,7 @@ def print_calibration(c: Calibration, console: Console) -> None:
     ]
     if extra:
         console.print("engine overheads: " + ", ".join(extra))
-    not_id = [COST_NAME.get(k, k) for k, v in c.identified.items() if not v]
+    not_id = [k for k, v in c.identified.items() if not v]
     if not_id:
         console.print(f"not identified by this run (kept from the deployment): {', '.join(not_id)}")
     console.print(

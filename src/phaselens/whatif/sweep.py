@@ -34,8 +34,8 @@ from phaselens.errors import InputError
 from phaselens.sim.deploy import parse_deployment
 from phaselens.store import Run
 from phaselens.types import BIN_NS, Schedule
-from phaselens.whatif.basis import Theta
-from phaselens.whatif.calibrate import Calibration, with_cost
+from phaselens.whatif.basis import coefficients
+from phaselens.whatif.calibfile import Calibration, with_cost
 from phaselens.whatif.knobs import apply_deploy, apply_load, label
 from phaselens.whatif.predict import (
     iso_times,
@@ -168,7 +168,7 @@ def evaluate(job: Job, combo: Mapping[str, Any]) -> dict[str, Any]:
     row["util_mean_pct"], row["util_std_5s_pct"] = util_stats(pred.sim.telemetry, lanes)
     row["gpus"] = len(deploy.gpus)
     row["cost_per_hour"] = len(deploy.gpus) * job.gpu_cost_per_hour
-    th = Theta.from_cost(deploy.cost, job.overhead_s)
+    th = coefficients(deploy.cost, job.overhead_s)
     iso_t, iso_e = iso_times(deploy, sched, th)
     reg = regimes(sched.t_ns, ttft / 1e3, iso_t, iso_e)
     shares = regime_shares(reg)

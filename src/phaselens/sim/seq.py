@@ -1,0 +1,60 @@
+"""A request in flight on an engine, and where an engine reports what happens to requests.
+
+Why its own module: the KV pool, the prefix cache, the admission policies and the step loop all
+read and move the same per-request state; none of them owns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+class Seq:
+    """One request in flight on an engine (mutable simulator state, never leaves the package)."""
+
+    __slots__ = (
+        "c0",
+        "computed",
+        "epoch",
+        "g0",
+        "gen",
+        "group",
+        "key",
+        "out",
+        "prefix",
+        "prompt",
+        "rid",
+        "s0",
+        "shared",
+        "target",
+    )
+
+    def __init__(
+        self, rid: int, prompt: int, out: int, key: tuple[int, int], group: int, prefix: int
+    ) -> None:
+        self.rid = rid
+        self.prompt = prompt
+        self.out = out
+        self.key = key  # waiting-queue order (policy-specific first element, then arrival order)
+        self.group = group  # prefix group, -1 for none
+        self.prefix = prefix  # leading tokens shared with the group
+        self.gen = 0  # tokens generated (delivered) so far
+        self.computed = 0  # tokens whose KV is in the cache (valid while prefilling)
+        self.target = prompt  # tokens to have in KV before the next token is sampled
+        self.shared = 0  # prefix-cache blocks this sequence holds a reference to
+        self.epoch = 0  # bumped on preemption: invalidates stale finish-heap entries
+        self.s0 = 0  # decoding: first decode step index
+        self.c0 = 0  # decoding: tokens in KV at step s0
+        self.g0 = 0  # decoding: tokens generated before step s0
+
+
+@dataclass(frozen=True, slots=True)
+class Sink:
+    """Where an engine reports what happened to requests (the cluster owns the arrays)."""
+
+    segment: Callable[[int, int, int, int], None]  # (rid, engine index, first step, last step)
+    first_token: Callable[[int], None]  # (rid): first token at the end of the current step
+    prefill_start: Callable[[int], None]  # (rid): first admitted, at the start of this step
+    finished: Callable[[int, int], None]  # (rid, tokens delivered), at the current step end
+    handoff: Callable[[Seq], None]  # prefill done on a prefill engine: send the KV on
