@@ -1,3 +1,4 @@
+# One job, ~410 lines: the SSE stream parser (one state machine, with its fast counting path).
 """OpenAI-compatible request bodies and a streaming (SSE) parser. No timing logic here.
 
 Why a byte scanner instead of `json.loads` per chunk: the client's CPU per chunk decides how much

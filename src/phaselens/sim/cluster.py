@@ -1,3 +1,4 @@
+# One job, ~460 lines: the Cluster state machine (routing, GPU arbitration, P/D hand-off, loop).
 """The whole deployment in motion: routing, GPU arbitration, P/D hand-off, and the loop driver.
 
 Why one place: routing a request to its engine, deciding which engine may use a shared GPU, and

@@ -1,3 +1,4 @@
+# One job, ~405 lines: Prometheus text to interval samples (parser, counters, histograms).
 """Prometheus text from engine `/metrics` and dcgm-exporter, turned into tidy interval samples.
 
 Why pure functions: the sampler, the e2e tests and analysis all need the same answer to "what

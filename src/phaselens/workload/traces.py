@@ -1,3 +1,4 @@
+# One job, ~420 lines: trace readers (four formats) sharing one set of cell checks and one tail.
 """Readers for real request traces: Azure LLM inference CSV, Mooncake JSONL, BurstGPT CSV, and
 generic CSV/JSONL with a column mapping.
 
