@@ -79,6 +79,21 @@ def test_sweep_baseline_ranking_and_pareto(setup: tuple[Run, Path, Path]) -> Non
     assert res["pareto"] and res["best"]["rank"] == 1
 
 
+def test_measured_row_is_what_analyze_prints(setup: tuple[Run, Path, Path]) -> None:
+    """One definition per number: whatif's `measured` TTFT/TPOT p50/p90 and goodput are
+    analyze's (docs/metrics.md), to the digit."""
+    from phaselens.analysis.summary import analyze
+    from phaselens.whatif.sweep import measured_baseline
+
+    run = setup[0]
+    m = measured_baseline(run, {"ttft_ms": {"p90": 2000.0}})
+    a = analyze(run)
+    for metric in ("ttft", "tpot"):
+        for q in ("p50", "p90"):
+            assert m[f"{metric}_{q}_ms"] == a["latency"][f"{metric}_ms"][q], (metric, q)
+    assert m["ok"] == a["requests"]["ok"] > 0
+
+
 def test_pareto_by_hand() -> None:
     rows: list[dict[str, Any]] = [
         {"feasible": True, "goodput_rps": 1.0, "cost_per_hour": 1.0},

@@ -28,7 +28,13 @@ import polars as pl
 
 from phaselens.analysis.bins import label_values
 from phaselens.analysis.fluctuation import util_std_5s
-from phaselens.analysis.latency import request_table, slo_block, slo_targets
+from phaselens.analysis.latency import (
+    RequestTable,
+    describe_metric,
+    request_table,
+    slo_block,
+    slo_targets,
+)
 from phaselens.analysis.phases import UTIL_PREFERENCE
 from phaselens.errors import InputError
 from phaselens.sim.deploy import parse_deployment
@@ -71,11 +77,11 @@ class Job:
     gpu_cost_per_hour: float
 
 
-def _pcts(x: np.ndarray) -> tuple[float | None, float | None]:
-    x = x[np.isfinite(x)]
-    if not x.size:
-        return None, None
-    return float(np.percentile(x, 50)), float(np.percentile(x, 90))
+def _p50_p90(rt: RequestTable, metric: str) -> tuple[float | None, float | None]:
+    """p50 and p90 of a latency metric, by the definition `analyze` prints (docs/metrics.md:
+    over the ok requests, `analysis.latency.describe_metric`)."""
+    d = describe_metric(rt, metric)
+    return d["p50"], d["p90"]
 
 
 def other_hardware(deployment: Mapping[str, Any], combo: Mapping[str, Any]) -> list[str]:
@@ -148,13 +154,11 @@ def evaluate(job: Job, combo: Mapping[str, Any]) -> dict[str, Any]:
     rt = request_table(pred.requests)
     f = rt.frame
     slo = slo_block(rt, job.slo)
-    ttft = f["ttft_ms"].to_numpy().astype(np.float64)
-    tpot = f["tpot_ms"].to_numpy().astype(np.float64)
     ok = int(f["ok"].sum())
     row["ok"] = ok
     row["rejected"] = int(f.height - ok)
-    row["ttft_p50_ms"], row["ttft_p90_ms"] = _pcts(ttft)
-    row["tpot_p50_ms"], row["tpot_p90_ms"] = _pcts(tpot)
+    row["ttft_p50_ms"], row["ttft_p90_ms"] = _p50_p90(rt, "ttft_ms")
+    row["tpot_p50_ms"], row["tpot_p90_ms"] = _p50_p90(rt, "tpot_ms")
     row["goodput_rps"] = slo.get("goodput_rps")
     row["slo_attainment_pct"] = (slo.get("attainment") or {}).get("all")
     a = f["scheduled_ns"].cast(pl.Float64).min()
@@ -170,6 +174,7 @@ def evaluate(job: Job, combo: Mapping[str, Any]) -> dict[str, Any]:
     row["cost_per_hour"] = len(deploy.gpus) * job.gpu_cost_per_hour
     th = coefficients(deploy.cost, job.overhead_s)
     iso_t, iso_e = iso_times(deploy, sched, th)
+    ttft = f["ttft_ms"].to_numpy().astype(np.float64)
     reg = regimes(sched.t_ns, ttft / 1e3, iso_t, iso_e)
     shares = regime_shares(reg)
     row["regime_shares"] = shares
@@ -275,11 +280,10 @@ def pareto(rows: Sequence[Mapping[str, Any]]) -> list[int]:
 def measured_baseline(run: Run, slo: Mapping[str, Any]) -> dict[str, Any]:
     """The run's own numbers, in the same shape as a sweep row."""
     rt = request_table(run.requests)
-    f = rt.frame.filter(pl.col("ok"))
     s = slo_block(rt, slo)
-    out: dict[str, Any] = {"label": "measured", "ok": f.height}
-    out["ttft_p50_ms"], out["ttft_p90_ms"] = _pcts(f["ttft_ms"].to_numpy().astype(np.float64))
-    out["tpot_p50_ms"], out["tpot_p90_ms"] = _pcts(f["tpot_ms"].to_numpy().astype(np.float64))
+    out: dict[str, Any] = {"label": "measured", "ok": int(rt.frame["ok"].sum())}
+    out["ttft_p50_ms"], out["ttft_p90_ms"] = _p50_p90(rt, "ttft_ms")
+    out["tpot_p50_ms"], out["tpot_p90_ms"] = _p50_p90(rt, "tpot_ms")
     out["goodput_rps"] = s.get("goodput_rps")
     out["slo_attainment_pct"] = (s.get("attainment") or {}).get("all")
     return out
