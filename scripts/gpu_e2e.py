@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import traceback
 import urllib.error
 import urllib.request
 from collections import defaultdict
@@ -380,6 +381,21 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=400.0, help="shrink stages to fit this")
     ap.add_argument("--work", type=Path, default=None, help="working folder (default: a tmp dir)")
     args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = args.work or Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu_e2e.{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        return check(args, work)
+    except Exception as e:  # a device call is short: bring back whatever was made, and why
+        log(f"FAIL: {type(e).__name__}: {e}")
+        traceback.print_exc()
+        pack(args.out / "failed-work.tar.gz", [work])
+        log(f"the working folder is in {args.out / 'failed-work.tar.gz'}")
+        return 1
+
+
+def check(args: argparse.Namespace, work: Path) -> int:
+    """The whole check (see the module docstring); raises on what it cannot do."""
     t_start = time.monotonic()
     tf_py = os.environ.get("TFSERVE_PY", sys.executable)
     gpu, why = has_cuda(tf_py)
@@ -392,9 +408,6 @@ def main() -> int:
     if not gpu:
         log(f"no GPU ({why or '--mode cpu'}): CPU rehearsal with the tiny test model")
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    work = args.work or Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu_e2e.{os.getpid()}"
-    work.mkdir(parents=True, exist_ok=True)
     runs = work / "runs"
 
     # 1. the model
@@ -435,7 +448,8 @@ def main() -> int:
         n_probe = 2 * mode.max_seqs
         probe_spec = work / "probe.yaml"
         write_spec(probe_spec, "probe", 7, 1000.0, mode, "constant", requests=n_probe)
-        probe = run_path(phaselens(["run", str(probe_spec), *common, "--telemetry", "engine"], 600))
+        probe_args = ["run", str(probe_spec), *common, "--telemetry", "engine", "--timeout", "120"]
+        probe = run_path(phaselens(probe_args, 200))
         req, _, _ = load_frames(probe)
         ok = req.filter(req["status"] == "ok")
         span_s = (ok["end_ns"].max() - ok["sent_ns"].min()) / 1e9 if ok.height else 0.0
@@ -468,7 +482,7 @@ def main() -> int:
             measured[regime] = run_path(
                 phaselens(
                     ["run", str(specs[regime]), *common, "--telemetry", tel, "--timeout", timeout],
-                    900,
+                    2 * stage_s + 150,
                 )
             )
             log(f"{regime}: {factor} x mu = {factor * mu:.2f} req/s -> {measured[regime]}")
