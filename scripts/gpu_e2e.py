@@ -122,6 +122,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def token_counters(url: str) -> tuple[float, float]:
+    """(prompt, generation) tokens the server's /metrics counted so far (summed over labels):
+    read before and after each run, the exact truth the telemetry's sum is checked against."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode("utf-8", "replace")
+    got = {"vllm:prompt_tokens_total": 0.0, "vllm:generation_tokens_total": 0.0}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in got:
+            got[name] += float(line.rsplit(" ", 1)[1])
+    return got["vllm:prompt_tokens_total"], got["vllm:generation_tokens_total"]
+
+
 def get_json(url: str, timeout: float = 5.0) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return json.loads(r.read())
@@ -325,9 +338,10 @@ def phase_table(summary: dict[str, Any], run: Path | None) -> dict[str, dict[str
     return out
 
 
-def check_run(run: Path) -> dict[str, Any]:
+def check_run(run: Path, counted: tuple[float, float] | None = None) -> dict[str, Any]:
     """Facts the CPU test asserts: one record per planned request; the server's usage counts
-    equal what it streamed (tokens counted per chunk) and what its /metrics counted."""
+    equal what it streamed (tokens counted per chunk) and what its /metrics counted, read
+    directly before and after the run (`counted`) and as phaselens' telemetry summed it."""
     req, sched, tel = load_frames(run)
     ids = sorted(req["id"].to_list())
     planned = sorted(sched["id"].to_list())
@@ -353,6 +367,8 @@ def check_run(run: Path) -> dict[str, Any]:
         "client_input_tokens": int(ok["input_tokens"].sum() or 0),
         "engine_decode_tokens": float(gen or 0),
         "engine_prefill_tokens": float(pre or 0),
+        "metrics_decode_tokens": None if counted is None else counted[1],
+        "metrics_prefill_tokens": None if counted is None else counted[0],
     }
 
 
@@ -466,6 +482,7 @@ def check(args: argparse.Namespace, work: Path) -> int:
         # 4. the three measured runs
         specs: dict[str, Path] = {}
         measured: dict[str, Path] = {}
+        counted: dict[str, tuple[float, float]] = {}
         summaries: dict[str, dict[str, Any]] = {}
         tel = f"gpu,engine,cpu={server.proc.pid}"
         for i, (regime, factor) in enumerate(REGIMES):
@@ -479,12 +496,15 @@ def check(args: argparse.Namespace, work: Path) -> int:
                 duration_s=round(stage_s, 1),
             )
             timeout = str(round(2 * stage_s + 60))
+            before = token_counters(server.url)
             measured[regime] = run_path(
                 phaselens(
                     ["run", str(specs[regime]), *common, "--telemetry", tel, "--timeout", timeout],
                     2 * stage_s + 150,
                 )
             )
+            after = token_counters(server.url)
+            counted[regime] = (after[0] - before[0], after[1] - before[1])
             log(f"{regime}: {factor} x mu = {factor * mu:.2f} req/s -> {measured[regime]}")
         for regime, run in measured.items():
             summaries[regime] = json.loads(phaselens(["analyze", str(run), "--json"], 300, True))
@@ -562,7 +582,7 @@ def check(args: argparse.Namespace, work: Path) -> int:
             "valid": meas.get("valid"),
             "invalid_reasons": meas.get("invalid_reasons"),
             "rate_req_s": json.loads(specs[regime].read_text())["models"][0]["rate"],
-            "checks": check_run(run),
+            "checks": check_run(run, counted.get(regime)),
             "telemetry": (json.loads((run / "manifest.json").read_text()).get("telemetry")),
             "measured": {"latency": latency(meas), "phases": phase_table(meas, run)},
             "sim_default": {

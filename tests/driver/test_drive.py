@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -351,6 +352,54 @@ def test_telemetry_runs_beside_the_driver(tmp_path: Path) -> None:
     req = run.requests
     t_end = int(req["end_ns"].max())
     assert running["t_ns"].min() < t_end and (running["t_ns"] > -2_000_000_000).all()
+
+
+def test_a_slow_sampler_delays_the_run_start_not_the_first_scrape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a loaded machine the sampler process can need longer than the lead: the run then
+    starts later (said in the manifest) so the engine counters' first scrape still precedes the
+    first request, and the samples are re-timed on the real t = 0."""
+    import phaselens.driver.drive as drive_mod
+
+    real = drive_mod.start_telemetry
+
+    class Slow:
+        def __init__(self, inner: Any) -> None:
+            self.inner, self.calls = inner, 0
+
+        def wait_ready(self, timeout_s: float = 10.0) -> bool:
+            self.calls += 1
+            if self.calls == 1:
+                return False  # not ready within the lead
+            ok = bool(self.inner.wait_ready(timeout_s))
+            time.sleep(1.5)  # and then some: a slow process start
+            return ok
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    monkeypatch.setattr(drive_mod, "start_telemetry", lambda *a, **k: Slow(real(*a, **k)))
+    sched = make_schedule([20.0 * k for k in range(40)], out_tokens=20)
+    with fake_server("--t0-ms", "20", "--d-ms", "20") as url:
+        res = execute(
+            sched,
+            HttpTarget({"*": url}),
+            Options(telemetry="engine", telemetry_interval_s=0.1, handle_sigint=False),
+            tmp_path,
+        )
+    run = load_run(res.path)
+    assert res.by_status == {"ok": 40}
+    assert run.manifest["telemetry_start_delay_s"] >= 1.0
+    eng = run.telemetry.filter(pl.col("source") != "client").sort("t_ns")
+    first_send = int(run.requests["sent_ns"].min())
+    assert 0 <= first_send < 1_000_000_000  # the schedule runs on the new t = 0
+    assert int(eng["t_ns"].min()) < first_send  # the first scrape came before any request
+    assert int(eng["t_ns"].min()) > -30_000_000_000  # re-timed: no sample from the old t0
+    running = eng.filter(pl.col("metric") == "engine.running")
+    assert running["value"].max() >= 3  # it saw the requests stream, on the same clock
+    peak_t = int(running.sort("value")["t_ns"][-1])
+    assert first_send <= peak_t <= int(run.requests["end_ns"].max())
 
 
 def test_client_time_series(tmp_path: Path) -> None:

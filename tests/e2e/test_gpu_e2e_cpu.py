@@ -125,8 +125,11 @@ def test_usage_counts_match_what_was_streamed(e2e: tuple[Path, Path, str]) -> No
         planned_in = dict(zip(sched["id"], sched["input_tokens"], strict=True))
         for rid, n in zip(ok["id"], ok["input_tokens"], strict=True):
             assert n == planned_in[rid]
-        # what the engine's /metrics counted during the run, summed by phaselens' telemetry
+        # what the engine's /metrics counted during the run: read directly before and after it,
+        # and as phaselens' telemetry summed it (the run waits for the sampler's first scrape)
         c = entry["checks"]
+        assert c["metrics_decode_tokens"] == c["client_output_tokens"], regime
+        assert c["metrics_prefill_tokens"] == c["client_input_tokens"], regime
         assert c["engine_decode_tokens"] == c["client_output_tokens"], regime
         assert c["engine_prefill_tokens"] == c["client_input_tokens"], regime
         assert run.manifest["telemetry"][f"engine@{_metrics_url(run.manifest)}"] == "ok"

@@ -6,6 +6,7 @@ The run writer lives on its own thread (writer.py).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import threading
@@ -30,7 +31,15 @@ from phaselens.redact import Secrets, redact_url, scrub_json, scrub_record, scru
 from phaselens.store import RunWriter, clock_anchor
 from phaselens.telemetry.choose import parse_spec as parse_telemetry
 from phaselens.telemetry.sampler import start_telemetry
-from phaselens.types import Outcome, RequestRecord, Schedule
+from phaselens.types import Outcome, RequestRecord, Schedule, TelemetrySample
+
+TELEMETRY_READY_S = 20.0  # the longest a run waits past its lead for the sampler to be ready
+LATE_START_LEAD_NS = 50_000_000  # after a late sampler: t = 0 this long after it is ready
+
+
+def _rebased(ss: list[TelemetrySample], d: int) -> list[TelemetrySample]:
+    """Samples timed from a run start `d` ns earlier than the real one, re-timed from it."""
+    return [dataclasses.replace(x, t_ns=x.t_ns - d) for x in ss] if d else ss
 
 
 def _telemetry_on(spec: str | None) -> bool:
@@ -136,22 +145,49 @@ def drive(
     state: dict[str, Any] = {"t0": 0, "tel": None}
     progress: Any = None
 
-    def on_start(t0: int) -> None:
-        state["t0"] = t0
-        anchor = clock_anchor()
-        writer_clock = {**anchor, "run_start_perf_ns": t0}
-        writer.update_manifest(clock=writer_clock)
+    def on_start(t0: int) -> int:
+        """Start telemetry and the progress line; return t = 0 (perf_counter ns): the proposed
+        `t0`, or later when the sampler needed longer than the lead to open its sources."""
         if _telemetry_on(telemetry):
             urls = sorted(set(targets.values()))
-            state["tel"] = start_telemetry(
-                telemetry,
-                urls,
-                telemetry_interval_s,
-                t0,
-                lambda ss: wt.samples(scrub_samples(ss, secrets)),
-            )
-            # The sampler starts in its own process: give it the lead time before t = 0.
-            state["tel"].wait_ready(max(0.0, (t0 - time.perf_counter_ns()) / 1e9 - 0.02))
+            # Samples wait until t = 0 is decided, then are re-based on it (`shift`: the ns the
+            # run start moved after the sampler was given `t0`).
+            shift: list[int | None] = [None]
+            held: list[TelemetrySample] = []
+            lock = threading.Lock()
+
+            def deliver(ss: list[TelemetrySample]) -> None:
+                ss = scrub_samples(ss, secrets)
+                with lock:
+                    if shift[0] is None:
+                        held.extend(ss)
+                        return
+                    d = shift[0]
+                wt.samples(_rebased(ss, d))
+
+            def decide(d: int) -> None:
+                with lock:
+                    shift[0] = d
+                    ss = list(held)
+                    held.clear()
+                    if ss:
+                        wt.samples(_rebased(ss, d))
+
+            state["tel"] = start_telemetry(telemetry, urls, telemetry_interval_s, t0, deliver)
+            # The sampler starts in its own process: give it the lead time before t = 0, and on
+            # a loaded machine more (bounded): a request sent before the sampler's first scrape
+            # would miss the engine counters' baseline and the GPU's first samples.
+            lead = max(0.0, (t0 - time.perf_counter_ns()) / 1e9 - 0.02)
+            late = 0
+            if not state["tel"].wait_ready(lead):
+                state["tel"].wait_ready(TELEMETRY_READY_S)
+                late = max(0, time.perf_counter_ns() + LATE_START_LEAD_NS - t0)
+                if late:
+                    t0 += late
+                    writer.update_manifest(telemetry_start_delay_s=round(late / 1e9, 3))
+            decide(late)
+        state["t0"] = t0
+        writer.update_manifest(clock={**clock_anchor(), "run_start_perf_ns": t0})
         nonlocal progress
         if not quiet:
             from phaselens.driver.progress import ProgressLine
@@ -159,6 +195,7 @@ def drive(
             planned_s = schedule.duration_ns / 1e9
             progress = ProgressLine(lambda: stats, planned_s, len(schedule), t0)
             progress.start()
+        return t0
 
     count = [0]
 
@@ -332,8 +369,7 @@ async def _single(
     loop = asyncio.get_running_loop()
     ev = asyncio.Event()
     relay_done = relay_stop(stop.wait, loop, ev)
-    t0 = time.perf_counter_ns() + int(lead_s * 1e9)
-    on_start(t0)
+    t0 = on_start(time.perf_counter_ns() + int(lead_s * 1e9))
     try:
         return await run_schedule(
             schedule,

@@ -162,13 +162,14 @@ def run_workers(
     options: DriverOptions,
     workers: int,
     on_records: Callable[[list[RequestRecord]], None],
-    on_start: Callable[[int], None],
+    on_start: Callable[[int], int],
     stop: threading.Event,
     on_samples: Callable[[list[TelemetrySample]], None],
     stats: LiveStats,
     lead_s: float = 0.1,
 ) -> list[WorkerResult]:
-    """Run `workers` processes; `on_start(t0)` is called once all are ready, before t = 0."""
+    """Run `workers` processes; `on_start(t0)` is called once all are ready, before t = 0, and
+    returns the t = 0 the workers start from."""
     ctx = mp.get_context("spawn")
     out: Any = ctx.Queue()
     go = ctx.Event()
@@ -211,8 +212,8 @@ def run_workers(
         if msg[0] == "ready":
             ready += 1
     start = time.perf_counter_ns() + int(lead_s * 1e9)  # every worker is waiting by now
+    start = on_start(start)  # (later than proposed when telemetry was slow to start)
     t0.value = start
-    on_start(start)
     go.set()
     results: dict[int, WorkerResult] = {}
     wstats: dict[int, tuple[int, int]] = {}
