@@ -71,6 +71,7 @@ def fixed_rate(
     interval (analysis.compare's block bootstrap, the one `compare` reports)."""
     # core: replace with capacity.search.fixed_rate_probe at merge (warm-up, early stop, verdict)
     from phaselens.analysis.compare import bootstrap, run_stats
+    from phaselens.analysis.stats import fnum
     from phaselens.store import load_run
     from phaselens.workload.plan import build_schedule
 
@@ -90,7 +91,9 @@ def fixed_rate(
         boot = boot[np.isfinite(boot)]
         if boot.size:
             a = (1.0 - LEVEL) / 2
-            interval = (float(np.quantile(boot, a)), float(np.quantile(boot, 1 - a)))
+            lo, hi = float(np.quantile(boot, a)), float(np.quantile(boot, 1 - a))
+            g = float(good)  # (the point's window differs from the bootstrap's by rounding)
+            interval = (float(fnum(min(lo, g)) or 0.0), float(fnum(max(hi, g)) or 0.0))
     dur = sched.duration_ns / 1e9
     return Measured(
         run=str(out.path),
