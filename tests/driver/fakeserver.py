@@ -6,14 +6,16 @@ client's timing would be measured against itself. Both processes read the same m
 chunk and the test compares those instants with the driver's stamps directly.
 
 Run: `python fakeserver.py --port 0 [--t0-ms 20,50] [--d-ms 5,10] [--usage continuous|final|none]
-[--per-chunk 1] [--faults kind,kind,...] [--reject-optional] [--idle-close-ms T]`; prints
-`PORT <n>` when ready. Request i (from the `X-Request-Id: pl-<tag>-<i>` header) uses profile
-i mod len(list) and, with `--faults`, fault kind faults[i mod len] (FAULTS: broken responses;
-UNTRUSTED: valid streams carrying absurd numbers). `--idle-close-ms T`: a request that arrives on
-a keep-alive connection idle for T ms or more gets that connection closed without a response,
-as when a server's close of an idle connection crosses the client's next request. GET /truth
-returns what was written and when; GET /log the requests as received (headers and body keys);
-GET /stats how many connections were closed that way.
+[--per-chunk 1] [--faults kind,kind,...] [--reject-optional] [--idle-close-ms T] [--slots K]`;
+prints `PORT <n>` when ready. Request i (from the `X-Request-Id: pl-<tag>-<i>` header) uses
+profile i mod len(list) and, with `--faults`, fault kind faults[i mod len] (FAULTS: broken
+responses; UNTRUSTED: valid streams carrying absurd numbers). `--idle-close-ms T`: a request
+that arrives on a keep-alive connection idle for T ms or more gets that connection closed
+without a response, as when a server's close of an idle connection crosses the client's next
+request. `--slots K`: at most K requests are served at once, the others wait for a slot (as
+llama-server's `-np` slots; their t0 starts when they get one). GET /health answers 200 (an
+engine's readiness); GET /truth returns what was written and when; GET /log the requests as
+received (headers and body keys); GET /stats how many connections were closed that way.
 """
 
 from __future__ import annotations
@@ -126,6 +128,7 @@ class State:
         self.truth: dict[str, dict[str, Any]] = {}
         self.log: list[dict[str, Any]] = []
         self.open = 0  # streams being written
+        self.slots = asyncio.Semaphore(args.slots) if args.slots > 0 else None
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
@@ -142,7 +145,10 @@ async def handle(request: web.Request) -> web.StreamResponse:
         tr.close()  # idle too long: closed, the request unanswered
         return web.Response(status=503)  # (never reaches the closed connection)
     try:
-        return await _handle(request, st)
+        if st.slots is None:
+            return await _handle(request, st)
+        async with st.slots:  # wait for a slot; t0 is counted from here
+            return await _handle(request, st)
     finally:
         if tr is not None and not tr.is_closing():
             st.idle_since[tr] = time.monotonic()
@@ -289,6 +295,10 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(text=text, content_type="text/plain")
 
 
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
 async def truth(request: web.Request) -> web.Response:
     return web.json_response(request.app["state"].truth)
 
@@ -306,6 +316,7 @@ async def main(args: argparse.Namespace) -> None:
     app["state"] = State(args)
     app.router.add_post("/v1/chat/completions", handle)
     app.router.add_post("/v1/completions", handle)
+    app.router.add_get("/health", health)
     app.router.add_get("/truth", truth)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/log", log)
@@ -329,6 +340,7 @@ if __name__ == "__main__":
     ap.add_argument("--faults", default="")
     ap.add_argument("--reject-optional", action="store_true")
     ap.add_argument("--idle-close-ms", type=float, default=0.0)
+    ap.add_argument("--slots", type=int, default=0, help="requests served at once (0: any)")
     try:
         asyncio.run(main(ap.parse_args()))
     except KeyboardInterrupt:

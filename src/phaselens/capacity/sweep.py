@@ -1,0 +1,316 @@
+"""Engine-setting sweeps: for every `--set` combination start the engine fresh, measure, stop it.
+
+Why fresh engines: a setting must be measured alone; a warm engine carries its prompt cache and
+allocator into the next setting. Why rows, not exceptions: an engine that fails to start or dies
+during its run is that setting's result ("error"), and the sweep goes on, so one bad setting
+never costs the others; sweep.json is rewritten after every repeat, so Ctrl-C keeps them too.
+
+Ranking: the median over repeats of goodput at the fixed rate (or of the capacity), higher
+first; a setting's interval is the envelope of its repeats' intervals, and `separated` says
+whether it lies wholly above the next setting's. The Pareto front is capacity (higher) vs GPUs
+used (fewer): `--gpus-per-setting` is an integer or a product of integers and `--set` names
+(`tp`, `tp*pp`), 1 by default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from phaselens.capacity.engine import (
+    BUILTINS,
+    READY_TIMEOUT_S,
+    EngineError,
+    Template,
+    running_engine,
+)
+from phaselens.capacity.sweepprobe import Interrupted, Measured, capacity, fixed_rate
+from phaselens.errors import InputError
+from phaselens.names import slugify
+from phaselens.spec import WorkloadSpec
+from phaselens.store import new_run_dir
+from phaselens.whatif.knobs import grid
+
+MAX_SETTINGS = 64  # combinations in one sweep (each starts an engine)
+MAX_REPEATS = 20
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_sets(items: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """`--set NAME=V1,V2` items -> {name: values} (values stay text: they go into argv)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for item in items:
+        name, eq, raw = item.partition("=")
+        name = name.strip()
+        vals = tuple(dict.fromkeys(v.strip() for v in raw.split(",")))
+        if not eq or not _NAME.match(name) or not raw.strip() or "" in vals:
+            raise InputError(f"--set {item}: expected NAME=V1,V2,... e.g. np=1,4")
+        if name in BUILTINS:
+            raise InputError(f"--set {name}: {{{name}}} is filled by phaselens, not by --set")
+        if name in out:
+            raise InputError(f"--set {name}: given twice")
+        out[name] = vals
+    n = 1
+    for v in out.values():
+        n *= len(v)
+    if n > MAX_SETTINGS:
+        raise InputError(f"--set: {n} settings; at most {MAX_SETTINGS} (each starts an engine)")
+    return out
+
+
+def settings_of(sets: Mapping[str, Sequence[str]]) -> list[dict[str, str]]:
+    """Every combination (the cartesian product), the last `--set` varying fastest."""
+    return [{k: str(v) for k, v in c.items()} for c in grid(sets)] if sets else [{}]
+
+
+def label(setting: Mapping[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in setting.items()) or "(as given)"
+
+
+def check_gpus(expr: str, sets: Mapping[str, Sequence[str]]) -> str:
+    """`--gpus-per-setting`: an integer >= 1 or a `*` product of integers and --set names whose
+    values are all integers >= 1."""
+    parts = [p.strip() for p in expr.split("*")]
+    for p in parts:
+        vals: Sequence[str] = sets.get(p, ()) if not p.isdigit() else (p,)
+        if not vals or not all(v.isdigit() and int(v) >= 1 for v in vals):
+            raise InputError(
+                f"--gpus-per-setting {expr}: {p!r}: expected an integer >= 1 or a --set name "
+                "with integer values (e.g. 2, tp, tp*pp)"
+            )
+    return expr
+
+
+def gpus_of(expr: str, setting: Mapping[str, str]) -> int:
+    n = 1
+    for p in expr.split("*"):
+        p = p.strip()
+        n *= int(setting.get(p, p))
+    return n
+
+
+@dataclass(frozen=True, slots=True)
+class SweepConfig:
+    """A checked sweep: the engine template, the grid and how each setting is measured."""
+
+    template: Template
+    engine: str  # the template as the user wrote it
+    sets: Mapping[str, tuple[str, ...]]
+    model: str | None = None
+    rate_scale: float | None = 1.0  # None: a capacity search per setting
+    repeats: int = 1
+    ready_timeout_s: float = READY_TIMEOUT_S
+    gpus: str = "1"
+    seed: int = 0
+    prediction: Any = None  # sweeppredict.PredictPlan, or None without --deploy
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def mode(self) -> str:
+        return "capacity" if self.rate_scale is None else "rate"
+
+    @property
+    def metric(self) -> str:
+        return "capacity_rps" if self.rate_scale is None else "goodput_rps"
+
+
+def _measure(ws: WorkloadSpec, cfg: SweepConfig, url: str, root: Path, k: int) -> Measured:
+    seed = cfg.seed + k
+    if cfg.rate_scale is None:
+        return capacity(ws, url, root / f"capacity-r{k}", seed)
+    return fixed_rate(ws, url, cfg.rate_scale, root, f"r{k}", seed)
+
+
+def _repeat(
+    ws: WorkloadSpec, cfg: SweepConfig, setting: Mapping[str, str], root: Path, k: int
+) -> dict[str, Any]:
+    log = root / f"engine-r{k}.log"
+    row: dict[str, Any] = {"repeat": k, "run": None, "log": str(log), "error": None}
+    values = {**setting, **({"model": cfg.model} if cfg.model is not None else {})}
+    try:
+        with running_engine(cfg.template, values, log, cfg.ready_timeout_s) as eng:
+            row["argv"] = list(eng.argv)
+            row["startup_s"] = round(eng.startup_s, 3)
+            m = _measure(ws, cfg, eng.url, root, k)
+            died = eng.died_error()
+    except EngineError as e:
+        row["error"] = str(e)
+        return row
+    row.update(
+        run=m.run,
+        value=m.value,
+        interval=list(m.interval) if m.interval else None,
+        ttft_p90_ms=m.ttft_p90_ms,
+        tpot_p90_ms=m.tpot_p90_ms,
+        rate_rps=m.rate_rps,
+        predicted=m.predicted,
+        **dict(m.extra),
+    )
+    if died:
+        row["error"] = died  # the run is kept (its records say what failed), the value is not
+        row["value"] = None
+    return row
+
+
+def _median(xs: Sequence[float | None]) -> float | None:
+    v = [x for x in xs if x is not None]
+    return float(statistics.median(v)) if v else None
+
+
+def summarize(row: dict[str, Any]) -> None:
+    """A setting's value, interval and spread from its repeats (in place)."""
+    reps = row["repeats"]
+    ok = [r for r in reps if r.get("error") is None and r.get("value") is not None]
+    row["value"] = _median([r["value"] for r in ok])
+    ivs = [r["interval"] for r in ok if r.get("interval")]
+    row["interval"] = [min(i[0] for i in ivs), max(i[1] for i in ivs)] if ivs else None
+    vals = [float(r["value"]) for r in ok]
+    row["spread"] = [min(vals), max(vals)] if vals else None
+    for key in ("ttft_p90_ms", "tpot_p90_ms", "predicted"):
+        row[key] = _median([r.get(key) for r in ok])
+    errs = [r["error"] for r in reps if r.get("error")]
+    row["error"] = errs[0] if errs and not ok else None
+    row["failed_repeats"] = len(errs)
+
+
+def rank(rows: Sequence[dict[str, Any]]) -> list[int]:
+    """Indices best first: higher value, then higher interval low end; no value last. Sets
+    `rank` and `separated` (its interval lies wholly above the next-ranked setting's)."""
+
+    def key(i: int) -> tuple[int, float, float, int]:
+        r = rows[i]
+        if r.get("value") is None:
+            return (1, 0.0, 0.0, i)
+        lo = (r.get("interval") or [r["value"]])[0]
+        return (0, -float(r["value"]), -float(lo), i)
+
+    order = sorted(range(len(rows)), key=key)
+    for k, i in enumerate(order):
+        rows[i]["rank"] = k + 1
+        nxt = rows[order[k + 1]] if k + 1 < len(order) else None
+        mine, theirs = rows[i].get("interval"), (nxt or {}).get("interval")
+        rows[i]["separated"] = (
+            None if not mine or not theirs or nxt is None else bool(mine[0] > theirs[1])
+        )
+    return order
+
+
+def pareto(rows: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Indices of settings no other setting beats on both value (higher) and GPUs (fewer),
+    fewest GPUs first."""
+    pts = [
+        (i, float(r["value"]), int(r["gpus"]))
+        for i, r in enumerate(rows)
+        if r.get("value") is not None
+    ]
+    front = [
+        i
+        for i, v, g in pts
+        if not any(v2 >= v and g2 <= g and (v2 > v or g2 < g) for j, v2, g2 in pts if j != i)
+    ]
+    return sorted(front, key=lambda i: (int(rows[i]["gpus"]), -float(rows[i]["value"])))
+
+
+def write_json(path: Path, doc: Mapping[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _doc(
+    ws: WorkloadSpec, cfg: SweepConfig, sweep_dir: Path, rows: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "sweep_dir": str(sweep_dir),
+        "spec": ws.name,
+        "engine": cfg.engine,
+        "mode": cfg.mode,
+        "metric": cfg.metric,
+        "rate_scale": cfg.rate_scale,
+        "sets": {k: list(v) for k, v in cfg.sets.items()},
+        "repeats": cfg.repeats,
+        "gpus_per_setting": cfg.gpus,
+        "slo": ws.slo_dict,
+        "settings": rows,
+        "ranking": [],
+        "pareto": [],
+        "prediction": None,
+        "complete": False,
+        **dict(cfg.extra),
+    }
+
+
+Progress = Callable[[dict[str, Any], dict[str, Any], int, int], None]
+
+
+def run_sweep(
+    ws: WorkloadSpec, cfg: SweepConfig, out: Path | str, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Measure every setting (`repeats` fresh engines each) into a new sweep directory under
+    `out`; rank, mark the Pareto front, predict (with --deploy); return sweep.json's dict."""
+    sweep_dir = new_run_dir(out, f"sweep-{ws.name}")
+    settings = settings_of(cfg.sets)
+    rows: list[dict[str, Any]] = [
+        {
+            "index": i,
+            "label": label(s),
+            "setting": s,
+            "dir": f"s{i}-{slugify(label(s), 'setting')}"[:80],
+            "gpus": gpus_of(cfg.gpus, s),
+            "repeats": [],
+        }
+        for i, s in enumerate(settings)
+    ]
+    doc = _doc(ws, cfg, sweep_dir, rows)
+    path = sweep_dir / "sweep.json"
+    write_json(path, doc)
+    try:
+        for row in rows:
+            for k in range(1, cfg.repeats + 1):
+                rep = _repeat(ws, cfg, row["setting"], sweep_dir / row["dir"], k)
+                for key in ("run", "log"):  # relative: the sweep directory can move
+                    if rep.get(key):
+                        rep[key] = os.path.relpath(rep[key], sweep_dir)
+                row["repeats"].append(rep)
+                summarize(row)
+                write_json(path, doc)
+                if progress is not None:
+                    progress(row, rep, len(rows), cfg.repeats)
+        order = rank(rows)
+        doc["ranking"] = [rows[i]["label"] for i in order]
+        front = pareto(rows)
+        for r in rows:
+            r["pareto"] = r["index"] in front
+        doc["pareto"] = [rows[i]["label"] for i in front]
+        if cfg.prediction is not None:
+            from phaselens.capacity.sweeppredict import predict_rows
+
+            doc["prediction"] = predict_rows(cfg.prediction, rows, sweep_dir)
+        doc["complete"] = True
+    except (Interrupted, KeyboardInterrupt):
+        doc["interrupted"] = True
+        raise KeyboardInterrupt from None
+    finally:
+        write_json(path, doc)
+    return doc
+
+
+__all__ = [
+    "MAX_SETTINGS",
+    "SweepConfig",
+    "check_gpus",
+    "gpus_of",
+    "label",
+    "pareto",
+    "parse_sets",
+    "rank",
+    "run_sweep",
+    "settings_of",
+    "summarize",
+]

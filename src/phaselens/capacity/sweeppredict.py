@@ -1,0 +1,152 @@
+"""The simulator's prediction beside every measured sweep setting: calibrate once, predict all.
+
+Why: a sweep measures what the what-if model claims to predict, so every sweep scores it. The
+simulator is calibrated on the first measured setting's run (`whatif.calibrate`) and replays
+that run's workload under each other setting (`whatif.sweep`, the `phaselens whatif` engine);
+each `--set` name is mapped onto a deployment field (`--map NAME=policy.FIELD`; `np`,
+`parallel` and `max_num_seqs` map to `policy.max_num_seqs`, `batch` and
+`max_num_batched_tokens` to `policy.max_num_batched_tokens` unless mapped otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from phaselens.errors import InputError
+from phaselens.whatif.knobs import KNOBS, parse_value, resolve_name
+
+DEFAULT_MAP = {
+    "np": "policy.max_num_seqs",
+    "parallel": "policy.max_num_seqs",
+    "max_num_seqs": "policy.max_num_seqs",
+    "batch": "policy.max_num_batched_tokens",
+    "max_num_batched_tokens": "policy.max_num_batched_tokens",
+}
+COMPARED = ("goodput_rps", "ttft_p90_ms", "tpot_p90_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class PredictPlan:
+    """The deployment, the name -> field mapping and each setting's knob combination."""
+
+    deployment: Mapping[str, Any]
+    source: str
+    maps: Mapping[str, str]
+    combos: tuple[Mapping[str, Any], ...]  # per setting, in grid order
+    unmapped: tuple[str, ...]
+
+
+def _knob(item: str, field: str, engines: Sequence[str]) -> tuple[str, str]:
+    try:
+        base, engine = resolve_name(field, engines)
+    except InputError as e:
+        raise InputError(f"--map {item}: {str(e).split(': ', 1)[-1]}") from None
+    if not (base.startswith("policy.") or base.startswith("share.") or base == "gpu.type"):
+        raise InputError(f"--map {item}: {base} is not an engine setting (policy.*, share.*)")
+    return (f"engines.{engine}.{base}" if engine else base), base
+
+
+def plan_prediction(
+    deploy: Path, items: Sequence[str], sets: Mapping[str, Sequence[str]]
+) -> PredictPlan:
+    """Read `--deploy`, check `--map` items and type every setting's values (InputError)."""
+    from phaselens.whatif.calibfile import load_deploy_mapping
+
+    dmap = load_deploy_mapping(deploy)
+    engines = [str(e.get("name")) for e in dmap.get("engines") or [] if isinstance(e, dict)]
+    maps: dict[str, tuple[str, str]] = {}
+    for item in items:
+        name, eq, field = (p.strip() for p in item.partition("="))
+        if not eq or not name or not field:
+            raise InputError(f"--map {item}: expected NAME=FIELD, e.g. np=policy.max_num_seqs")
+        if name not in sets:
+            raise InputError(f"--map {item}: {name} is not a --set name ({', '.join(sets)})")
+        maps[name] = _knob(item, field, engines)
+    for name in sets:
+        if name not in maps and name in DEFAULT_MAP:
+            maps[name] = _knob(f"{name}={DEFAULT_MAP[name]}", DEFAULT_MAP[name], engines)
+    from phaselens.capacity.sweep import settings_of
+
+    combos = tuple(
+        {key: parse_value(KNOBS[base], s[n], f"{n}={s[n]}") for n, (key, base) in maps.items()}
+        for s in settings_of(sets)
+    )
+    unmapped = tuple(n for n in sets if n not in maps)
+    return PredictPlan(
+        dmap, str(deploy.resolve()), {n: k for n, (k, _) in maps.items()}, combos, unmapped
+    )
+
+
+def _err_pct(pred: Any, meas: Any) -> float | None:
+    if pred is None or meas is None or float(meas) == 0.0:
+        return None
+    return round(100.0 * (float(pred) - float(meas)) / float(meas), 1)
+
+
+def predict_rows(
+    plan: PredictPlan, rows: Sequence[dict[str, Any]], sweep_dir: Path
+) -> dict[str, Any]:
+    """Calibrate on the first measured setting, predict every setting; each row gets its
+    `prediction` (predicted, measured, error per metric). A failed fit is reported, not raised:
+    the measurements stand without it."""
+    from phaselens.store import load_run
+    from phaselens.whatif.calibrate import calibrate
+    from phaselens.whatif.knobs import apply_deploy
+    from phaselens.whatif.sweep import sweep
+
+    base = next(
+        (
+            (r, rep)
+            for r in rows
+            for rep in r["repeats"]
+            if rep.get("run") and rep.get("error") is None
+        ),
+        None,
+    )
+    if base is None:
+        return {"error": "no setting was measured; nothing to calibrate on"}
+    row0, rep0 = base
+    out: dict[str, Any] = {
+        "calibrated_on": row0["label"],
+        "run": rep0["run"],
+        "maps": dict(plan.maps),
+        "unmapped": list(plan.unmapped),
+    }
+    try:
+        run = load_run(sweep_dir / rep0["run"])
+        dmap = apply_deploy(plan.deployment, plan.combos[row0["index"]])
+        calib = calibrate(run, dmap, plan.source, allow_invalid=True)
+        res = sweep(run, calib, [plan.combos[r["index"]] for r in rows])
+    except InputError as e:
+        return {**out, "error": str(e)}
+    out.update(method=calib.method, notes=list(calib.notes))
+    for r in rows:
+        combo = dict(plan.combos[r["index"]])  # (no mapped name: {}, the baseline row)
+        p: dict[str, Any] = next((x for x in res["rows"] if x.get("combo") == combo), {})
+        entry: dict[str, Any] = {
+            "in_sample": r["index"] == row0["index"],
+            "feasible": bool(p.get("feasible", False)),
+            "regime": p.get("regime"),
+            "expected_error": p.get("expected_error"),
+        }
+        if p.get("reason"):
+            entry["reason"] = p["reason"]
+        for key in COMPARED:
+            meas = r.get("value") if key == "goodput_rps" else r.get(key)
+            entry[key] = {"predicted": p.get(key), "measured": meas, "error_pct": None}
+            entry[key]["error_pct"] = _err_pct(p.get(key), meas)
+        r["prediction"] = entry
+    scored = [r for r in rows if r.get("value") is not None]
+    by_pred = sorted(
+        scored, key=lambda r: -float(r["prediction"]["goodput_rps"]["predicted"] or 0.0)
+    )
+    by_meas = sorted(scored, key=lambda r: int(r.get("rank") or 0))
+    out["predicted_ranking"] = [r["label"] for r in by_pred]
+    out["ranking_agrees"] = [r["label"] for r in by_meas] == out["predicted_ranking"]
+    return out
+
+
+__all__ = ["COMPARED", "DEFAULT_MAP", "PredictPlan", "plan_prediction", "predict_rows"]

@@ -1,0 +1,194 @@
+"""`sweep`: start a real engine per setting from a command template, measure each, rank them.
+
+Exit codes: 0 when at least one setting was measured (a setting whose engine failed is a row
+with its error), 1 when none was, 2 for bad input (before any engine starts), 130 on Ctrl-C
+(sweep.json keeps every finished repeat).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from phaselens.cli.app import app
+from phaselens.cliargs import MAX_SEED, check_out_dir, integer, number
+
+
+def _num(x: Any, fmt: str = "{:.3g}") -> str:
+    return "-" if x is None else fmt.format(float(x))
+
+
+def _value(r: dict[str, Any]) -> str:
+    iv = r.get("interval")
+    tail = f" [{_num(iv[0])}, {_num(iv[1])}]" if iv else ""
+    return _num(r.get("value")) + tail
+
+
+def _progress(row: dict[str, Any], rep: dict[str, Any], n: int, repeats: int) -> None:
+    head = f"sweep {row['index'] + 1}/{n} {row['label']}"
+    if repeats > 1:
+        head += f" (repeat {rep['repeat']}/{repeats})"
+    if rep.get("error"):
+        msg = f"error: {rep['error']}"
+    else:
+        msg = (
+            f"{_value({'value': rep.get('value'), 'interval': rep.get('interval')})} req/s"
+            f" · TTFT p90 {_num(rep.get('ttft_p90_ms'), '{:.0f}')} ms"
+            f" · engine up in {_num(rep.get('startup_s'), '{:.1f}')} s"
+        )
+    from phaselens.errors import one_line
+
+    print(one_line(f"{head}: {msg}", 400), file=sys.stderr, flush=True)
+
+
+def _table(doc: dict[str, Any]) -> list[str]:
+    rows = sorted(doc["settings"], key=lambda r: int(r.get("rank") or 10**6))
+    what = "capacity" if doc["mode"] == "capacity" else f"goodput at rate x{doc['rate_scale']:g}"
+    lines = [f"{doc['spec']}: settings ranked by {what} (req/s, 95% interval)"]
+    head = f"{'rank':>4}  {'setting':<24} {'gpus':>4}  {'measured':<24} {'TTFT p90':>9}"
+    head += f" {'TPOT p90':>9}  {'predicted (error)':<20} front"
+    lines.append(head)
+    for r in rows:
+        pred = r.get("prediction") or {}
+        g = pred.get("goodput_rps") or {}
+        p = "-"
+        if g.get("predicted") is not None:
+            p = _num(g["predicted"]) + (f" ({g['error_pct']:+.0f}%)" if g.get("error_pct") else "")
+        elif r.get("predicted") is not None:
+            p = _num(r["predicted"]) + " (own knee)"
+        meas = _value(r) if r.get("value") is not None else f"error: {r.get('error') or '-'}"
+        lines.append(
+            f"{r.get('rank', '-'):>4}  {r['label'][:24]:<24} {r['gpus']:>4}  {meas[:60]:<24}"
+            f" {_num(r.get('ttft_p90_ms'), '{:.0f}'):>9} {_num(r.get('tpot_p90_ms'), '{:.1f}'):>9}"
+            f"  {p:<20} {'*' if r.get('pareto') else ''}"
+        )
+    pr = doc.get("prediction") or {}
+    if pr.get("error"):
+        lines.append(f"prediction: {pr['error']}")
+    elif pr:
+        agree = "agrees" if pr.get("ranking_agrees") else "does not agree"
+        lines.append(
+            f"prediction: calibrated on {pr['calibrated_on']}; its ranking {agree} with the "
+            "measured one"
+        )
+    lines.append(f"sweep directory: {doc['sweep_dir']}")
+    return lines
+
+
+@app.command()
+def sweep(
+    spec: Annotated[Path, typer.Argument(help="Workload spec YAML.")],
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="Engine command template; {port}, {model} and each --set NAME are filled in, "
+            "e.g. 'llama-server -m {model} --port {port} -np {np}'.",
+        ),
+    ],
+    set_: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--set", help="NAME=V1,V2,... a template placeholder's values (repeatable)."),
+    ] = None,
+    model: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--model", help="Fills {model} (a model file or name)."),
+    ] = None,
+    rate: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--rate",
+            callback=number(0.0, 1e6, lo_open=True),
+            help="Fixed load: the spec's whole mix x R (default 1, as written).",
+        ),
+    ] = None,
+    capacity: Annotated[
+        bool, typer.Option("--capacity", help="A capacity search per setting instead.")
+    ] = False,
+    repeats: Annotated[
+        int, typer.Option("--repeats", callback=integer(1, 20), help="Fresh engines per setting.")
+    ] = 1,
+    ready_timeout_s: Annotated[
+        float,
+        typer.Option(
+            "--ready-timeout-s",
+            callback=number(0.0, 86400.0, lo_open=True),
+            help="Wait this long for the engine to answer GET /health or /v1/models.",
+        ),
+    ] = 600.0,
+    gpus: Annotated[
+        str,
+        typer.Option("--gpus-per-setting", help="GPUs a setting uses: 1, 2, tp, tp*pp (Pareto)."),
+    ] = "1",
+    deploy: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--deploy", help="Deployment YAML: predict every setting beside it."),
+    ] = None,
+    map_: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option(
+            "--map",
+            help="NAME=FIELD: the deployment field a --set name is, e.g. "
+            "np=policy.max_num_seqs (repeatable).",
+        ),
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="The sweep directory goes under this.")] = Path(
+        "sweeps"
+    ),
+    seed: Annotated[
+        int, typer.Option("--seed", callback=integer(0, MAX_SEED), help="Bootstrap seed.")
+    ] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print sweep.json.")] = False,
+) -> None:
+    """Start the engine fresh for every setting, run the same load, stop it; rank the settings."""
+    import json
+
+    from phaselens.capacity.engine import parse_template
+    from phaselens.capacity.sweep import SweepConfig, check_gpus, parse_sets, run_sweep
+    from phaselens.errors import InputError
+    from phaselens.spec import load_spec
+
+    if capacity and rate is not None:
+        raise InputError("--rate, --capacity: give one (a fixed load, or a capacity search)")
+    if map_ and deploy is None:
+        raise InputError("--map: needs --deploy (the deployment the names map onto)")
+    if capacity and deploy is not None:
+        raise InputError(
+            "--deploy: predictions from one calibration need --rate; with --capacity each "
+            "setting's search predicts its own knee"
+        )
+    sets = parse_sets(set_ or [])
+    template = parse_template(engine, list(sets), model is not None)
+    ws = load_spec(spec)
+    check_out_dir(out, "--out")
+    plan = None
+    if deploy is not None:
+        from phaselens.capacity.sweeppredict import plan_prediction
+
+        plan = plan_prediction(deploy, map_ or [], sets)
+    if capacity:
+        from phaselens.capacity.sweepprobe import search_module
+
+        search_module()  # refuse now, before any engine starts
+    cfg = SweepConfig(
+        template=template,
+        engine=engine,
+        sets=sets,
+        model=model,
+        rate_scale=None if capacity else (rate or 1.0),
+        repeats=repeats,
+        ready_timeout_s=ready_timeout_s,
+        gpus=check_gpus(gpus, sets),
+        seed=seed,
+        prediction=plan,
+    )
+    doc = run_sweep(ws, cfg, out, _progress)
+    if as_json:
+        print(json.dumps(doc, indent=1, default=str))
+    else:
+        print("\n".join(_table(doc)))
+    if all(r.get("value") is None for r in doc["settings"]):
+        raise typer.Exit(1)
