@@ -1,0 +1,1 @@
+"""Capacity: the highest load a server holds inside the SLO, measured; its pages."""
