@@ -372,13 +372,15 @@ def run_guidellm(work: Path) -> Result:
         if rate is None:  # synchronous / throughput: the rate they reached
             rate = m["requests_per_second"]["successful"]["mean"]
         p90 = m["time_to_first_token_ms"]["successful"]["percentiles"]["p90"]
+        done = int(m["request_totals"]["successful"])
         r.probes.append(
             {
                 "rate": float(rate),
                 "ttft_p90_ms": float(p90),
                 "dur_s": float(b["duration"]),
                 "kind": kind,
-                "ok": kind != "throughput" and float(p90) <= SLO_TTFT_P90_MS,
+                "done": done,  # a level with no successful request reports p90 0.0
+                "ok": kind != "throughput" and done > 0 and 0 < float(p90) <= SLO_TTFT_P90_MS,
             }
         )
     r.capacity_rps = highest_pass(r.probes)
