@@ -53,7 +53,8 @@ def test_search_finds_the_known_capacity(tmp_path: Path) -> None:
     assert doc["capacity_rps"] == pytest.approx(res.capacity_rps)
     assert "no deployment file" in " ".join(doc["notes"])  # a URL without --deploy: doubling
     for p in doc["probes"]:  # every probe a normal run directory
-        assert load_run(p["run"]).manifest["capacity_probe"]["load_scale"] == p["load_scale"]
+        scale = load_run(p["run"]).manifest["capacity_probe"]["load_scale"]
+        assert scale == pytest.approx(p["load_scale"], rel=1e-5)
 
 
 def test_an_overloaded_probe_stops_early_and_keeps_every_request(tmp_path: Path) -> None:
