@@ -30,6 +30,7 @@ from phaselens.types import Outcome, Schedule
 if TYPE_CHECKING:  # (imported where used: a simulated run loads no driver module, and back)
     from phaselens.driver.drive import DrivePlan
     from phaselens.driver.options import DriverOptions
+    from phaselens.driver.state import StopHook
     from phaselens.spec import WorkloadSpec
 
 # Every option a target may or may not honour, by the CLI flag a user wrote it with.
@@ -55,8 +56,9 @@ OPTION_FLAGS: Mapping[str, str] = {
     "pacing": "pacing",
     "pace_window_ns": "pace_window_ns",
     "max_event_bytes": "max_event_bytes",
+    "stop_when": "stop_when",
 }
-_RUN_FIELDS = ("workers", "telemetry", "telemetry_interval_s")
+_RUN_FIELDS = ("workers", "telemetry", "telemetry_interval_s", "stop_when")
 
 
 def _driver_options() -> DriverOptions:
@@ -70,7 +72,9 @@ class Options:
     """How to execute a schedule. `asked`: the option names (keys of OPTION_FLAGS) the caller
     set; None means every option whose value differs from its default (what a library caller
     means). The CLI passes what the user typed, so `--timeout 600` is refused by the simulator
-    even though 600 is the default."""
+    even though 600 is the default. `stop_when`: a hook polled every 0.5 s with the live counts
+    while a real server is driven (`driver.state.LiveView`); the reason it returns ends the run
+    early (manifest `stopped_early`); the simulator cannot stop live and refuses it."""
 
     driver: DriverOptions = field(default_factory=_driver_options)
     workers: int = 1
@@ -79,6 +83,7 @@ class Options:
     quiet: bool = True
     handle_sigint: bool = True
     preflight: bool = True
+    stop_when: StopHook | None = None
     asked: frozenset[str] | None = None
 
     def asked_names(self) -> frozenset[str]:
@@ -273,6 +278,7 @@ class HttpTarget:
             telemetry=options.telemetry,
             telemetry_interval_s=options.telemetry_interval_s,
             handle_sigint=options.handle_sigint,
+            stop_when=options.stop_when,
         )
 
 

@@ -20,8 +20,15 @@ SERVER = Path(__file__).with_name("fakeserver.py")
 @contextmanager
 def fake_server(*args: str) -> Iterator[str]:
     """Start fakeserver.py with `args`; yields its base URL; kills it afterwards."""
+    with server_process(SERVER, *args) as url:
+        yield url
+
+
+@contextmanager
+def server_process(script: Path, *args: str) -> Iterator[str]:
+    """Start a test server script that prints `PORT <n>` when ready; yields its base URL."""
     proc = subprocess.Popen(
-        [sys.executable, str(SERVER), "--port", "0", *args],
+        [sys.executable, str(script), "--port", "0", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -31,7 +38,7 @@ def fake_server(*args: str) -> Iterator[str]:
         line = proc.stdout.readline()
         if not line.startswith("PORT "):
             err = proc.stderr.read() if proc.stderr else ""
-            raise RuntimeError(f"fake server did not start: {line!r} {err}")
+            raise RuntimeError(f"{script.name} did not start: {line!r} {err}")
         yield f"http://127.0.0.1:{int(line.split()[1])}"
     finally:
         proc.kill()

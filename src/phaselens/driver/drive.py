@@ -24,7 +24,7 @@ from phaselens.driver.preflight import context_preflight
 from phaselens.driver.prompts import PromptMaker
 from phaselens.driver.runner import RunSummary, run_schedule
 from phaselens.driver.selfcheck import same_host, verdict
-from phaselens.driver.state import LiveStats
+from phaselens.driver.state import LiveStats, LiveView, StopHook
 from phaselens.driver.writer import WriterThread, close_run, seen_ids
 from phaselens.errors import InputError
 from phaselens.redact import Secrets, redact_url, scrub_json, scrub_record, scrub_samples
@@ -127,12 +127,15 @@ def drive(
     telemetry: str | None = "auto",
     telemetry_interval_s: float = 0.1,
     handle_sigint: bool = True,
+    stop_when: StopHook | None = None,
 ) -> Outcome:
     """Run `schedule` against `targets` ({model: URL}, or {"*": URL}) into `writer`'s run
     directory (created by `phaselens.execute`, the one path from a schedule to a run).
 
     First Ctrl-C: stop sending, cancel in-flight requests, close the run as `interrupted`.
     Second Ctrl-C: exit at once (the run is rebuilt from events.jsonl by `load_run`).
+    `stop_when`: polled every 0.5 s with the live counts; a reason it returns stops the run as
+    Ctrl-C does (unsent requests end `not_sent`) and is the manifest's `stopped_early`.
     """
     loop_kind, prompts, secrets = plan.loop_kind, plan.prompts, plan.secrets
     wt = WriterThread(writer)
@@ -195,9 +198,17 @@ def drive(
             planned_s = schedule.duration_ns / 1e9
             progress = ProgressLine(lambda: stats, planned_s, len(schedule), t0)
             progress.start()
+        if stop_when is not None:
+            threading.Thread(
+                target=_watch,
+                args=(stop_when, schedule, stats, t0, stop, ended, stopped),
+                daemon=True,
+            ).start()
         return t0
 
     count = [0]
+    stopped: list[str] = []  # the stop hook's reason, once it fired
+    ended = threading.Event()
 
     def on_sigint_sync(*_: Any) -> None:
         count[0] += 1
@@ -256,6 +267,7 @@ def drive(
                 if r.summary is not None:
                     summaries.append(r.summary)
     finally:
+        ended.set()  # (ends the stop hook's watcher)
         if old_handler is not None:
             signal.signal(signal.SIGINT, old_handler)
         tel_status: dict[str, str] = {}
@@ -338,6 +350,7 @@ def drive(
         optional_fields_rejected_by=dropped,
         error=failure or wt.error or None,
         ended_perf_ns=time.perf_counter_ns() - t0 if t0 else None,
+        **({"stopped_early": stopped[0]} if stopped else {}),
     )
     if wt.failures:
         status = "partial"
@@ -352,6 +365,28 @@ def drive(
         tuple(v.warnings),
         failure,
     )
+
+
+def _watch(
+    hook: StopHook,
+    schedule: Schedule,
+    stats: LiveStats,
+    t0: int,
+    stop: threading.Event,
+    ended: threading.Event,
+    stopped: list[str],
+) -> None:
+    """Poll `hook` every 0.5 s until the run ends or it gives a reason (then stop the run)."""
+    while not ended.wait(0.5) and not stop.is_set():
+        el = (time.perf_counter_ns() - t0) / 1e9
+        due = int(np.searchsorted(schedule.t_ns, int(el * 1e9), side="right"))
+        s = stats
+        view = LiveView(el, len(schedule), due, s.sent, s.inflight, s.done, s.errors)
+        reason = hook(view)
+        if reason:
+            stopped.append(reason)
+            stop.set()
+            return
 
 
 async def _single(

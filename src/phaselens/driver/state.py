@@ -36,6 +36,24 @@ class LiveStats:
     output_tokens: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class LiveView:
+    """What a `stop_when` hook sees while a run is driven (`execute.Options.stop_when`):
+    `due` = requests whose scheduled instant has passed, so `due - done` is every request
+    scheduled and not yet finished (client queue, server queue, prefill, decode)."""
+
+    elapsed_s: float
+    planned: int
+    due: int
+    sent: int
+    inflight: int
+    done: int
+    errors: int
+
+
+StopHook = Callable[[LiveView], "str | None"]
+
+
 class Flight:
     """One in-flight request as the watchdog sees it."""
 

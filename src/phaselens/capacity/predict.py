@@ -1,0 +1,128 @@
+"""The calibrated simulator's curve: where it puts the knee, so the first probes land near it.
+
+Why the light probe: it is the one run every search has, light enough that calibration sees
+lone requests (docs/whatif.md: the fit needs them). The prediction only chooses where to
+measure; the capacity and its interval come from measured probes alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from phaselens.analysis.stats import fnum
+from phaselens.capacity.probe import (
+    ProbeResult,
+    ProbeSettings,
+    judge,
+    model_rates,
+    offered_rate,
+    probe_spec,
+)
+from phaselens.capacity.verdict import backlog_series, first_overload
+from phaselens.errors import InputError
+from phaselens.spec import WorkloadSpec
+from phaselens.store import load_run
+from phaselens.whatif.calibfile import load_deploy_mapping
+from phaselens.whatif.calibrate import calibrate
+from phaselens.whatif.predict import simulate_with
+from phaselens.workload.plan import build_schedule
+
+GRID_STEP = math.sqrt(2.0)  # the predicted curve: loads light × √2^k ...
+GRID_MAX = 16  # ... for at most this many points before the bisection
+BISECT = 4  # simulated bisections of the first predicted crossing
+
+
+def predict_knee(
+    ws: WorkloadSpec,
+    light: ProbeResult,
+    deploy_path: str,
+    ps: ProbeSettings,
+    light_scale: float,
+    notes: list[str],
+) -> dict[str, Any]:
+    """{"knee_scale": highest load the calibrated model passes (None: no prediction), "points":
+    the predicted curve}; what went wrong goes to `notes`."""
+    none: dict[str, Any] = {"knee_scale": None, "points": []}
+    try:
+        dmap = load_deploy_mapping(deploy_path)
+        calib = calibrate(
+            load_run(light.run), dmap, str(Path(deploy_path).resolve()), allow_invalid=True
+        )
+    except InputError as e:
+        notes.append(f"calibration on the light probe failed ({e}); a doubling search instead")
+        return none
+    deploy, overhead = calib.deploy(), calib.request_overhead_s
+    points: list[dict[str, Any]] = []
+
+    def passes(s: float) -> bool:
+        spec = probe_spec(ws, s, ps.probe_s, ps.seed)
+        sched = build_schedule(spec)
+        req = simulate_with(sched, deploy, overhead).requests
+        backlog = backlog_series(
+            req["scheduled_ns"].to_numpy(), req["end_ns"].to_list(), ps.probe_s
+        )
+        hit = first_overload(list(backlog), light.mean_queue * s / light.load_scale)
+        rate = offered_rate(ws, s, sched, ps.probe_s)
+        per_model = model_rates(ws, s, sched, ps.probe_s)
+        r = judge(
+            req,
+            ps,
+            s,
+            rate,
+            "",
+            stopped=hit[1] if hit else None,
+            backlog=backlog,
+            seconds=0.0,
+            per_model=per_model,
+        )
+        ok = not hit and all(
+            t.observed_ms is not None and t.observed_ms <= t.threshold_ms for t in r.targets
+        )
+        points.append(
+            {
+                "load_scale": fnum(s),
+                "rate_rps": fnum(rate),
+                "goodput_rps": fnum(r.goodput_rps),
+                "ttft_p90_ms": fnum(r.ttft_p90_ms),
+                "tpot_p90_ms": fnum(r.tpot_p90_ms),
+                "verdict": "pass" if ok else "fail",
+            }
+        )
+        return ok
+
+    knee = _crossing(passes, light_scale)
+    if knee is None:
+        notes.append(
+            f"the calibrated model meets the SLO up to {light_scale * GRID_STEP**GRID_MAX:.3g}× "
+            "the spec's load: no predicted knee; a search upward from the light probe"
+        )
+    points.sort(key=lambda p: float(p["load_scale"]))
+    notes.append(f"prediction: simulator calibrated on the light probe ({calib.method} timings)")
+    return {"knee_scale": knee, "points": points}
+
+
+def _crossing(passes: Callable[[float], bool], start: float) -> float | None:
+    """The highest passing load of the grid start × √2^k, refined by BISECT bisections."""
+    lo: float | None = None
+    hi: float | None = None
+    s = start
+    for _ in range(GRID_MAX):
+        if passes(s):
+            lo = s
+            s *= GRID_STEP
+        else:
+            hi = s
+            break
+    if hi is None:
+        return None
+    lo = lo if lo is not None else hi / 2
+    for _ in range(BISECT):
+        mid = math.sqrt(lo * hi)
+        if passes(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,296 @@
+"""One probe: the scaled spec executed for `probe_s` seconds, judged after its warm-up.
+
+Why a normal run: every probe goes through `execute`, so it is a run directory under the
+capacity directory that `analyze`, `report` and `compare` read like any other. The probe's
+spec is the scaled spec with its stages collapsed to one of `probe_s` seconds (a stage is a
+load level, and a probe is one load level). Requests scheduled before `warmup_s` are sent and
+occupy the server — the point of a warm-up — but are dropped from every figure of the verdict.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from phaselens.analysis.latency import describe_metric, request_table, slo_block, throughput
+from phaselens.analysis.stats import fnum
+from phaselens.capacity.scale import base_rate, model_rate, scaled_spec
+from phaselens.capacity.verdict import (
+    TargetVerdict,
+    backlog_series,
+    first_overload,
+    judge_slo,
+    overload_reason,
+    queue_grows,
+    tail_share,
+)
+from phaselens.driver.options import DriverOptions
+from phaselens.driver.state import LiveView, StopHook
+from phaselens.execute import HttpTarget, Options, RunInfo, SimTarget, execute
+from phaselens.spec import WorkloadSpec
+from phaselens.store import load_run
+from phaselens.types import Schedule
+from phaselens.workload.plan import build_schedule
+
+NS = 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSettings:
+    """What every probe of one search shares."""
+
+    probe_s: float
+    warmup_s: float
+    slo: Mapping[str, Any]
+    seed: int
+    telemetry: str = "auto"
+    driver: DriverOptions | None = None  # None: defaults, a request timeout of probe_s + 60 s
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """One probe's verdict and the figures capacity.json lists (docs/capacity.md)."""
+
+    load_scale: float
+    rate_rps: float
+    run: str
+    verdict: str  # pass | fail | uncertain
+    reasons: tuple[str, ...]
+    targets: tuple[TargetVerdict, ...]
+    goodput_rps: float | None
+    output_tokens_per_s: float | None
+    ttft_p90_ms: float | None
+    tpot_p90_ms: float | None
+    stopped_early: str | None
+    queue_growing: bool
+    mean_queue: float
+    probe_seconds: float
+    per_model_rps: Mapping[str, float] = field(default_factory=dict)
+    per_model_tokens_per_s: Mapping[str, float | None] = field(default_factory=dict)
+    repeat: int = 0
+    interrupted: bool = False  # Ctrl-C during this probe: kept, but the search ends
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "load_scale": fnum(self.load_scale),
+            "rate_rps": fnum(self.rate_rps),
+            "run": self.run,
+            "verdict": self.verdict,
+            "reasons": list(self.reasons),
+            "repeat": self.repeat,
+            "goodput_rps": fnum(self.goodput_rps),
+            "output_tokens_per_s": fnum(self.output_tokens_per_s),
+            "ttft_p90_ms": fnum(self.ttft_p90_ms),
+            "tpot_p90_ms": fnum(self.tpot_p90_ms),
+            "stopped_early": self.stopped_early,
+            "queue_growing": self.queue_growing,
+            "mean_queue": fnum(self.mean_queue),
+            "probe_seconds": fnum(self.probe_seconds, 3),
+            "per_model_rps": {k: fnum(v) for k, v in self.per_model_rps.items()},
+            "per_model_output_tokens_per_s": {
+                k: fnum(v) for k, v in self.per_model_tokens_per_s.items()
+            },
+            "targets": [t.to_json() for t in self.targets],
+            "interrupted": self.interrupted,
+        }
+
+
+def probe_spec(ws: WorkloadSpec, scale: float, probe_s: float, seed: int) -> WorkloadSpec:
+    """The scaled spec as one stage of `probe_s` seconds."""
+    s = scaled_spec(ws, scale)
+    out = s.model_copy(
+        update={"stages": None, "ramp": None, "requests": None, "duration_s": probe_s, "seed": seed}
+    )
+    out._source = ws.source
+    return out
+
+
+def offered_rate(ws: WorkloadSpec, scale: float, schedule: Schedule, probe_s: float) -> float:
+    """Offered req/s: scale × the spec's rates, or (a trace without a rate) planned / probe_s."""
+    r = base_rate(ws)
+    return scale * r if r is not None else len(schedule) / probe_s
+
+
+def model_rates(
+    ws: WorkloadSpec, scale: float, schedule: Schedule, probe_s: float
+) -> dict[str, float]:
+    """Each model's offered req/s: scale × its rate, or (a trace) its planned requests / probe_s."""
+    if base_rate(ws) is not None:
+        return {m.name: scale * r for m in ws.models if (r := model_rate(m)) is not None}
+    return {m: n / probe_s for m, n in schedule_counts(schedule).items()}
+
+
+def stop_hook(baseline: float) -> StopHook:
+    """The early-stop rule (verdict.overload_reason) on the live queue, sampled at whole seconds
+    of the run clock (the latest 0.5 s poll at or after each second)."""
+    series: list[float] = []
+
+    def hook(v: LiveView) -> str | None:
+        if v.elapsed_s < len(series) + 1:
+            return None
+        series.append(float(v.due - v.done))
+        return overload_reason(series, baseline)
+
+    return hook
+
+
+def run_probe(
+    ws: WorkloadSpec,
+    target: SimTarget | HttpTarget,
+    scale: float,
+    ps: ProbeSettings,
+    out_dir: Path,
+    name: str,
+    baseline: float = 0.0,
+    repeat: int = 0,
+) -> ProbeResult:
+    """Execute one probe at `scale` into `out_dir/name…` and judge it (module doc)."""
+    spec = probe_spec(ws, scale, ps.probe_s, ps.seed + repeat)
+    schedule = build_schedule(spec)
+    live = isinstance(target, HttpTarget)
+    drv = ps.driver or DriverOptions(timeout_s=ps.probe_s + 60.0)
+    drv = replace(drv, prompt_seed=spec.seed)
+    options = Options(
+        driver=drv if live else DriverOptions(),
+        telemetry=ps.telemetry if live else "auto",
+        stop_when=stop_hook(baseline) if live else None,
+        asked=None,
+    )
+    rate = offered_rate(ws, scale, schedule, ps.probe_s)
+    info = RunInfo(
+        name,
+        spec.model_dump(mode="json"),
+        dict(ps.slo),
+        {"capacity_probe": {"load_scale": scale, "rate_rps": rate, "warmup_s": ps.warmup_s}},
+    )
+    t_start = time.monotonic()
+    outcome = execute(schedule, target, options, out_dir, info)
+    wall = time.monotonic() - t_start
+    run = load_run(outcome.path)
+    stopped = run.manifest.get("stopped_early")
+    interrupted = outcome.status == "interrupted" and not stopped
+    req = run.requests
+    sched_ns = req["scheduled_ns"].to_numpy().astype(np.int64)
+    backlog = backlog_series(sched_ns, req["end_ns"].to_list(), ps.probe_s)
+    seconds = wall
+    if not live:
+        hit = first_overload(list(backlog), baseline)
+        end = req["end_ns"].max()
+        seconds = float(end) / NS if isinstance(end, (int, float)) else ps.probe_s
+        if hit is not None:
+            stopped = f"{hit[1]} (rule applied to the simulated records at {hit[0]} s)"
+            seconds = float(hit[0])
+    return judge(
+        req,
+        ps,
+        scale,
+        rate,
+        str(outcome.path),
+        stopped=str(stopped) if stopped else None,
+        backlog=backlog,
+        seconds=seconds,
+        per_model=model_rates(ws, scale, schedule, ps.probe_s),
+        repeat=repeat,
+        interrupted=interrupted,
+    )
+
+
+def schedule_counts(schedule: Schedule) -> dict[str, int]:
+    n = np.bincount(schedule.model_idx, minlength=len(schedule.models))
+    return {m: int(n[i]) for i, m in enumerate(schedule.models)}
+
+
+def judge(
+    requests: pl.DataFrame,
+    ps: ProbeSettings,
+    scale: float,
+    rate: float,
+    run: str,
+    *,
+    stopped: str | None,
+    backlog: np.ndarray,
+    seconds: float,
+    per_model: Mapping[str, float],
+    repeat: int = 0,
+    interrupted: bool = False,
+) -> ProbeResult:
+    """The verdict on the requests scheduled at or after the warm-up (docs/capacity.md): fail
+    when stopped early, when more requests failed than the SLO's tail allows, or when any
+    target fails (all requests, or one model's); pass when every target over all requests
+    holds and the queue does not grow; else uncertain. (A model's own target that is only
+    uncertain — a small model has few requests in a probe — is reported, not decisive.)"""
+    judged = requests.filter(pl.col("scheduled_ns") >= int(ps.warmup_s * NS))
+    rt = request_table(judged)
+    targets = tuple(judge_slo(rt, ps.slo))
+    n = judged.height
+    failed = n - int(rt.frame["ok"].sum() or 0)
+    reasons: list[str] = []
+    if stopped:
+        reasons.append(f"stopped early: {stopped}")
+    if n and failed / n > tail_share(ps.slo):
+        reasons.append(
+            f"{failed} of {n} judged requests did not succeed, more than the "
+            f"{tail_share(ps.slo):.0%} the SLO's tail allows"
+        )
+    reasons += [
+        f"{t.model} {t.metric} {t.stat} fails: interval {_ms(t.lo_ms)}–{_ms(t.hi_ms)} ms "
+        f"above {t.threshold_ms:g} ms"
+        for t in targets
+        if t.verdict == "fails"
+    ]
+    w0 = int(ps.warmup_s)
+    window = backlog[w0:] if backlog.shape[0] > w0 else backlog
+    growing = bool(queue_grows(window))
+    if reasons:
+        verdict = "fail"
+    elif n == 0 or any(t.verdict == "uncertain" and t.model == "*" for t in targets) or growing:
+        verdict = "uncertain"
+        if growing:
+            reasons.append("the queue grows through the probe")
+        reasons += [
+            f"{t.model} {t.metric} {t.stat} uncertain: interval {_ms(t.lo_ms)}–{_ms(t.hi_ms)} ms "
+            f"around {t.threshold_ms:g} ms"
+            for t in targets
+            if t.verdict == "uncertain" and t.model == "*"
+        ]
+    else:
+        verdict = "pass"
+    slo = slo_block(rt, ps.slo) if ps.slo else {}
+    tok = {
+        m: throughput(rt.frame.filter(pl.col("model") == m))["output_tokens_per_s"]
+        for m in per_model
+    }
+    return ProbeResult(
+        load_scale=scale,
+        rate_rps=rate,
+        run=run,
+        verdict=verdict,
+        reasons=tuple(reasons),
+        targets=targets,
+        goodput_rps=slo.get("goodput_rps"),
+        output_tokens_per_s=throughput(rt.frame)["output_tokens_per_s"],
+        ttft_p90_ms=_f(describe_metric(rt, "ttft_ms").get("p90")),
+        tpot_p90_ms=_f(describe_metric(rt, "tpot_ms").get("p90")),
+        stopped_early=stopped,
+        queue_growing=growing,
+        mean_queue=float(window.mean()) if window.shape[0] else 0.0,
+        probe_seconds=seconds,
+        per_model_rps=dict(per_model),
+        per_model_tokens_per_s=tok,
+        repeat=repeat,
+        interrupted=interrupted,
+    )
+
+
+def _f(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
+def _ms(x: float | None) -> str:
+    return "?" if x is None else f"{x:.4g}"

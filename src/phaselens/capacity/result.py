@@ -1,0 +1,237 @@
+"""The measured probes → the capacity, its interval, the binding constraint: capacity.json.
+
+Why its own module: the search rewrites capacity.json after every probe (a killed search leaves
+a consistent file), so the result is a pure function of the probes so far; the page and the
+sweeps read the same object (docs/capacity.md pins its shape).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from phaselens.analysis.stats import fnum
+from phaselens.capacity.probe import ProbeResult, ProbeSettings
+from phaselens.spec import WorkloadSpec
+
+if TYPE_CHECKING:
+    from phaselens.capacity.search import SearchConfig
+
+FORMAT = "phaselens-capacity/1"
+STABILITY = 1.1
+
+
+def classify(probes: Sequence[ProbeResult]) -> str:
+    """A load from its repeats: pass (all pass), fail (all fail), bistable (a pass and a fail),
+    else uncertain."""
+    v = {p.verdict for p in probes}
+    if v == {"pass"}:
+        return "pass"
+    if v == {"fail"}:
+        return "fail"
+    if {"pass", "fail"} <= v:
+        return "bistable"
+    return "uncertain"
+
+
+def by_scale(probes: Sequence[ProbeResult]) -> dict[float, list[ProbeResult]]:
+    out: dict[float, list[ProbeResult]] = {}
+    for p in probes:
+        key = next((s for s in out if math.isclose(s, p.load_scale, rel_tol=1e-9)), p.load_scale)
+        out.setdefault(key, []).append(p)
+    return dict(sorted(out.items()))
+
+
+def bracket(probes: Sequence[ProbeResult]) -> tuple[float | None, float | None]:
+    """(highest load that passed on every repeat, lowest load above it that did not)."""
+    groups = by_scale(probes)
+    passed = [s for s, ps in groups.items() if classify(ps) == "pass"]
+    lo = max(passed) if passed else None
+    above = [s for s, ps in groups.items() if classify(ps) != "pass" and (lo is None or s > lo)]
+    return lo, (min(above) if above else None)
+
+
+def tips_over(p: ProbeResult) -> bool:
+    """Failed, and its queue built (stopped early, or grew through the probe)."""
+    return p.verdict == "fail" and (p.stopped_early is not None or p.queue_growing)
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityResult:
+    """capacity.json as an object (`to_json`)."""
+
+    status: str  # running | complete | budget | interrupted
+    capacity_rps: float | None
+    interval: tuple[float | None, float | None]
+    capacity_output_tokens_per_s: float | None
+    per_model: Mapping[str, Any]
+    binding: Mapping[str, Any] | None
+    slo: Mapping[str, Any]
+    predicted_knee_rps: float | None
+    predicted: tuple[Mapping[str, Any], ...]
+    probes: tuple[ProbeResult, ...]
+    probe_seconds: float
+    stable: bool | None
+    stability: Mapping[str, Any] | None
+    bistable: tuple[Mapping[str, Any], ...]
+    spread: tuple[Mapping[str, Any], ...]
+    unreachable: Mapping[str, Any] | None
+    notes: tuple[str, ...]
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        counts = {s: len(ps) for s, ps in by_scale(self.probes).items()}
+        rows = []
+        for p in self.probes:
+            n = next(c for s, c in counts.items() if math.isclose(s, p.load_scale, rel_tol=1e-9))
+            rows.append({**p.to_json(), "repeats": n})
+        return {
+            "format": FORMAT,
+            "status": self.status,
+            "capacity_rps": fnum(self.capacity_rps),
+            "interval": [fnum(x) for x in self.interval],
+            "capacity_output_tokens_per_s": fnum(self.capacity_output_tokens_per_s),
+            "per_model": dict(self.per_model),
+            "binding": dict(self.binding) if self.binding else None,
+            "slo": dict(self.slo),
+            "predicted_knee_rps": fnum(self.predicted_knee_rps),
+            "predicted": [dict(x) for x in self.predicted],
+            "probes": rows,
+            "probe_seconds": fnum(self.probe_seconds, 3),
+            "stable": self.stable,
+            "stability": dict(self.stability) if self.stability else None,
+            "bistable": [dict(x) for x in self.bistable],
+            "spread": [dict(x) for x in self.spread],
+            "unreachable": dict(self.unreachable) if self.unreachable else None,
+            "notes": list(self.notes),
+            "settings": dict(self.settings),
+        }
+
+
+def _mean(xs: Sequence[float | None]) -> float | None:
+    v = [x for x in xs if x is not None]
+    return sum(v) / len(v) if v else None
+
+
+def _binding(at_hi: Sequence[ProbeResult]) -> dict[str, Any] | None:
+    cands = [(t, p) for p in at_hi if p.verdict != "pass" for t in p.targets]
+    if not cands:
+        return None
+    t, p = max(cands, key=lambda tp: tp[0].severity)
+    return {
+        "model": t.model,
+        "metric": t.metric,
+        "stat": t.stat,
+        "threshold_ms": t.threshold_ms,
+        "observed_ms": fnum(t.observed_ms),
+        "interval_ms": [fnum(t.lo_ms), fnum(t.hi_ms)],
+        "load_scale": fnum(p.load_scale),
+        "rate_rps": fnum(p.rate_rps),
+    }
+
+
+def _per_model(lo: Sequence[ProbeResult], hi: Sequence[ProbeResult]) -> dict[str, Any]:
+    if not lo:
+        return {}
+    out: dict[str, Any] = {}
+    for m in lo[0].per_model_rps:
+        up = hi[0].per_model_rps.get(m) if hi else None
+        out[m] = {
+            "capacity_rps": fnum(_mean([p.per_model_rps.get(m) for p in lo])),
+            "interval": [fnum(lo[0].per_model_rps.get(m)), fnum(up)],
+            "output_tokens_per_s": fnum(_mean([p.per_model_tokens_per_s.get(m) for p in lo])),
+        }
+    return out
+
+
+def build_result(
+    ws: WorkloadSpec,
+    ps: ProbeSettings,
+    cfg: SearchConfig,
+    probes: Sequence[ProbeResult],
+    pred: Mapping[str, Any],
+    notes: Sequence[str],
+    status: str,
+    base_rps: float | None,
+    unreachable: Mapping[str, Any] | None = None,
+) -> CapacityResult:
+    """The result of the probes so far (docs/capacity.md, "The interval")."""
+    groups = by_scale(probes)
+    lo, hi = bracket(probes)
+    at_lo, at_hi = groups.get(lo, []) if lo else [], groups.get(hi, []) if hi else []
+    over = next(
+        (ps_ for s, ps_ in groups.items() if lo and math.isclose(s, lo * STABILITY, rel_tol=0.01)),
+        None,
+    )
+    stability = None
+    if over:
+        stability = {
+            "load_scale": fnum(over[0].load_scale),
+            "rate_rps": fnum(over[0].rate_rps),
+            "verdict": classify(over),
+            "tips_over": any(tips_over(p) for p in over),
+        }
+    knee = pred.get("knee_scale")
+    rate_of = {s: ps_[0].rate_rps for s, ps_ in groups.items()}
+    cap = rate_of[lo] if lo else (0.0 if unreachable else None)
+    return CapacityResult(
+        status=status,
+        capacity_rps=cap,
+        interval=(cap, rate_of[hi] if hi else None),
+        capacity_output_tokens_per_s=_mean([p.output_tokens_per_s for p in at_lo]),
+        per_model=_per_model(at_lo, at_hi),
+        binding=_binding(at_hi),
+        slo=ps.slo,
+        predicted_knee_rps=knee * base_rps if knee and base_rps else None,
+        predicted=tuple(pred.get("points", [])),
+        probes=tuple(probes),
+        probe_seconds=sum(p.probe_seconds for p in probes),
+        stable=None if stability is None else not stability["tips_over"],
+        stability=stability,
+        bistable=tuple(
+            {
+                "load_scale": fnum(s),
+                "rate_rps": fnum(g[0].rate_rps),
+                "verdicts": [p.verdict for p in g],
+                "ttft_p90_ms": [fnum(p.ttft_p90_ms) for p in g],
+            }
+            for s, g in groups.items()
+            if classify(g) == "bistable"
+        ),
+        spread=tuple(
+            {
+                "load_scale": fnum(s),
+                "rate_rps": fnum(g[0].rate_rps),
+                "ttft_p90_ms": [fnum(min(v)), fnum(max(v))],
+            }
+            for s, g in groups.items()
+            if len(v := [p.ttft_p90_ms for p in g if p.ttft_p90_ms is not None]) > 1
+        ),
+        unreachable=unreachable,
+        notes=tuple(notes),
+        settings={
+            "spec": ws.name,
+            "probe_s": ps.probe_s,
+            "warmup_s": ps.warmup_s,
+            "repeats": cfg.repeats,
+            "precision": cfg.precision,
+            "budget_s": cfg.budget_s,
+            "seed": ps.seed,
+            "light_scale": cfg.light_scale,
+            "base_rate_rps": base_rps,
+        },
+    )
+
+
+def write_result(res: CapacityResult, out: Path) -> Path:
+    """capacity.json, atomically (a temporary file renamed over it)."""
+    path = out / "capacity.json"
+    tmp = out / ".capacity.json.tmp"
+    tmp.write_text(json.dumps(res.to_json(), indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path

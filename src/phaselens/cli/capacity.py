@@ -1,0 +1,191 @@
+"""`capacity`: the highest load a target holds inside the SLO, measured (docs/capacity.md)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from phaselens.cli.app import app
+from phaselens.cliargs import MAX_SEED, check_out_dir, integer, number
+from phaselens.errors import InputError
+
+if TYPE_CHECKING:
+    from phaselens.capacity.probe import ProbeResult
+    from phaselens.capacity.result import CapacityResult
+
+
+def parse_slo(text: str) -> dict[str, dict[str, float]]:
+    """`ttft_ms.p90=200,tpot_ms.p90=50` -> {"ttft_ms": {"p90": 200.0}, ...}, checked as the
+    spec's SLO is (analysis.latency.slo_targets)."""
+    from phaselens.analysis.latency import SLO_COLUMN, slo_targets
+
+    out: dict[str, dict[str, float]] = {}
+    for item in (x.strip() for x in text.split(",")):
+        key, eq, val = item.partition("=")
+        metric, dot, stat = key.strip().partition(".")
+        if not eq or not dot or metric not in SLO_COLUMN:
+            raise InputError(
+                f"--slo: {item[:60]!r}: expected METRIC.STAT=MS, e.g. ttft_ms.p90=200 (metrics: "
+                f"{', '.join(SLO_COLUMN)})"
+            )
+        try:
+            out.setdefault(metric, {})[stat.strip()] = float(val)
+        except ValueError:
+            raise InputError(f"--slo: {item[:60]!r}: {val!r} is not a number of ms") from None
+    targets = slo_targets(out)  # (a NaN, 0 or negative threshold: one line naming it)
+    if len(targets) != sum(len(v) for v in out.values()):
+        raise InputError(f"--slo: {text[:60]!r}: a STAT must be pXX, mean or max")
+    return out
+
+
+def _p(x: float | None, unit: str = "") -> str:
+    return "?" if x is None else f"{x:,.4g}{unit}"
+
+
+def probe_line(p: ProbeResult) -> str:
+    stop = f"  stopped early: {p.stopped_early}" if p.stopped_early else ""
+    return (
+        f"probe x{p.load_scale:.4g}  {p.rate_rps:,.4g} req/s  {p.verdict:9s}  TTFT p90 "
+        f"{_p(p.ttft_p90_ms, ' ms')}  TPOT p90 {_p(p.tpot_p90_ms, ' ms')}  "
+        f"goodput {_p(p.goodput_rps, ' req/s')}  {p.probe_seconds:.1f} s{stop}"
+    )
+
+
+def summary_lines(res: CapacityResult, path: Path) -> list[str]:
+    """The answer: capacity with interval, per model, binding, stability, probe-seconds."""
+    lo, hi = res.interval
+    out = []
+    if res.unreachable:
+        out.append(f"capacity: 0 req/s — {res.unreachable['message']}")
+    elif res.capacity_rps is None:
+        out.append("capacity: not found (no load passed with confidence)")
+    else:
+        out.append(
+            f"capacity: {res.capacity_rps:,.4g} req/s, interval [{_p(lo)}, {_p(hi)}] req/s; "
+            f"{_p(res.capacity_output_tokens_per_s)} output tok/s"
+        )
+    for m, v in res.per_model.items():
+        iv = v["interval"]
+        out.append(
+            f"  {m}: {_p(v['capacity_rps'])} req/s [{_p(iv[0])}, {_p(iv[1])}], "
+            f"{_p(v['output_tokens_per_s'])} output tok/s"
+        )
+    b = res.binding
+    if b:
+        iv = b["interval_ms"]
+        out.append(
+            f"binding: {b['model']} {b['metric']} {b['stat']} (≤ {b['threshold_ms']:g} ms): "
+            f"{_p(b['observed_ms'])} ms [{_p(iv[0])}, {_p(iv[1])}] at {_p(b['rate_rps'])} req/s"
+        )
+    st = res.stability
+    if st:
+        word = "tips over: at a cliff, keep headroom" if st["tips_over"] else "does not tip over"
+        out.append(f"stability: 1.1× ({_p(st['rate_rps'])} req/s) {st['verdict']}, {word}")
+    for bi in res.bistable:
+        out.append(f"bistable: {_p(bi['rate_rps'])} req/s, repeats {', '.join(bi['verdicts'])}")
+    if res.predicted_knee_rps is not None:
+        out.append(f"predicted knee: {res.predicted_knee_rps:,.4g} req/s (calibrated simulator)")
+    out += [f"note: {n}" for n in res.notes]
+    out.append(
+        f"{len(res.probes)} probes, {res.probe_seconds:,.1f} probe-seconds; status {res.status}"
+    )
+    out.append(f"capacity.json: {path / 'capacity.json'}")
+    return out
+
+
+@app.command()
+def capacity(
+    spec: Annotated[Path, typer.Argument(help="Workload spec YAML (its mix is scaled).")],
+    target: Annotated[str, typer.Option("--target", help="URL, or sim / sim:DEPLOY.yaml.")],
+    deploy: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--deploy", help="Deployment YAML of the server (aims the first probes)."),
+    ] = None,
+    slo: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--slo", help="Replace the spec's SLO: 'ttft_ms.p90=200,tpot_ms.p90=50'."),
+    ] = None,
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--out", help="Capacity directory (default runs/capacity-NAME-TIME)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print capacity.json.")] = False,
+    budget_s: Annotated[
+        float, typer.Option("--budget-s", callback=number(0, 1e7, True), help="Probe-seconds.")
+    ] = 900.0,
+    repeats: Annotated[
+        int, typer.Option("--repeats", callback=integer(1, 20), help="Probes at each edge.")
+    ] = 2,
+    precision: Annotated[
+        float,
+        typer.Option("--precision", callback=number(0, 0.99, True), help="Bracket hi/lo - 1."),
+    ] = 0.10,
+    probe_s: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--probe-s", callback=number(1, 86_400), help="Seconds of one probe."),
+    ] = None,
+    warmup_s: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--warmup-s", callback=number(0, 86_400), help="Warm-up excluded."),
+    ] = None,
+    seed: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--seed", callback=integer(0, MAX_SEED), help="Seed (default: spec's)."),
+    ] = None,
+    telemetry: Annotated[
+        str, typer.Option("--telemetry", help="Telemetry of real-server probes (auto, none).")
+    ] = "auto",
+    model_map: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option("--model-map", help="SPEC_MODEL=SERVED_NAME for a real server (repeatable)."),
+    ] = None,
+) -> None:
+    """Find the highest load (the spec's mix scaled) held inside the SLO, with its interval."""
+    from phaselens.capacity.search import SearchConfig, find_capacity
+    from phaselens.cli.workload import _parse_pairs
+    from phaselens.driver.options import DriverOptions
+    from phaselens.execute import HttpTarget, target_of
+    from phaselens.spec import load_spec
+
+    ws = load_spec(spec)
+    tgt = target_of([target])
+    if deploy is not None and not deploy.is_file():
+        raise InputError(f"--deploy: file not found: {deploy}")
+    driver = None
+    if model_map:
+        if not isinstance(tgt, HttpTarget):
+            raise InputError("--model-map: only a real server's probes use it; drop it for sim")
+        pairs = _parse_pairs(model_map, "--model-map", "=")
+        driver = DriverOptions(model_map=pairs, timeout_s=(probe_s or 60.0) + 60.0)
+    cfg = SearchConfig(
+        slo=parse_slo(slo) if slo else None,
+        budget_s=budget_s,
+        repeats=repeats,
+        precision=precision,
+        probe_s=probe_s,
+        warmup_s=warmup_s,
+        seed=seed,
+        deploy=str(deploy) if deploy else None,
+        telemetry=telemetry,
+        driver=driver,
+    )
+    d = out or Path("runs") / f"capacity-{ws.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_out_dir(d, "--out")
+
+    def on_probe(p: ProbeResult) -> None:
+        print(probe_line(p), file=sys.stderr, flush=True)
+
+    res = find_capacity(ws, tgt, cfg, d, on_probe)
+    if as_json:
+        doc: Any = res.to_json()
+        print(json.dumps(doc, indent=2))
+    else:
+        for line in summary_lines(res, d):
+            print(line)
+    if res.status == "interrupted":
+        raise typer.Exit(130)

@@ -1,0 +1,108 @@
+"""A server whose capacity is known by construction: k slots, prefill P, D per output token.
+
+Why virtual time: requests take the k slots first come, first served; each starts at
+max(arrival, the slot's free time in virtual time) and holds it for exactly S = P + n·D (first
+token at start + P, token j at start + P + j·D); writes are timed against those deadlines, so
+the event loop's lateness delays a write but never the schedule. A client that disconnects
+frees its slot at once, as real engines do (the handler is cancelled: handler_cancellation).
+With constant arrivals of n-token requests the capacity is then
+exactly k / S: below it every request finds a free slot (TTFT = P), above it the queue grows by
+(rate − k/S) requests every second, without bound.
+
+Run: `python slotserver.py --port 0 --slots K --prefill-ms P --token-ms D`; prints `PORT <n>`.
+Speaks the OpenAI streaming API the driver expects (chat and completions, SSE, [DONE]); GET
+/stats returns the requests served and the longest wait for a slot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+from aiohttp import web
+
+
+class Slots:
+    def __init__(self, k: int, prefill_s: float, token_s: float) -> None:
+        self.free: asyncio.Queue[float] = asyncio.Queue()  # each free slot's free-since time
+        for _ in range(k):
+            self.free.put_nowait(0.0)
+        self.prefill_s, self.token_s = prefill_s, token_s
+        self.served = 0
+        self.max_wait_s = 0.0
+
+
+def _chunk(text: str, chat: bool) -> bytes:
+    choice: dict[str, Any] = (
+        {"index": 0, "delta": {"content": text}, "finish_reason": None}
+        if chat
+        else {"index": 0, "text": text, "finish_reason": None}
+    )
+    return b"data: " + json.dumps({"id": "x", "choices": [choice]}).encode() + b"\n\n"
+
+
+async def handle(request: web.Request) -> web.StreamResponse:
+    slots: Slots = request.app["slots"]
+    body = json.loads(await request.read())
+    n = max(int(body.get("max_tokens") or 1), 1)
+    chat = "messages" in body
+    arrival = time.perf_counter()
+    free = await slots.free.get()  # (FIFO: asyncio.Queue serves its waiters in order)
+    start = max(arrival, free)
+    end = start + slots.prefill_s + n * slots.token_s
+    slots.max_wait_s = max(slots.max_wait_s, start - arrival)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    done = False
+    try:
+        await resp.prepare(request)
+        for j in range(n):
+            due = start + slots.prefill_s + j * slots.token_s
+            wait = due - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            await resp.write(_chunk("tok ", chat))
+        slots.served += 1
+        done = True
+    finally:  # done: free from its virtual end (the last token's D included); cancelled: now
+        slots.free.put_nowait(end if done else min(end, time.perf_counter()))
+    usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
+    await resp.write(b"data: " + json.dumps({"id": "x", "choices": [], "usage": usage}).encode())
+    await resp.write(b"\n\ndata: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def stats(request: web.Request) -> web.Response:
+    s: Slots = request.app["slots"]
+    return web.json_response({"served": s.served, "max_wait_s": s.max_wait_s})
+
+
+async def main(args: argparse.Namespace) -> None:
+    app = web.Application()
+    app["slots"] = Slots(args.slots, args.prefill_ms / 1e3, args.token_ms / 1e3)
+    app.router.add_post("/v1/chat/completions", handle)
+    app.router.add_post("/v1/completions", handle)
+    app.router.add_get("/stats", stats)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=1024)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    print(f"PORT {port}", flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--slots", type=int, default=4)
+    ap.add_argument("--prefill-ms", type=float, default=50.0)
+    ap.add_argument("--token-ms", type=float, default=10.0)
+    try:
+        asyncio.run(main(ap.parse_args()))
+    except KeyboardInterrupt:
+        sys.exit(0)

@@ -1,0 +1,78 @@
+"""The search against a real HTTP server whose capacity is known by construction.
+
+slotserver.py: k = 4 slots, prefill 200 ms, 50 ms per token, 4-token answers: every request
+holds a slot for S = 200 + 4 × 50 = 400 ms, so with constant arrivals the capacity is exactly
+k / S = 10 req/s (below: no queue, TTFT 200 ms; above: the queue grows by rate − 10 every
+second, each second adding 1/10 s of wait per req/s over). The SLO, TTFT p90 ≤ 300 ms, holds
+at any load up to 10 req/s and fails 5% above it within a probe of 10 s. Why slow steps and
+few requests: on a loaded machine the server's event loop and the client are late by
+milliseconds, a late arrival wastes that much slot time, and a late send counts in TTFT;
+against a 100 ms service at 40 req/s that moved the knee 10-25% (measured, load average 20).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from phaselens.capacity.search import SearchConfig, find_capacity, fixed_rate_probe
+from phaselens.errors import InputError
+from phaselens.execute import HttpTarget, Options, SimTarget, execute
+from phaselens.store import load_run
+from phaselens.workload.plan import build_schedule
+
+from .conftest import constant_spec, slot_server
+
+SLOTS, PREFILL_MS, TOKEN_MS, TOKENS = 4, 200.0, 50.0, 4
+TRUTH = SLOTS / ((PREFILL_MS + TOKENS * TOKEN_MS) / 1e3)  # 10 req/s
+SLO = {"ttft_ms": {"p90": 300}}
+PROBE_S, WARMUP_S = 10.0, 1.0
+# A finite probe cannot see an arbitrarily small excess: at x × TRUTH the queue (from t = 0)
+# makes the request scheduled at t wait (x − 1)·t, and the p90 of the judged requests is the one
+# scheduled at about t90 = warm-up + 0.9 × the judged window; it meets the SLO while
+# (x − 1)·t90 ≤ the margin (300 − 200 ms). So a probe this long passes loads up to X_STAR × TRUTH.
+T90 = WARMUP_S + 0.9 * (PROBE_S - WARMUP_S)
+X_STAR = 1 + (SLO["ttft_ms"]["p90"] - PREFILL_MS) / 1e3 / T90  # 1.011
+
+
+def test_search_finds_the_known_capacity(tmp_path: Path) -> None:
+    ws = constant_spec(TRUTH, TOKENS, SLO)  # scale 1 = the truth; the search does not know it
+    cfg = SearchConfig(probe_s=PROBE_S, warmup_s=WARMUP_S, telemetry="none", budget_s=400)
+    with slot_server(SLOTS, PREFILL_MS, TOKEN_MS) as url:
+        res = find_capacity(ws, HttpTarget({"*": url}), cfg, tmp_path)
+    lo, hi = res.interval
+    assert res.status == "complete" and lo is not None and hi is not None
+    assert lo <= X_STAR * TRUTH * 1.005 and hi >= TRUTH  # its interval meets [TRUTH, X_STAR·TRUTH]
+    assert abs(res.capacity_rps - TRUTH) / TRUTH <= 0.10  # type: ignore[operator]
+    assert hi / lo <= 1.10 + 1e-9  # the bracket reached the precision
+    assert res.binding is not None and res.binding["metric"] == "ttft_ms"
+    assert res.stable is False  # a hard knee: 10% above the capacity the queue builds
+    doc = json.loads((tmp_path / "capacity.json").read_text())
+    assert doc["capacity_rps"] == pytest.approx(res.capacity_rps)
+    assert "no deployment file" in " ".join(doc["notes"])  # a URL without --deploy: doubling
+    for p in doc["probes"]:  # every probe a normal run directory
+        scale = load_run(p["run"]).manifest["capacity_probe"]["load_scale"]
+        assert scale == pytest.approx(p["load_scale"], rel=1e-5)
+
+
+def test_an_overloaded_probe_stops_early_and_keeps_every_request(tmp_path: Path) -> None:
+    ws = constant_spec(TRUTH, TOKENS, SLO)
+    cfg = SearchConfig(probe_s=20, warmup_s=1, telemetry="none")
+    with slot_server(SLOTS, PREFILL_MS, TOKEN_MS) as url:
+        p = fixed_rate_probe(ws, HttpTarget({"*": url}), 3.0, cfg, tmp_path)
+    assert p.verdict == "fail" and p.stopped_early is not None
+    assert "queue rose in each of the last 6 1 s windows" in p.stopped_early
+    assert p.probe_seconds < 15  # stopped well before its 20 s
+    run = load_run(p.run)
+    assert run.manifest["stopped_early"] == p.stopped_early
+    planned = run.manifest["schedule"]["requests"]
+    assert run.requests.height == planned == run.requests["id"].n_unique()
+    assert "not_sent" in run.requests["status"].to_list()  # the rest ended as records
+
+
+def test_the_simulator_refuses_a_live_stop_hook(tmp_path: Path) -> None:
+    sched = build_schedule(constant_spec(5, 4, SLO))
+    with pytest.raises(InputError, match="stop_when"):
+        execute(sched, SimTarget(), Options(stop_when=lambda v: None), tmp_path)

@@ -1,0 +1,70 @@
+"""A short capacity search against each real engine (llama-server, vLLM CPU): tiny probes.
+
+What must hold on a real server: the search converges to a bracket [passed, did not pass]
+whose edges are real probe runs, the lower edge's runs met the SLO with confidence and the
+upper edge's measured TTFT p90 is higher; every probe is a run directory with one record per
+planned request. No prediction (no deployment file for these servers): a doubling search.
+Sized for a loaded 2-core machine: the tiny model's knee there is a few req/s, and a p90 needs
+35 judged requests for an interval with an upper end, so probes are 16 s at ~4 req/s and up.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from phaselens.capacity.search import SearchConfig, find_capacity
+from phaselens.driver.options import DriverOptions
+from phaselens.execute import HttpTarget
+from phaselens.spec import parse_spec
+from phaselens.store import load_run
+
+pytestmark = pytest.mark.e2e
+
+
+def _spec() -> Any:
+    data = {
+        "name": "e2e-capacity",
+        "seed": 2,
+        "duration_s": 16,
+        "slo": {"ttft_ms": {"p90": 1500}},
+        "models": [
+            {
+                "name": "m",
+                "rate": 3,
+                "arrival": {"type": "constant"},
+                "input_tokens": {"type": "fixed", "value": 32},
+                "output_tokens": {"type": "fixed", "value": 8},
+            }
+        ],
+    }
+    return parse_spec(data, "e2e", Path("."))
+
+
+def test_capacity_search_on_engine(engine: Any, tmp_path: Path) -> None:
+    cfg = SearchConfig(
+        probe_s=16,
+        warmup_s=2,
+        repeats=1,
+        precision=0.5,
+        budget_s=150,
+        telemetry="none",
+        driver=DriverOptions(model_map={"m": engine.model}, timeout_s=60),
+    )
+    res = find_capacity(_spec(), HttpTarget({"*": engine.url}), cfg, tmp_path)
+    assert res.status in ("complete", "budget"), res.notes
+    lo, hi = res.interval
+    assert lo is not None and lo > 0 and res.capacity_rps == lo
+    at = {p.load_scale: p for p in res.probes}
+    low = [p for p in res.probes if p.rate_rps == lo]
+    assert low and all(p.verdict == "pass" for p in low)
+    if hi is not None:
+        high = [p for p in res.probes if p.rate_rps == hi]
+        assert high and all(p.verdict != "pass" for p in high)
+        assert max(p.ttft_p90_ms or 0 for p in high) > min(p.ttft_p90_ms or 0 for p in low)
+    for p in at.values():
+        run = load_run(p.run)
+        assert run.requests.height == run.manifest["schedule"]["requests"]
+    assert res.probe_seconds <= 150 + 80  # the budget (plus the last probe's drain)
