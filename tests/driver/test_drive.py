@@ -390,7 +390,8 @@ def test_a_slow_sampler_delays_the_run_start_not_the_first_scrape(
         )
     run = load_run(res.path)
     assert res.by_status == {"ok": 40}
-    assert run.manifest["telemetry_start_delay_s"] >= 1.0
+    # t = 0 moved by the lateness: 1.5 s past the sampler opening, less the 1 s lead (+ 50 ms)
+    assert run.manifest["telemetry_start_delay_s"] >= 0.5
     eng = run.telemetry.filter(pl.col("source") != "client").sort("t_ns")
     first_send = int(run.requests["sent_ns"].min())
     assert 0 <= first_send < 1_000_000_000  # the schedule runs on the new t = 0
