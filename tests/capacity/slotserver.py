@@ -11,7 +11,8 @@ exactly k / S: below it every request finds a free slot (TTFT = P), above it the
 
 Run: `python slotserver.py --port 0 --slots K --prefill-ms P --token-ms D`; prints `PORT <n>`.
 Speaks the OpenAI streaming API the driver expects (chat and completions, SSE, [DONE]); GET
-/stats returns the requests served and the longest wait for a slot.
+/stats returns the requests served and the longest wait for a slot; GET /health answers 200
+(readiness, when `phaselens sweep` starts it from a template).
 """
 
 from __future__ import annotations
@@ -81,12 +82,17 @@ async def stats(request: web.Request) -> web.Response:
     return web.json_response({"served": s.served, "max_wait_s": s.max_wait_s})
 
 
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})  # an engine's readiness (phaselens sweep)
+
+
 async def main(args: argparse.Namespace) -> None:
     app = web.Application()
     app["slots"] = Slots(args.slots, args.prefill_ms / 1e3, args.token_ms / 1e3)
     app.router.add_post("/v1/chat/completions", handle)
     app.router.add_post("/v1/completions", handle)
     app.router.add_get("/stats", stats)
+    app.router.add_get("/health", health)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=1024)

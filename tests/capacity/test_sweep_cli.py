@@ -1,13 +1,14 @@
 """`phaselens sweep` against a real HTTP "engine" it starts: tests/driver/fakeserver.py --slots.
 
-The fake engine serves at most `--slots` requests at once (as llama-server's `-np`), so at a
-load one slot cannot carry (Poisson 40 r/s of ~40 ms requests) more slots must rank first; the
-margin is 10x, not a timing threshold.
+The fake engine serves at most `--slots` requests at once (as llama-server's `-np`), each
+holding its slot for about t0 + 3 × d = 35 ms (4 tokens), so one slot carries about 28 req/s
+and eight about 230: at Poisson 40 r/s one slot is overloaded (its queue grows, the probe
+fails) and eight are not, so more slots must rank first; the margin is 8x, not a timing
+threshold. Each setting is one fixed-rate probe of the capacity search (warm-up excluded).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shlex
@@ -20,6 +21,8 @@ import yaml
 
 from phaselens.cli import invoke
 from phaselens.store import load_run
+
+from .test_sweep_capacity import open_sweep_page, page_rows
 
 SERVER = Path(__file__).resolve().parents[1] / "driver" / "fakeserver.py"
 FAKE = f"{shlex.quote(sys.executable)} {shlex.quote(str(SERVER))} --port {{port}} --t0-ms 20"
@@ -75,9 +78,12 @@ def test_more_slots_rank_first_with_runs_logs_and_predictions(
         "np=1,8",
         "--deploy",
         str(deploy),
+        "--warmup-s",
+        "0.5",
     )
     assert code == 0, err
     assert doc["complete"] and doc["ranking"] == ["np=8", "np=1"]
+    assert doc["mode"] == "rate" and doc["rate_rps"] == 40.0
     assert doc["pareto"] == ["np=8"]  # one GPU each: the better one dominates
     lines = [ln for ln in err.splitlines() if ln.startswith("sweep ")]
     assert [ln.split(":")[0] for ln in lines] == ["sweep 1/2 np=1", "sweep 2/2 np=8"]
@@ -96,13 +102,30 @@ def test_more_slots_rank_first_with_runs_logs_and_predictions(
         assert (sweep_dir / rep["log"]).is_file()
         lo, hi = row["interval"]
         assert lo <= row["value"] <= hi
+        # the capacity search's probe: its warm-up excluded from the verdict and the value
+        assert run.manifest["capacity_probe"] == {
+            "load_scale": 1.0,
+            "rate_rps": 40.0,
+            "warmup_s": 0.5,
+        }
+        assert rep["rate_rps"] == 40.0 and rep["targets"][0]["metric"] == "ttft_ms"
+        assert rep["probe_seconds"] > 0
+    assert one["repeats"][0]["verdict"] == "fail"  # one slot: the queue grows
+    assert eight["repeats"][0]["verdict"] in ("pass", "uncertain")
     pred = doc["prediction"]
     assert pred["calibrated_on"] == "np=1" and pred["maps"] == {"np": "policy.max_num_seqs"}
     for row in (one, eight):
         g = row["prediction"]["goodput_rps"]
         assert g["measured"] == row["value"] and g["predicted"] is not None
-        assert g["error_pct"] == pytest.approx(100 * (g["predicted"] / g["measured"] - 1), abs=0.1)
+        if g["measured"] == 0:  # (one slot: no request of the judged window inside the SLO)
+            assert g["error_pct"] is None
+        else:
+            want = 100 * (g["predicted"] / g["measured"] - 1)
+            assert g["error_pct"] == pytest.approx(want, abs=0.1)
     assert one["prediction"]["in_sample"] and not eight["prediction"]["in_sample"]
+    for row in (one, eight):  # flat beside the value, as the page reads them
+        g = row["prediction"]["goodput_rps"]
+        assert row["predicted"] == g["predicted"] and row["error_pct"] == g["error_pct"]
 
 
 def test_a_setting_whose_engine_exits_at_once_is_a_row_and_the_sweep_goes_on(
@@ -135,6 +158,13 @@ def test_a_setting_whose_engine_exits_at_once_is_a_row_and_the_sweep_goes_on(
     ]
     assert four["spread"][0] <= four["value"] <= four["spread"][1]
     assert sum("error: engine exited with code 2" in ln for ln in err.splitlines()) == 2
+    assert (bad["status"], four["status"]) == ("failed", "ok")
+
+    got = open_sweep_page(sweep_dir / "sweep.html")  # the failed engine a row with its error
+    assert got["rows"] == page_rows(doc) and got["rows"][-1][-1] == bad["error"]
+    assert got["links"][0] == four["repeats"][0]["run"]  # its first run (no report written)
+    assert [t["n"] for t in got["figs"]["fig-bars"]] == [1]
+    assert any("no simulator predictions" in n for n in got["notes"])
 
 
 def test_an_engine_that_never_answers_is_a_row_and_exit_1_when_nothing_was_measured(
@@ -174,6 +204,8 @@ def test_an_engine_that_never_answers_is_a_row_and_exit_1_when_nothing_was_measu
             ["--engine", "x --port {port} -np {np}", "--set", "np=1", "--gpus-per-setting", "y"],
             "--gpus-per-setting",
         ),
+        (["--engine", "x --port {port}", "--warmup-s", "2"], "--warmup-s: expected"),
+        (["--engine", "x --port {port}", "--telemetry", "bogus"], "--telemetry"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_no_sweep_directory(
@@ -189,17 +221,3 @@ def test_bad_input_is_one_line_exit_2_and_no_sweep_directory(
     assert line.startswith("phaselens: error:")
     assert re.search(match, line), line
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
-
-
-def test_capacity_mode_refuses_in_one_line_while_this_build_has_no_search(
-    tmp_path: Path, spec: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    if importlib.util.find_spec("phaselens.capacity.search") is not None:
-        pytest.skip("this build has the capacity search (tested with it in test_capacity_*)")
-    code, doc, err = _sweep(
-        capsys, tmp_path / "out", str(spec), "--engine", FAKE + " --slots 2", "--capacity"
-    )
-    assert code == 2 and doc == {}
-    assert (
-        err.strip() == "phaselens: error: --capacity: capacity search not available in this build"
-    )

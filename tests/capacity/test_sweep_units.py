@@ -19,9 +19,7 @@ from phaselens.capacity.sweep import (
     summarize,
 )
 from phaselens.capacity.sweeppredict import plan_prediction
-from phaselens.capacity.sweepprobe import scaled_spec
 from phaselens.errors import InputError
-from phaselens.spec import parse_spec
 
 
 def test_grid_is_the_cartesian_product_last_set_fastest() -> None:
@@ -139,24 +137,6 @@ def test_summary_of_repeats_median_envelope_and_errors() -> None:
 
 FIX = {"type": "fixed", "value": 8}
 LENS = {"input_tokens": FIX, "output_tokens": FIX}
-
-
-def test_scaled_spec_scales_every_models_rate(tmp_path: Path) -> None:
-    ws = parse_spec(
-        {
-            "duration_s": 5,
-            "models": [
-                {"name": "a", "rate": 2, "input_tokens": FIX, "output_tokens": FIX},
-                {"name": "b", "rate": 0.5, "arrival": {"type": "constant"}, **LENS},
-            ],
-        },
-        "t",
-        tmp_path,
-    )
-    s = scaled_spec(ws, 3.0)
-    assert [m.rate for m in s.models] == [6.0, 1.5]
-    assert [m.arrival.type for m in s.models] == ["poisson", "constant"]
-    assert [m.rate for m in ws.models] == [2, 0.5]  # the original is untouched
 
 
 def _deploy(tmp_path: Path) -> Path:

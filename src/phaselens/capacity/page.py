@@ -271,6 +271,8 @@ def setting_curve(s: Mapping[str, Any]) -> SettingCurve:
     cap = _map(s.get("capacity"))
     meas = s.get("measured")
     value = _value(meas, "value", "capacity_rps", "goodput_rps")
+    if value is None:  # sweep.json's own `value`, then what older files carried
+        value = _num(s.get("value"))
     if value is None:
         value = _num(cap.get("capacity_rps")) if cap else _num(s.get("goodput_rps"))
     iv = (
@@ -287,6 +289,18 @@ def setting_curve(s: Mapping[str, Any]) -> SettingCurve:
         predicted=_value(s.get("predicted"), "value", "capacity_rps", "goodput_rps"),
         pareto=bool(s.get("pareto")),
     )
+
+
+def _setting_link(s: Mapping[str, Any], base: Path, page_dir: Path) -> str | None:
+    """The setting's capacity page (beside its capacity.json), else its first run's report,
+    else its directory."""
+    cj = _map(s.get("capacity")).get("capacity_json")
+    if isinstance(cj, str) and cj:
+        return _href(str(Path(cj).parent), base, page_dir, "capacity.html")
+    runs = [r.get("run") for r in _list(s.get("repeats")) if isinstance(r.get("run"), str)]
+    if runs:
+        return _href(runs[0], base, page_dir)
+    return _href(s.get("dir"), base, page_dir, "capacity.html")
 
 
 def sweep_context(sw: Mapping[str, Any], out: Path, base: Path | None = None) -> dict[str, Any]:
@@ -326,7 +340,7 @@ def sweep_context(sw: Mapping[str, Any], out: Path, base: Path | None = None) ->
                 "pareto": c.pareto,
                 "status": msg or str(s.get("status") or "ok"),
                 "failed": msg is not None,
-                "link": _href(s.get("dir"), base, out.parent, "capacity.html"),
+                "link": _setting_link(s, base, out.parent),
             }
         )
     notes, figures = [], []

@@ -8,7 +8,7 @@ measure; the capacity and its interval come from measured probes alone.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from phaselens.spec import WorkloadSpec
 from phaselens.store import load_run
 from phaselens.whatif.calibfile import load_deploy_mapping
 from phaselens.whatif.calibrate import calibrate
+from phaselens.whatif.knobs import apply_deploy
 from phaselens.whatif.predict import simulate_with
 from phaselens.workload.plan import build_schedule
 
@@ -42,12 +43,16 @@ def predict_knee(
     ps: ProbeSettings,
     light_scale: float,
     notes: list[str],
+    knobs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """{"knee_scale": highest load the calibrated model passes (None: no prediction), "points":
-    the predicted curve}; what went wrong goes to `notes`."""
+    the predicted curve}; what went wrong goes to `notes`. `knobs`: what-if knobs applied to
+    the deployment before calibrating (a sweep's setting, `whatif.knobs.apply_deploy`)."""
     none: dict[str, Any] = {"knee_scale": None, "points": []}
     try:
         dmap = load_deploy_mapping(deploy_path)
+        if knobs:
+            dmap = apply_deploy(dmap, knobs)
         calib = calibrate(
             load_run(light.run), dmap, str(Path(deploy_path).resolve()), allow_invalid=True
         )

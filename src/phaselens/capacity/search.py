@@ -39,7 +39,9 @@ STABILITY = 1.1  # the stability probe: 10% above the capacity
 class SearchConfig:
     """How to search. `slo`: replaces the spec's SLO when given; `probe_s` / `warmup_s`: None
     = from the spec (see `settings`); `deploy`: a deployment file describing a real server,
-    for the prediction (a `sim:DEPLOY` target uses its own)."""
+    for the prediction (a `sim:DEPLOY` target uses its own); `deploy_knobs`: what-if knobs
+    (`whatif.knobs`, e.g. {"policy.max_num_seqs": 4}) applied to that deployment first (a
+    sweep's setting)."""
 
     slo: Mapping[str, Any] | None = None
     budget_s: float = 900.0
@@ -50,6 +52,7 @@ class SearchConfig:
     seed: int | None = None
     light_scale: float = 0.25
     deploy: str | None = None
+    deploy_knobs: Mapping[str, Any] | None = None
     telemetry: str = "auto"
     driver: DriverOptions | None = None
 
@@ -272,7 +275,7 @@ def find_capacity(
                     "a doubling search from the light probe"
                 )
             elif light.verdict == "pass":
-                pred = predict_knee(ws, light, deploy, ps, light_scale, notes)
+                pred = predict_knee(ws, light, deploy, ps, light_scale, notes, cfg.deploy_knobs)
                 if pred["knee_scale"] is not None:
                     search.step = STEP_PREDICTED
                     first = float(pred["knee_scale"])

@@ -19,7 +19,7 @@ import os
 import re
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,8 @@ from phaselens.capacity.engine import (
     Template,
     running_engine,
 )
+from phaselens.capacity.scale import base_rate
+from phaselens.capacity.search import SearchConfig
 from phaselens.capacity.sweepprobe import Interrupted, Measured, capacity, fixed_rate
 from phaselens.errors import InputError
 from phaselens.names import slugify
@@ -107,8 +109,9 @@ class SweepConfig:
     repeats: int = 1
     ready_timeout_s: float = READY_TIMEOUT_S
     gpus: str = "1"
-    seed: int = 0
+    seed: int = 0  # the goodput bootstrap's (the workload keeps the spec's seed)
     prediction: Any = None  # sweeppredict.PredictPlan, or None without --deploy
+    search: SearchConfig = field(default_factory=SearchConfig)  # probe length, warm-up, ...
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -120,29 +123,35 @@ class SweepConfig:
         return "capacity_rps" if self.rate_scale is None else "goodput_rps"
 
 
-def _measure(ws: WorkloadSpec, cfg: SweepConfig, url: str, root: Path, k: int) -> Measured:
-    seed = cfg.seed + k
+def _measure(
+    ws: WorkloadSpec, cfg: SweepConfig, index: int, url: str, root: Path, k: int
+) -> Measured:
     if cfg.rate_scale is None:
-        return capacity(ws, url, root / f"capacity-r{k}", seed)
-    return fixed_rate(ws, url, cfg.rate_scale, root, f"r{k}", seed)
+        search = cfg.search
+        if cfg.prediction is not None:  # this setting's knee, on its mapped deployment
+            plan = cfg.prediction
+            search = replace(search, deploy=plan.source, deploy_knobs=dict(plan.combos[index]))
+        return capacity(ws, url, search, root / f"capacity-r{k}")
+    return fixed_rate(ws, url, cfg.rate_scale, cfg.search, root / f"r{k}", cfg.seed + k)
 
 
 def _repeat(
-    ws: WorkloadSpec, cfg: SweepConfig, setting: Mapping[str, str], root: Path, k: int
+    ws: WorkloadSpec, cfg: SweepConfig, row: Mapping[str, Any], root: Path, k: int
 ) -> dict[str, Any]:
     log = root / f"engine-r{k}.log"
-    row: dict[str, Any] = {"repeat": k, "run": None, "log": str(log), "error": None}
+    rep: dict[str, Any] = {"repeat": k, "run": None, "log": str(log), "error": None}
+    setting = row["setting"]
     values = {**setting, **({"model": cfg.model} if cfg.model is not None else {})}
     try:
         with running_engine(cfg.template, values, log, cfg.ready_timeout_s) as eng:
-            row["argv"] = list(eng.argv)
-            row["startup_s"] = round(eng.startup_s, 3)
-            m = _measure(ws, cfg, eng.url, root, k)
+            rep["argv"] = list(eng.argv)
+            rep["startup_s"] = round(eng.startup_s, 3)
+            m = _measure(ws, cfg, int(row["index"]), eng.url, root, k)
             died = eng.died_error()
     except EngineError as e:
-        row["error"] = str(e)
-        return row
-    row.update(
+        rep["error"] = str(e)
+        return rep
+    rep.update(
         run=m.run,
         value=m.value,
         interval=list(m.interval) if m.interval else None,
@@ -152,10 +161,12 @@ def _repeat(
         predicted=m.predicted,
         **dict(m.extra),
     )
+    if m.interrupted:
+        rep["interrupted"] = True
     if died:
-        row["error"] = died  # the run is kept (its records say what failed), the value is not
-        row["value"] = None
-    return row
+        rep["error"] = died  # the run is kept (its records say what failed), the value is not
+        rep["value"] = None
+    return rep
 
 
 def _median(xs: Sequence[float | None]) -> float | None:
@@ -166,7 +177,11 @@ def _median(xs: Sequence[float | None]) -> float | None:
 def summarize(row: dict[str, Any]) -> None:
     """A setting's value, interval and spread from its repeats (in place)."""
     reps = row["repeats"]
-    ok = [r for r in reps if r.get("error") is None and r.get("value") is not None]
+    ok = [
+        r
+        for r in reps
+        if r.get("error") is None and r.get("value") is not None and not r.get("interrupted")
+    ]
     row["value"] = _median([r["value"] for r in ok])
     ivs = [r["interval"] for r in ok if r.get("interval")]
     row["interval"] = [min(i[0] for i in ivs), max(i[1] for i in ivs)] if ivs else None
@@ -177,6 +192,15 @@ def summarize(row: dict[str, Any]) -> None:
     errs = [r["error"] for r in reps if r.get("error")]
     row["error"] = errs[0] if errs and not ok else None
     row["failed_repeats"] = len(errs)
+    row["status"] = (
+        "pending" if not reps else "ok" if ok else "failed" if row["error"] else "no value"
+    )
+    caps = [r for r in ok if r.get("capacity")]
+    if caps:  # capacity mode: the repeat whose capacity is nearest the median stands for it
+        med = float(row["value"])
+        row["capacity"] = min(caps, key=lambda r: abs(float(r["value"]) - med))["capacity"]
+    else:
+        row.pop("capacity", None)
 
 
 def rank(rows: Sequence[dict[str, Any]]) -> list[int]:
@@ -226,6 +250,7 @@ def write_json(path: Path, doc: Mapping[str, Any]) -> None:
 def _doc(
     ws: WorkloadSpec, cfg: SweepConfig, sweep_dir: Path, rows: list[dict[str, Any]]
 ) -> dict[str, Any]:
+    base = base_rate(ws)
     return {
         "sweep_dir": str(sweep_dir),
         "spec": ws.name,
@@ -233,6 +258,7 @@ def _doc(
         "mode": cfg.mode,
         "metric": cfg.metric,
         "rate_scale": cfg.rate_scale,
+        "rate_rps": None if cfg.rate_scale is None or base is None else base * cfg.rate_scale,
         "sets": {k: list(v) for k, v in cfg.sets.items()},
         "repeats": cfg.repeats,
         "gpus_per_setting": cfg.gpus,
@@ -249,11 +275,46 @@ def _doc(
 Progress = Callable[[dict[str, Any], dict[str, Any], int, int], None]
 
 
+def _relative(rep: dict[str, Any], sweep_dir: Path) -> None:
+    """Paths relative to the sweep directory, so it can move (in place)."""
+
+    def rel(p: Any) -> Any:
+        return os.path.relpath(p, sweep_dir) if isinstance(p, str) and p else p
+
+    for key in ("run", "log"):
+        rep[key] = rel(rep.get(key))
+    cap = rep.get("capacity")
+    if isinstance(cap, dict):
+        cap["capacity_json"] = rel(cap.get("capacity_json"))
+        for p in cap.get("probes") or []:
+            p["run"] = rel(p.get("run"))
+
+
+def rank_all(doc: dict[str, Any]) -> None:
+    """Ranking and Pareto front of what is measured so far (in place)."""
+    rows = doc["settings"]
+    order = rank(rows)
+    doc["ranking"] = [rows[i]["label"] for i in order]
+    front = pareto(rows)
+    for r in rows:
+        r["pareto"] = r["index"] in front
+    doc["pareto"] = [rows[i]["label"] for i in front]
+
+
+def save(sweep_dir: Path, doc: dict[str, Any]) -> None:
+    """sweep.json, then sweep.html beside it (capacity.page.sweep_page)."""
+    from phaselens.capacity.page import sweep_page
+
+    write_json(sweep_dir / "sweep.json", doc)
+    sweep_page(doc, sweep_dir / "sweep.html")
+
+
 def run_sweep(
     ws: WorkloadSpec, cfg: SweepConfig, out: Path | str, progress: Progress | None = None
 ) -> dict[str, Any]:
     """Measure every setting (`repeats` fresh engines each) into a new sweep directory under
-    `out`; rank, mark the Pareto front, predict (with --deploy); return sweep.json's dict."""
+    `out`; rank, mark the Pareto front, predict (with --deploy); return sweep.json's dict.
+    sweep.json and sweep.html are rewritten after every repeat (ranked so far)."""
     sweep_dir = new_run_dir(out, f"sweep-{ws.name}")
     settings = settings_of(cfg.sets)
     rows: list[dict[str, Any]] = [
@@ -264,40 +325,38 @@ def run_sweep(
             "dir": f"s{i}-{slugify(label(s), 'setting')}"[:80],
             "gpus": gpus_of(cfg.gpus, s),
             "repeats": [],
+            "status": "pending",
         }
         for i, s in enumerate(settings)
     ]
     doc = _doc(ws, cfg, sweep_dir, rows)
-    path = sweep_dir / "sweep.json"
-    write_json(path, doc)
+    save(sweep_dir, doc)
     try:
         for row in rows:
             for k in range(1, cfg.repeats + 1):
-                rep = _repeat(ws, cfg, row["setting"], sweep_dir / row["dir"], k)
-                for key in ("run", "log"):  # relative: the sweep directory can move
-                    if rep.get(key):
-                        rep[key] = os.path.relpath(rep[key], sweep_dir)
+                rep = _repeat(ws, cfg, row, sweep_dir / row["dir"], k)
+                _relative(rep, sweep_dir)
                 row["repeats"].append(rep)
                 summarize(row)
-                write_json(path, doc)
+                rank_all(doc)
+                save(sweep_dir, doc)
                 if progress is not None:
                     progress(row, rep, len(rows), cfg.repeats)
-        order = rank(rows)
-        doc["ranking"] = [rows[i]["label"] for i in order]
-        front = pareto(rows)
-        for r in rows:
-            r["pareto"] = r["index"] in front
-        doc["pareto"] = [rows[i]["label"] for i in front]
+                if rep.get("interrupted"):
+                    raise Interrupted(str(rep.get("run")))
         if cfg.prediction is not None:
-            from phaselens.capacity.sweeppredict import predict_rows
+            from phaselens.capacity.sweeppredict import knee_rows, predict_rows
 
-            doc["prediction"] = predict_rows(cfg.prediction, rows, sweep_dir)
+            if cfg.rate_scale is None:
+                doc["prediction"] = knee_rows(cfg.prediction, rows)
+            else:
+                doc["prediction"] = predict_rows(cfg.prediction, rows, sweep_dir)
         doc["complete"] = True
     except (Interrupted, KeyboardInterrupt):
         doc["interrupted"] = True
         raise KeyboardInterrupt from None
     finally:
-        write_json(path, doc)
+        save(sweep_dir, doc)
     return doc
 
 
@@ -310,7 +369,9 @@ __all__ = [
     "pareto",
     "parse_sets",
     "rank",
+    "rank_all",
     "run_sweep",
+    "save",
     "settings_of",
     "summarize",
 ]

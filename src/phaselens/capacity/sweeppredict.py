@@ -139,14 +139,49 @@ def predict_rows(
             entry[key] = {"predicted": p.get(key), "measured": meas, "error_pct": None}
             entry[key]["error_pct"] = _err_pct(p.get(key), meas)
         r["prediction"] = entry
+        r["predicted"] = entry["goodput_rps"]["predicted"]  # the ranked metric, flat (the page)
+        r["error_pct"] = entry["goodput_rps"]["error_pct"]
+    return {**out, **_rankings(rows, "goodput_rps")}
+
+
+def _rankings(rows: Sequence[dict[str, Any]], metric: str) -> dict[str, Any]:
     scored = [r for r in rows if r.get("value") is not None]
-    by_pred = sorted(
-        scored, key=lambda r: -float(r["prediction"]["goodput_rps"]["predicted"] or 0.0)
-    )
+    by_pred = sorted(scored, key=lambda r: -float(r["prediction"][metric]["predicted"] or 0.0))
     by_meas = sorted(scored, key=lambda r: int(r.get("rank") or 0))
-    out["predicted_ranking"] = [r["label"] for r in by_pred]
-    out["ranking_agrees"] = [r["label"] for r in by_meas] == out["predicted_ranking"]
-    return out
+    pred = [r["label"] for r in by_pred]
+    return {"predicted_ranking": pred, "ranking_agrees": [r["label"] for r in by_meas] == pred}
 
 
-__all__ = ["COMPARED", "DEFAULT_MAP", "PredictPlan", "plan_prediction", "predict_rows"]
+def knee_rows(plan: PredictPlan, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """`--capacity --deploy`: each setting's search calibrated the simulator on its own light
+    probe, on the deployment with the setting's mapped fields, and predicted its knee
+    (`capacity.predict`); each row gets `prediction.capacity_rps` (predicted knee, measured
+    capacity, error)."""
+    for r in rows:
+        pred, meas = r.get("predicted"), r.get("value")
+        err = _err_pct(pred, meas)
+        r["prediction"] = {
+            "calibrated_on": "its own light probe",
+            "capacity_rps": {"predicted": pred, "measured": meas, "error_pct": err},
+        }
+        r["error_pct"] = err
+    out: dict[str, Any] = {
+        "calibrated_on": "each setting's light probe",
+        "method": "capacity.predict (the search's predicted knee)",
+        "maps": dict(plan.maps),
+        "unmapped": list(plan.unmapped),
+    }
+    if not any(r.get("predicted") is not None for r in rows):
+        out["error"] = "no setting's search predicted a knee (see each capacity.json's notes)"
+        return out
+    return {**out, **_rankings(rows, "capacity_rps")}
+
+
+__all__ = [
+    "COMPARED",
+    "DEFAULT_MAP",
+    "PredictPlan",
+    "knee_rows",
+    "plan_prediction",
+    "predict_rows",
+]

@@ -1,27 +1,31 @@
-"""One sweep measurement on a started engine: a fixed-rate run or a capacity search.
+"""One sweep measurement on a started engine: a fixed-rate probe or a capacity search.
 
-Why a module of its own: the sweep loop must not care which of the two it runs, and both go
-through `execute` (the one path to a run directory), so every measurement is a normal run that
-`analyze`, `report` and `compare` read. The fixed-rate run is a thin adapter until the capacity
-core lands on this branch; the marked places are where the merge swaps in its functions.
+Why a module of its own: the sweep loop must not care which of the two it runs. Both are the
+capacity search's own code (`capacity.search`): a fixed rate is one `fixed_rate_probe` (the
+scaled spec as one probe, its warm-up excluded, the live early stop, the search's verdict and
+percentile intervals), `--capacity` is `find_capacity`. Every measurement is therefore a normal
+run directory that `analyze`, `report` and `compare` read. The fixed rate's value is goodput
+over the judged window, with a block-bootstrap interval over the same requests (the one
+`compare` reports).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
 
-from phaselens.errors import InputError
-from phaselens.execute import HttpTarget, Options, RunInfo, execute
-from phaselens.spec import ModelSpec, TraceArrival, WorkloadSpec
+from phaselens.capacity.search import SearchConfig, find_capacity, fixed_rate_probe, settings
+from phaselens.execute import HttpTarget
+from phaselens.spec import WorkloadSpec
 
 N_BOOT = 400  # bootstrap resamples of the goodput interval
 LEVEL = 0.95  # two-sided interval level
+NS = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +39,7 @@ class Measured:
     tpot_p90_ms: float | None
     rate_rps: float | None  # the offered load (fixed rate) or the capacity's rate
     predicted: float | None = None  # capacity mode: the search's own predicted knee
+    interrupted: bool = False  # Ctrl-C during it: kept, and the sweep stops
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -42,100 +47,105 @@ class Interrupted(Exception):
     """Ctrl-C ended a run: the sweep keeps what it has and stops."""
 
 
-def _scaled_model(m: ModelSpec, f: float) -> ModelSpec:
-    if m.rate is not None:
-        return m.model_copy(update={"rate": m.rate * f})
-    a = m.arrival
-    if isinstance(a, TraceArrival):
-        upd = {"rate": a.rate * f} if a.rate is not None else {"time_scale": a.time_scale / f}
-        return m.model_copy(update={"arrival": a.model_copy(update=upd)})
-    return m
-
-
-def scaled_spec(ws: WorkloadSpec, factor: float) -> WorkloadSpec:
-    """The spec with every model's mean rate times `factor` (each keeps its arrival process)."""
-    # core: replace with capacity.scale.scaled_spec at merge
-    if factor == 1.0:
-        return ws
-    return ws.model_copy(update={"models": [_scaled_model(m, factor) for m in ws.models]})
-
-
 def _f(x: Any) -> float | None:
     return None if x is None or not np.isfinite(float(x)) else float(x)
 
 
-def fixed_rate(
-    ws: WorkloadSpec, url: str, scale: float, root: Path, name: str, seed: int
-) -> Measured:
-    """One run of the spec at `scale` x its rates against `url`; goodput with a bootstrap
-    interval (analysis.compare's block bootstrap, the one `compare` reports)."""
-    # core: replace with capacity.search.fixed_rate_probe at merge (warm-up, early stop, verdict)
+def goodput_interval(
+    run_dir: str, warmup_s: float, slo: Mapping[str, Any], seed: int
+) -> tuple[float, float] | None:
+    """The 95% block-bootstrap interval of goodput over the requests scheduled after the
+    warm-up (analysis.compare's bootstrap on the judged requests only)."""
     from phaselens.analysis.compare import bootstrap, run_stats
-    from phaselens.analysis.stats import fnum
     from phaselens.store import load_run
-    from phaselens.workload.plan import build_schedule
 
-    spec = scaled_spec(ws, scale)
-    sched = build_schedule(spec)
-    info = RunInfo(name, spec.model_dump(mode="json"), spec.slo_dict, {"sweep_rate_scale": scale})
-    out = execute(sched, HttpTarget({"*": url}), Options(quiet=True), root, info)
-    if out.status == "interrupted":
-        raise Interrupted(str(out.path))
-    run = load_run(out.path)
-    rs = run_stats(run, spec.slo_dict or None)
+    run = load_run(run_dir)
+    judged = run.requests.filter(pl.col("scheduled_ns") >= int(warmup_s * NS))
+    if judged.height == 0:
+        return None
+    rs = run_stats(replace(run, requests=judged), slo)
     good = rs.point.get("goodput")
-    interval = None
-    if good is not None:
-        rng = np.random.default_rng(seed)
-        boot = bootstrap(rs, N_BOOT, rng)["goodput"]
-        boot = boot[np.isfinite(boot)]
-        if boot.size:
-            a = (1.0 - LEVEL) / 2
-            lo, hi = float(np.quantile(boot, a)), float(np.quantile(boot, 1 - a))
-            g = float(good)  # (the point's window differs from the bootstrap's by rounding)
-            interval = (float(fnum(min(lo, g)) or 0.0), float(fnum(max(hi, g)) or 0.0))
-    dur = sched.duration_ns / 1e9
+    if good is None:
+        return None
+    boot = bootstrap(rs, N_BOOT, np.random.default_rng(seed))["goodput"]
+    boot = boot[np.isfinite(boot)]
+    if not boot.size:
+        return None
+    a = (1.0 - LEVEL) / 2
+    lo, hi = float(np.quantile(boot, a)), float(np.quantile(boot, 1 - a))
+    g = float(good)  # (the point's window differs from the bootstrap's by rounding)
+    return (round(min(lo, g), 6), round(max(hi, g), 6))
+
+
+def fixed_rate(
+    ws: WorkloadSpec, url: str, scale: float, cfg: SearchConfig, root: Path, seed: int
+) -> Measured:
+    """One probe of the spec at `scale` × its load against `url` (capacity.search's
+    `fixed_rate_probe`): goodput over the judged window with its bootstrap interval, and the
+    probe's verdict, reasons, early stop and targets (percentile intervals)."""
+    p = fixed_rate_probe(ws, HttpTarget({"*": url}), scale, cfg, root)
+    ps = settings(ws, cfg)
+    good = _f(p.goodput_rps)
+    iv = goodput_interval(p.run, ps.warmup_s, ps.slo, seed) if good is not None else None
     return Measured(
-        run=str(out.path),
-        value=_f(good),
-        interval=interval,
-        ttft_p90_ms=_f(rs.point.get("ttft_p90")),
-        tpot_p90_ms=_f(rs.point.get("tpot_p90")),
-        rate_rps=len(sched) / dur if dur > 0 else None,
+        run=p.run,
+        value=good,
+        interval=iv,
+        ttft_p90_ms=_f(p.ttft_p90_ms),
+        tpot_p90_ms=_f(p.tpot_p90_ms),
+        rate_rps=_f(p.rate_rps),
+        interrupted=p.interrupted,
+        extra={
+            "verdict": p.verdict,
+            "reasons": list(p.reasons),
+            "stopped_early": p.stopped_early,
+            "probe_seconds": round(p.probe_seconds, 3),
+            "targets": [t.to_json() for t in p.targets],
+        },
     )
 
 
-def search_module() -> Any:
-    """phaselens.capacity.search, or InputError when this build has no capacity search."""
-    try:
-        mod = importlib.import_module("phaselens.capacity.search")
-    except ImportError:
-        mod = None
-    if mod is None or not hasattr(mod, "find_capacity"):
-        raise InputError("--capacity: capacity search not available in this build")
-    return mod
+def capacity_summary(js: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """What a sweep row keeps of a capacity search (capacity.json at `path` has the rest)."""
+    keys = (
+        "status",
+        "capacity_rps",
+        "interval",
+        "binding",
+        "predicted_knee_rps",
+        "capacity_output_tokens_per_s",
+        "probe_seconds",
+        "stable",
+        "bistable",
+        "unreachable",
+        "notes",
+        "probes",
+    )
+    return {"capacity_json": str(path), **{k: js.get(k) for k in keys}}
 
 
-def capacity(ws: WorkloadSpec, url: str, root: Path, seed: int) -> Measured:
-    """A capacity search (`find_capacity`) against `url`, its capacity.json in `root`."""
-    mod = search_module()
-    res = mod.find_capacity(ws, HttpTarget({"*": url}), mod.SearchConfig(seed=seed), root)
+def capacity(ws: WorkloadSpec, url: str, cfg: SearchConfig, root: Path) -> Measured:
+    """A capacity search (`find_capacity`) against `url`, its capacity.json and capacity.html
+    in `root`; the value is the capacity, its interval the search's."""
+    from phaselens.capacity.page import capacity_page
+
+    res = find_capacity(ws, HttpTarget({"*": url}), cfg, root)
     js: dict[str, Any] = res.to_json()
+    capacity_page(js, root / "capacity.html", base=Path.cwd())
     cap = _f(js.get("capacity_rps"))
-    iv = js.get("interval")
-    near = [p for p in js.get("probes") or [] if cap is not None and p.get("rate_rps") is not None]
-    near.sort(key=lambda p: abs(float(p["rate_rps"]) - float(cap or 0.0)))
-    at = near[0] if near else {}
+    lo, hi = js["interval"]
+    at = [p for p in res.probes if cap and abs(p.rate_rps - cap) <= 1e-6 * cap]
     return Measured(
         run=str(root),
         value=cap,
-        interval=(float(iv[0]), float(iv[1])) if iv and None not in iv else None,
-        ttft_p90_ms=_f(at.get("ttft_p90_ms")),
-        tpot_p90_ms=_f(at.get("tpot_p90_ms")),
+        interval=(float(lo), float(hi)) if lo is not None and hi is not None else None,
+        ttft_p90_ms=_f(at[0].ttft_p90_ms) if at else None,
+        tpot_p90_ms=_f(at[0].tpot_p90_ms) if at else None,
         rate_rps=cap,
         predicted=_f(js.get("predicted_knee_rps")),
-        extra={"bistable": js.get("bistable"), "probe_seconds": js.get("probe_seconds")},
+        interrupted=res.status == "interrupted",
+        extra={"capacity": capacity_summary(js, root / "capacity.json")},
     )
 
 
-__all__ = ["Interrupted", "Measured", "capacity", "fixed_rate", "scaled_spec", "search_module"]
+__all__ = ["Interrupted", "Measured", "capacity", "capacity_summary", "fixed_rate"]

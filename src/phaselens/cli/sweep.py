@@ -34,9 +34,17 @@ def _progress(row: dict[str, Any], rep: dict[str, Any], n: int, repeats: int) ->
     if rep.get("error"):
         msg = f"error: {rep['error']}"
     else:
+        cap = rep.get("capacity") or {}
+        how = (
+            f" · {len(cap.get('probes') or [])} probes, "
+            f"{_num(cap.get('probe_seconds'), '{:.1f}')} probe-s"
+            if cap
+            else f" · {rep.get('verdict', '-')}"
+            + (" (stopped early)" if rep.get("stopped_early") else "")
+        )
         msg = (
             f"{_value({'value': rep.get('value'), 'interval': rep.get('interval')})} req/s"
-            f" · TTFT p90 {_num(rep.get('ttft_p90_ms'), '{:.0f}')} ms"
+            f" · TTFT p90 {_num(rep.get('ttft_p90_ms'), '{:.0f}')} ms{how}"
             f" · engine up in {_num(rep.get('startup_s'), '{:.1f}')} s"
         )
     from phaselens.errors import one_line
@@ -52,13 +60,10 @@ def _table(doc: dict[str, Any]) -> list[str]:
     head += f" {'TPOT p90':>9}  {'predicted (error)':<20} front"
     lines.append(head)
     for r in rows:
-        pred = r.get("prediction") or {}
-        g = pred.get("goodput_rps") or {}
         p = "-"
-        if g.get("predicted") is not None:
-            p = _num(g["predicted"]) + (f" ({g['error_pct']:+.0f}%)" if g.get("error_pct") else "")
-        elif r.get("predicted") is not None:
-            p = _num(r["predicted"]) + " (own knee)"
+        if r.get("predicted") is not None:
+            err = r.get("error_pct")
+            p = _num(r["predicted"]) + (f" ({err:+.0f}%)" if err is not None else "")
         meas = _value(r) if r.get("value") is not None else f"error: {r.get('error') or '-'}"
         lines.append(
             f"{r.get('rank', '-'):>4}  {r['label'][:24]:<24} {r['gpus']:>4}  {meas[:60]:<24}"
@@ -75,6 +80,7 @@ def _table(doc: dict[str, Any]) -> list[str]:
             "measured one"
         )
     lines.append(f"sweep directory: {doc['sweep_dir']}")
+    lines.append(f"sweep.html: {Path(doc['sweep_dir']) / 'sweep.html'}")
     return lines
 
 
@@ -138,6 +144,43 @@ def sweep(
     out: Annotated[Path, typer.Option("--out", help="The sweep directory goes under this.")] = Path(
         "sweeps"
     ),
+    probe_s: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--probe-s",
+            callback=number(1, 86_400),
+            help="Seconds of one probe (default: the spec's duration, at most 60 s).",
+        ),
+    ] = None,
+    warmup_s: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--warmup-s", callback=number(0, 86_400), help="Warm-up excluded from each probe."
+        ),
+    ] = None,
+    budget_s: Annotated[
+        float,
+        typer.Option(
+            "--budget-s", callback=number(0, 1e7, True), help="Probe-seconds per capacity search."
+        ),
+    ] = 900.0,
+    precision: Annotated[
+        float,
+        typer.Option(
+            "--precision", callback=number(0, 0.99, True), help="Capacity bracket hi/lo - 1."
+        ),
+    ] = 0.10,
+    edge_repeats: Annotated[
+        int,
+        typer.Option(
+            "--edge-repeats",
+            callback=integer(1, 20),
+            help="Capacity search: probes at each edge of the bracket.",
+        ),
+    ] = 2,
+    telemetry: Annotated[
+        str, typer.Option("--telemetry", help="Telemetry of each probe (auto, none).")
+    ] = "auto",
     seed: Annotated[
         int, typer.Option("--seed", callback=integer(0, MAX_SEED), help="Bootstrap seed.")
     ] = 0,
@@ -155,11 +198,6 @@ def sweep(
         raise InputError("--rate, --capacity: give one (a fixed load, or a capacity search)")
     if map_ and deploy is None:
         raise InputError("--map: needs --deploy (the deployment the names map onto)")
-    if capacity and deploy is not None:
-        raise InputError(
-            "--deploy: predictions from one calibration need --rate; with --capacity each "
-            "setting's search predicts its own knee"
-        )
     sets = parse_sets(set_ or [])
     template = parse_template(engine, list(sets), model is not None)
     ws = load_spec(spec)
@@ -169,10 +207,20 @@ def sweep(
         from phaselens.capacity.sweeppredict import plan_prediction
 
         plan = plan_prediction(deploy, map_ or [], sets)
-    if capacity:
-        from phaselens.capacity.sweepprobe import search_module
+    from phaselens.capacity.search import SearchConfig, settings
 
-        search_module()  # refuse now, before any engine starts
+    search = SearchConfig(
+        budget_s=budget_s,
+        repeats=edge_repeats,
+        precision=precision,
+        probe_s=probe_s,
+        warmup_s=warmup_s,
+        telemetry=telemetry,
+    )
+    settings(ws, search)  # no SLO, a warm-up longer than the probe: refused before any engine
+    from phaselens.telemetry.choose import parse_spec
+
+    parse_spec(telemetry, ["http://127.0.0.1:1"])  # (the engine's URL is not known yet)
     cfg = SweepConfig(
         template=template,
         engine=engine,
@@ -184,6 +232,7 @@ def sweep(
         gpus=check_gpus(gpus, sets),
         seed=seed,
         prediction=plan,
+        search=search,
     )
     doc = run_sweep(ws, cfg, out, _progress)
     if as_json:
