@@ -160,7 +160,9 @@ def _probe_rows(probes: Sequence[Mapping[str, Any]], base: Path, page_dir: Path)
                 "ttft": fmt(_num(p.get("ttft_p90_ms"))),
                 "tpot": fmt(_num(p.get("tpot_p90_ms"))),
                 "stopped": (f"yes: {why}" if why else "yes") if p.get("stopped_early") else "",
-                "links": [(str(r), _href(r, base, page_dir)) for r in runs if isinstance(r, str)],
+                "links": [
+                    (Path(r).name, _href(r, base, page_dir)) for r in runs if isinstance(r, str)
+                ],
             }
         )
     return rows
