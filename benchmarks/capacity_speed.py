@@ -18,8 +18,11 @@ Each tool reports its capacity as the highest offered rate it measured inside th
   was removed); this is its sweep;
 - guidellm: `guidellm run --profile kind=sweep,strategy_type=poisson` (synchronous, throughput,
   then Poisson rates between), read from its JSON (TTFT p90 per strategy);
-- phaselens: `phaselens capacity SPEC --target URL --json` (the search of issue 16), or "not
-  available in this build" when the command does not exist.
+- phaselens: `phaselens capacity SPEC --target URL --json --probe-s PROBE_S --warmup-s WARMUP_S
+  --telemetry none` (the search of issue 16; the same probe length, warm-up and SLO as the grid,
+  no deployment file, so no prediction: it doubles from its light probe), read from the
+  capacity.json it prints: its capacity, its interval (does it cover the truth?) and its own
+  probe_seconds.
 probe-seconds = the sum over a tool's probes of first send → last response (its own reported
 durations), excluding process start-up; wall-seconds include everything.
 
@@ -102,6 +105,8 @@ class Result:
     probe_s: float = 0.0
     wall_s: float = 0.0
     within_10pct: bool | None = None
+    interval: list[float | None] | None = None  # phaselens: [capacity, lowest load that failed]
+    covers_truth: bool | None = None
     probes: list[dict[str, Any]] = field(default_factory=list)  # rate, ttft_p90_ms, ok, dur
     note: str = ""
 
@@ -390,7 +395,7 @@ def run_guidellm(work: Path) -> Result:
 
 
 def run_phaselens(work: Path) -> Result:
-    """HOOK for issue 16's search: `phaselens capacity ... --json` (CLI shape in the issue)."""
+    """issue 16's search through its CLI: `phaselens capacity ... --json`."""
     r = Result("phaselens capacity")
     cli = [sys.executable, "-c", "import sys; from phaselens.cli import main; sys.exit(main())"]
     help_ = subprocess.run([*cli, "capacity", "--help"], capture_output=True, text=True)
@@ -419,7 +424,22 @@ def run_phaselens(work: Path) -> Result:
     )
     with slot_server() as url:
         p = subprocess.run(
-            [*cli, "capacity", str(spec), "--target", url, "--out", str(work / "cap"), "--json"],
+            [
+                *cli,
+                "capacity",
+                str(spec),
+                "--target",
+                url,
+                "--out",
+                str(work / "cap"),
+                "--json",
+                "--probe-s",
+                f"{PROBE_S:g}",
+                "--warmup-s",
+                f"{WARMUP_S:g}",
+                "--telemetry",
+                "none",
+            ],
             capture_output=True,
             text=True,
             timeout=900,
@@ -434,11 +454,18 @@ def run_phaselens(work: Path) -> Result:
         {
             "rate": q.get("rate_rps"),
             "ttft_p90_ms": q.get("ttft_p90_ms"),
+            "dur_s": q.get("probe_seconds"),
             "ok": q.get("verdict") == "pass",
+            "verdict": q.get("verdict"),
         }
         for q in d.get("probes", [])
     ]
-    r.note = f"interval {d.get('interval')}"
+    r.interval = d.get("interval")
+    (work.parent / "capspeed-phaselens.json").write_text(json.dumps(d, indent=1))
+    r.note = (
+        f"interval {r.interval}, {len(r.probes)} probes, status {d.get('status')}; "
+        + "; ".join(d.get("notes", []))
+    )
     return r
 
 
@@ -475,16 +502,21 @@ def main() -> None:
             res.wall_s = time.monotonic() - t0
         if res.capacity_rps is not None:
             res.within_10pct = abs(res.capacity_rps - truth) <= 0.1 * truth
+        if res.interval and None not in res.interval:
+            lo, hi = res.interval
+            res.covers_truth = bool(lo is not None and hi is not None and lo <= truth <= hi)
         results.append(res)
         cap = "–" if res.capacity_rps is None else f"{res.capacity_rps:.2f}"
         print(
             f"{res.tool:20s} capacity {cap:>6s} req/s  within ±10%: {res.within_10pct}  "
             f"probe-s {res.probe_s:6.1f}  wall-s {res.wall_s:6.1f}  probes {len(res.probes)}"
-            f"  {res.note}",
+            f"  covers truth: {res.covers_truth}  {res.note}",
             flush=True,
         )
         for p in res.probes:
-            print(f"    rate {p['rate']:7.2f}  ttft p90 {p['ttft_p90_ms']:8.1f} ms  ok {p['ok']}")
+            p90 = p["ttft_p90_ms"]
+            p90_text = "?" if p90 is None else f"{p90:8.1f}"
+            print(f"    rate {p['rate']:7.2f}  ttft p90 {p90_text:>8s} ms  ok {p['ok']}")
     if a.json:
         a.json.write_text(
             json.dumps(

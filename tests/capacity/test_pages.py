@@ -152,3 +152,23 @@ def test_sweep_page_fixed_rate_bars(tmp_path: Path) -> None:
     m = next(s for s in sw["settings"] if s["setting"]["max_num_seqs"] == 16)
     want = 100 * (m["predicted"]["goodput_rps"] - m["goodput_rps"]) / m["goodput_rps"]
     assert rows[0][5] == f"{want:+.1f}%"
+
+
+def test_capacity_page_bistable_load_and_stop_reason(tmp_path: Path) -> None:
+    """capacity.json's shape: `stopped_early` is the reason; runs at a `bistable` load are drawn
+    bistable; stability, status and the search's notes are shown."""
+    res = _load("capacity.json")
+    res["bistable"] = [{"load_scale": 0.9, "rate_rps": 9.0, "verdicts": ["pass", "uncertain"]}]
+    res["probes"][2]["stopped_early"] = "queue rose in each of the last 6 1 s windows"
+    res["stability"] = {"load_scale": 0.95, "rate_rps": 9.5, "verdict": "fail", "tips_over": True}
+    res["status"], res["notes"] = "budget", ["a note of the search"]
+    page = capacity_page(res, tmp_path / "capacity.html")
+    got = _open(page)
+    html = page.read_text()
+    assert "1.1× (9.50 req/s) fail, tips over" in html
+    assert "yes: queue rose in each of the last 6 1 s windows" in html
+    traces = got["figs"]["fig-goodput"]["traces"]
+    at_9 = sum(len(p["repeats"]) for p in res["probes"] if p["rate_rps"] == 9.0)
+    assert sum(t["n"] for t in traces if t["name"] == "bistable") == 2 * at_9  # both panels
+    assert any("search budget" in n for n in got["notes"])
+    assert any("a note of the search" in n for n in got["notes"])

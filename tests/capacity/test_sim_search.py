@@ -180,6 +180,9 @@ def test_interrupted_search_keeps_a_consistent_capacity_json(
             text=True,
         )
         _wait_probes(out / "capacity.json", 1, proc)
+        deadline = time.monotonic() + 60  # the first probe's page is written before the second
+        while not (out / "capacity.html").is_file() and time.monotonic() < deadline:
+            time.sleep(0.1)
         time.sleep(1.5)  # inside the second probe
         proc.send_signal(sig)
         proc.communicate(timeout=60)
@@ -188,6 +191,7 @@ def test_interrupted_search_keeps_a_consistent_capacity_json(
     if sig == signal.SIGINT:
         assert proc.returncode == 130 and doc["status"] == "interrupted"
         assert len(doc["probes"]) >= 2  # the interrupted probe is kept too
+        assert "search interrupted" in (out / "capacity.html").read_text()  # and its page
     else:
         assert doc["status"] == "running"  # what was found so far, consistent
     assert not (out / ".capacity.json.tmp").exists() or sig == signal.SIGKILL

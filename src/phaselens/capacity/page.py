@@ -28,6 +28,12 @@ from phaselens.capacity.figures import (
 from phaselens.report.figdata import slo_threshold
 from phaselens.report.page import fig_json, fmt, render_page, template_env, write_page
 
+STATUS_NOTE = {
+    "running": "still probing (the page is rewritten after every probe); the probes so far",
+    "interrupted": "stopped by Ctrl-C; the probes it finished",
+    "budget": "the probe-second budget ran out before the bracket reached the precision",
+}
+
 
 def _num(x: Any) -> float | None:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
@@ -68,12 +74,23 @@ def _verdict(p: Mapping[str, Any]) -> str:
     return v.strip().lower() if isinstance(v, str) and v.strip() else "unknown"
 
 
-def _run_point(p: Mapping[str, Any], rate: float, verdict: str) -> Point:
-    why = p.get("stop_reason") if isinstance(p.get("stop_reason"), str) else ""
+def _stop_reason(p: Mapping[str, Any]) -> str:
+    """Why a probe stopped early: capacity.json's `stopped_early` is the reason itself (or
+    null); an older file had a flag and `stop_reason`."""
+    for key in ("stopped_early", "stop_reason"):
+        if isinstance(p.get(key), str) and p[key].strip():
+            return str(p[key])
+    return ""
+
+
+def _run_point(p: Mapping[str, Any], rate: float, verdict: str, bistable: bool = False) -> Point:
+    why = _stop_reason(p)
     label = f"{p.get('run', '')}" + (f" · stopped early: {why}" if p.get("stopped_early") else "")
+    if bistable:
+        label = f"{verdict} at a bistable load (its repeats disagree) · {label}"
     return Point(
         rate_rps=rate,
-        verdict=verdict,
+        verdict="bistable" if bistable else verdict,
         stopped_early=bool(p.get("stopped_early")),
         label=label,
         goodput_rps=_num(p.get("goodput_rps")),
@@ -87,8 +104,11 @@ def _run_point(p: Mapping[str, Any], rate: float, verdict: str) -> Point:
     )
 
 
-def probe_points(probes: Sequence[Mapping[str, Any]]) -> list[Point]:
-    """Every measured run as a point: a probe, or each of its repeats when it lists them."""
+def probe_points(
+    probes: Sequence[Mapping[str, Any]], bistable: Sequence[float] = ()
+) -> list[Point]:
+    """Every measured run as a point: a probe, or each of its repeats when it lists them; a run
+    at one of the `bistable` offered loads is drawn as bistable (its own verdict in the hover)."""
     out: list[Point] = []
     for p in probes:
         rate = _num(p.get("rate_rps"))
@@ -96,9 +116,9 @@ def probe_points(probes: Sequence[Mapping[str, Any]]) -> list[Point]:
             continue
         reps = _list(p.get("repeats"))
         for r in reps or [p]:
-            out.append(
-                _run_point(r, _num(r.get("rate_rps")) or rate, _verdict(r) if reps else _verdict(p))
-            )
+            x = _num(r.get("rate_rps")) or rate
+            bi = any(abs(x - b) <= 1e-9 * max(abs(b), 1.0) for b in bistable)
+            out.append(_run_point(r, x, _verdict(r) if reps else _verdict(p), bi))
     return out
 
 
@@ -107,10 +127,15 @@ def _rel(target: Path, page_dir: Path) -> str:
 
 
 def _href(run: Any, base: Path, page_dir: Path, page: str = "report.html") -> str | None:
-    """Relative link from the page to a run's `page` (or to its directory when not written)."""
+    """Relative link from the page to a run's `page` (or to its directory when not written).
+    `run` is taken under `base`; a path that is not there (capacity.json's `run` is the path the
+    search wrote, relative to where it ran) is looked for as `base`'s child of that name, then
+    as written."""
     if not isinstance(run, str) or not run:
         return None
     d = base / run
+    if not d.exists():
+        d = next((c for c in (base / Path(run).name, Path(run)) if c.exists()), d)
     return _rel(d / page if (d / page).is_file() else d, page_dir)
 
 
@@ -119,7 +144,7 @@ def _probe_rows(probes: Sequence[Mapping[str, Any]], base: Path, page_dir: Path)
     for i, p in enumerate(probes, 1):
         reps = p.get("repeats")
         runs = [r.get("run") for r in _list(reps)] or [p.get("run")]
-        why = p.get("stop_reason")
+        why = _stop_reason(p)
         rows.append(
             {
                 "i": i,
@@ -134,10 +159,10 @@ def _probe_rows(probes: Sequence[Mapping[str, Any]], base: Path, page_dir: Path)
                 "goodput_ci": _interval_text(_ival(p.get("goodput_ci_rps"))),
                 "ttft": fmt(_num(p.get("ttft_p90_ms"))),
                 "tpot": fmt(_num(p.get("tpot_p90_ms"))),
-                "stopped": (f"yes: {why}" if isinstance(why, str) and why else "yes")
-                if p.get("stopped_early")
-                else "",
-                "links": [(str(r), _href(r, base, page_dir)) for r in runs if isinstance(r, str)],
+                "stopped": (f"yes: {why}" if why else "yes") if p.get("stopped_early") else "",
+                "links": [
+                    (Path(r).name, _href(r, base, page_dir)) for r in runs if isinstance(r, str)
+                ],
             }
         )
     return rows
@@ -158,8 +183,29 @@ def _binding_text(b: Mapping[str, Any]) -> str:
     if not b:
         return "–"
     thr = _num(b.get("threshold_ms"))
-    parts = [str(b.get("model") or "all models"), f"{b.get('metric', '?')} {b.get('stat', '')}"]
-    return " · ".join(parts) + (f" ≤ {fmt(thr)} ms" if thr is not None else "")
+    model = b.get("model")
+    who = "all requests" if not model or model == "*" else str(model)
+    parts = [who, f"{b.get('metric', '?')} {b.get('stat', '')}"]
+    text = " · ".join(parts) + (f" ≤ {fmt(thr)} ms" if thr is not None else "")
+    obs, rate = _num(b.get("observed_ms")), _num(b.get("rate_rps"))
+    if obs is not None:
+        text += f": {fmt(obs)} ms"
+        iv = b.get("interval_ms")
+        if isinstance(iv, Sequence) and not isinstance(iv, str) and len(iv) == 2:
+            text += f" [{fmt(_num(iv[0]))}, {fmt(_num(iv[1]))}]"
+        if rate is not None:
+            text += f" at {fmt(rate)} req/s"
+    return text
+
+
+def _stability_text(st: Mapping[str, Any], stable: Any) -> str:
+    """The 1.1× probe: its verdict and whether it tipped over (docs/capacity.md, "Stability")."""
+    if not st:
+        return "not measured"
+    rate = fmt(_num(st.get("rate_rps")), " req/s")
+    tips = st.get("tips_over") is True or stable is False
+    word = "tips over: at a cliff, keep headroom" if tips else "does not tip over"
+    return f"1.1× ({rate}) {st.get('verdict', '?')}, {word}"
 
 
 def _per_model(x: Any) -> list[dict[str, str]]:
@@ -176,7 +222,11 @@ def _per_model(x: Any) -> list[dict[str, str]]:
                 "model": str(name),
                 "rps": fmt(_num(v.get("capacity_rps"))),
                 "interval": _interval_text(_ival(v.get("interval"))),
-                "tok": fmt(_num(v.get("capacity_output_tokens_per_s"))),
+                "tok": fmt(
+                    _num(v.get("output_tokens_per_s"))
+                    if _num(v.get("output_tokens_per_s")) is not None
+                    else _num(v.get("capacity_output_tokens_per_s"))
+                ),
             }
         )
     return out
@@ -186,11 +236,18 @@ def capacity_context(res: Mapping[str, Any], out: Path, base: Path | None = None
     """Everything the capacity template shows; `base` is where probe `run` paths start."""
     base = out.parent if base is None else base
     probes = _list(res.get("probes"))
-    pts = probe_points(probes)
+    bistable = [r for b in _list(res.get("bistable")) if (r := _num(b.get("rate_rps"))) is not None]
+    pts = probe_points(probes, bistable)
     knee = Knee(_num(res.get("capacity_rps")), _ival(res.get("interval")))
     pred = _predicted_curve(_list(res.get("predicted")))
     slo = _map(res.get("slo"))
-    notes = []
+    notes = [f"search: {n}" for n in res.get("notes", ()) if isinstance(n, str)]
+    gone = _map(res.get("unreachable"))
+    if isinstance(gone.get("message"), str):
+        notes.insert(0, str(gone["message"]))
+    status = res.get("status")
+    if isinstance(status, str) and status in STATUS_NOTE:
+        notes.insert(0, f"search {status}: {STATUS_NOTE[status]}")
     if not pred[0]:
         notes.append(
             "capacity.json has no predicted curve: the simulator's prediction is not"
@@ -219,7 +276,12 @@ def capacity_context(res: Mapping[str, Any], out: Path, base: Path | None = None
     cap = knee.capacity_rps
     iv = knee.interval
     return {
-        "title": str(res.get("spec") or res.get("name") or out.parent.name),
+        "title": str(
+            res.get("spec")
+            or _map(res.get("settings")).get("spec")
+            or res.get("name")
+            or out.parent.name
+        ),
         "capacity": fmt(cap, " req/s") if cap is not None else "none found",
         "interval": _interval_text(iv, " req/s"),
         "pm": fmt((iv[1] - iv[0]) / 2, " req/s") if iv is not None else "–",
@@ -228,6 +290,8 @@ def capacity_context(res: Mapping[str, Any], out: Path, base: Path | None = None
         "predicted_knee": fmt(_num(res.get("predicted_knee_rps")), " req/s"),
         "probe_seconds": fmt(_num(res.get("probe_seconds")), " s"),
         "bistable": bool(res.get("bistable")),
+        "stability": _stability_text(_map(res.get("stability")), res.get("stable")),
+        "status": str(res.get("status") or ""),
         "target": str(res.get("target") or ""),
         "slo": [
             (k, ", ".join(f"{s} ≤ {fmt(_num(v))} ms" for s, v in _map(d).items()))

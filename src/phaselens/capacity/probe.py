@@ -26,9 +26,11 @@ from phaselens.capacity.verdict import (
     backlog_series,
     first_overload,
     judge_slo,
+    metric_interval,
     overload_reason,
     queue_grows,
     tail_share,
+    wilson_interval,
 )
 from phaselens.driver.options import DriverOptions
 from phaselens.driver.state import LiveView, StopHook
@@ -75,6 +77,12 @@ class ProbeResult:
     per_model_tokens_per_s: Mapping[str, float | None] = field(default_factory=dict)
     repeat: int = 0
     interrupted: bool = False  # Ctrl-C during this probe: kept, but the search ends
+    # the intervals the page draws as error bars (95%: verdict.metric_interval, wilson_interval)
+    ttft_p90_ci_ms: tuple[float | None, float | None] = (None, None)
+    tpot_p90_ci_ms: tuple[float | None, float | None] = (None, None)
+    attainment: float | None = None  # share of judged requests that attain every SLO metric
+    attainment_ci: tuple[float, float] | None = None
+    goodput_ci_rps: tuple[float, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -98,7 +106,19 @@ class ProbeResult:
             },
             "targets": [t.to_json() for t in self.targets],
             "interrupted": self.interrupted,
+            "ttft_p90_ci_ms": _pair(self.ttft_p90_ci_ms),
+            "tpot_p90_ci_ms": _pair(self.tpot_p90_ci_ms),
+            "attainment": fnum(self.attainment, 4),
+            "attainment_ci": _pair(self.attainment_ci, 4),
+            "goodput_ci_rps": _pair(self.goodput_ci_rps),
         }
+
+
+def _pair(x: tuple[float | None, float | None] | None, digits: int = 6) -> Any:
+    """An interval for JSON: [lo, hi] (an unbounded end null), or null when there is none."""
+    if x is None or (x[0] is None and x[1] is None):
+        return None
+    return [fnum(v, digits) for v in x]
 
 
 def probe_spec(ws: WorkloadSpec, scale: float, probe_s: float, seed: int) -> WorkloadSpec:
@@ -262,6 +282,14 @@ def judge(
     else:
         verdict = "pass"
     slo = slo_block(rt, ps.slo) if ps.slo else {}
+    goodput = slo.get("goodput_rps")
+    good = slo.get("good_requests")
+    attain = wilson = gci = None
+    if n and isinstance(good, int):
+        attain, wilson = good / n, wilson_interval(good, n)
+        if wilson is not None and goodput is not None and good > 0:
+            per_s = float(goodput) / attain  # judged requests per second of goodput's window
+            gci = (wilson[0] * per_s, wilson[1] * per_s)
     tok = {
         m: throughput(rt.frame.filter(pl.col("model") == m))["output_tokens_per_s"]
         for m in per_model
@@ -273,7 +301,7 @@ def judge(
         verdict=verdict,
         reasons=tuple(reasons),
         targets=targets,
-        goodput_rps=slo.get("goodput_rps"),
+        goodput_rps=goodput,
         output_tokens_per_s=throughput(rt.frame)["output_tokens_per_s"],
         ttft_p90_ms=_f(describe_metric(rt, "ttft_ms").get("p90")),
         tpot_p90_ms=_f(describe_metric(rt, "tpot_ms").get("p90")),
@@ -285,6 +313,11 @@ def judge(
         per_model_tokens_per_s=tok,
         repeat=repeat,
         interrupted=interrupted,
+        ttft_p90_ci_ms=metric_interval(rt, "ttft_ms", 90.0),
+        tpot_p90_ci_ms=metric_interval(rt, "tpot_ms", 90.0),
+        attainment=attain,
+        attainment_ci=wilson,
+        goodput_ci_rps=gci,
     )
 
 

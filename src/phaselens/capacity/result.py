@@ -83,6 +83,7 @@ class CapacityResult:
     unreachable: Mapping[str, Any] | None
     notes: tuple[str, ...]
     settings: Mapping[str, Any] = field(default_factory=dict)
+    target: str = ""  # the target's label (a URL redacted, or sim:DEPLOY)
 
     def to_json(self) -> dict[str, Any]:
         counts = {s: len(ps) for s, ps in by_scale(self.probes).items()}
@@ -110,6 +111,7 @@ class CapacityResult:
             "unreachable": dict(self.unreachable) if self.unreachable else None,
             "notes": list(self.notes),
             "settings": dict(self.settings),
+            "target": self.target,
         }
 
 
@@ -159,6 +161,7 @@ def build_result(
     status: str,
     base_rps: float | None,
     unreachable: Mapping[str, Any] | None = None,
+    target: str = "",
 ) -> CapacityResult:
     """The result of the probes so far (docs/capacity.md, "The interval")."""
     groups = by_scale(probes)
@@ -225,6 +228,7 @@ def build_result(
             "light_scale": cfg.light_scale,
             "base_rate_rps": base_rps,
         },
+        target=target,
     )
 
 

@@ -234,7 +234,9 @@ def find_capacity(
         gone = None
         if lo is None and st == "complete" and search.probes:
             gone = unreachable(search)
-        res = build_result(ws, ps, cfg, search.probes, pred, notes, st, base_rate(ws), gone)
+        res = build_result(
+            ws, ps, cfg, search.probes, pred, notes, st, base_rate(ws), gone, target.label
+        )
         write_result(res, out)
         return res
 

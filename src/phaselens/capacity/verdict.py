@@ -103,6 +103,23 @@ def _metric_values(rt: RequestTable, metric: str, rows: I64 | None) -> tuple[F64
     return col.to_numpy().astype(np.float64), None
 
 
+def metric_interval(rt: RequestTable, metric: str, q: float) -> tuple[float | None, float | None]:
+    """The order-statistic interval of the q-th percentile of a metric over all judged requests
+    (the values describe_metric takes its percentile over)."""
+    vals, w = _metric_values(rt, metric, None)
+    return percentile_interval(vals, q, w)
+
+
+def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
+    """The Wilson score interval (95% with the default z) of a proportion k / n; None for n = 0."""
+    if n <= 0:
+        return None
+    p, zz = k / n, z * z
+    mid = (p + zz / (2 * n)) / (1 + zz / n)
+    half = z * math.sqrt(p * (1 - p) / n + zz / (4 * n * n)) / (1 + zz / n)
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
 @dataclass(frozen=True, slots=True)
 class TargetVerdict:
     """One SLO target judged: holds (upper end inside), fails (lower end above) or uncertain."""

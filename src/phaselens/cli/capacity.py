@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -95,7 +96,18 @@ def summary_lines(res: CapacityResult, path: Path) -> list[str]:
         f"{len(res.probes)} probes, {res.probe_seconds:,.1f} probe-seconds; status {res.status}"
     )
     out.append(f"capacity.json: {path / 'capacity.json'}")
+    out.append(f"capacity.html: {path / 'capacity.html'}")
     return out
+
+
+def write_page(doc: Any, d: Path) -> Path:
+    """capacity.html beside capacity.json (docs/capacity.md, "Pages"), through a temporary file
+    renamed over it as capacity.json is: a killed search leaves a whole page."""
+    from phaselens.capacity.page import capacity_page
+
+    path = d / "capacity.html"
+    os.replace(capacity_page(doc, d / ".capacity.html.tmp"), path)
+    return path
 
 
 @app.command()
@@ -179,11 +191,15 @@ def capacity(
 
     def on_probe(p: ProbeResult) -> None:
         print(probe_line(p), file=sys.stderr, flush=True)
+        # the page of the probes so far: an interrupted or killed search leaves one
+        write_page(json.loads((d / "capacity.json").read_text(encoding="utf-8")), d)
 
     res = find_capacity(ws, tgt, cfg, d, on_probe)
+    doc: Any = res.to_json()
+    page = write_page(doc, d)
     if as_json:
-        doc: Any = res.to_json()
         print(json.dumps(doc, indent=2))
+        print(f"capacity.html: {page}", file=sys.stderr)
     else:
         for line in summary_lines(res, d):
             print(line)
