@@ -287,9 +287,10 @@ def judge(
     attain = wilson = gci = None
     if n and isinstance(good, int):
         attain, wilson = good / n, wilson_interval(good, n)
-        if wilson is not None and goodput is not None and good > 0:
-            per_s = float(goodput) / attain  # judged requests per second of goodput's window
-            gci = (wilson[0] * per_s, wilson[1] * per_s)
+        window_s = throughput(rt.frame)["window_s"]  # goodput's window (analysis.latency)
+        if wilson is not None and window_s:
+            per_s = n / float(window_s)  # judged requests per second of that window
+            gci = (wilson[0] * per_s, wilson[1] * per_s)  # (none good: [0, upper end])
     tok = {
         m: throughput(rt.frame.filter(pl.col("model") == m))["output_tokens_per_s"]
         for m in per_model
