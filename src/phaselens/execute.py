@@ -238,9 +238,8 @@ class HttpTarget:
     @property
     def label(self) -> str:
         from phaselens.driver.drive import target_label
-        from phaselens.redact import redact_url
 
-        return target_label({m: redact_url(u) for m, u in self.urls.items()})
+        return target_label(self.targets)
 
     @property
     def targets(self) -> Mapping[str, str]:
@@ -347,11 +346,7 @@ def build_manifest(
             "python": sys.version.split()[0],
             "numpy": np.__version__,
         },
-        entries={
-            k: v
-            for k, v in {**info.extra, **entries}.items()
-            if k not in ("target", "targets") and k not in _COMMON
-        },
+        entries={k: v for k, v in {**info.extra, **entries}.items() if k not in _COMMON},
     )
 
 

@@ -80,10 +80,7 @@ def plan_drive(
         )
     public = [*schedule.models, *options.model_map.values(), options.endpoint]
     secrets = Secrets.of(targets.values(), options.headers, options.api_key, public=public)
-    safe_targets = {m: redact_url(u) for m, u in targets.items()}
-    manifest: dict[str, Any] = {
-        "target": target_label(safe_targets),
-        "targets": safe_targets,
+    manifest: dict[str, Any] = {  # (target and targets: execute's Manifest, from HttpTarget)
         "driver": {
             "endpoint": options.endpoint,
             "loop": "closed" if options.concurrency else "open",
