@@ -1,8 +1,9 @@
 """A short capacity search against each real engine (llama-server, vLLM CPU): tiny probes.
 
 What must hold on a real server: the search converges to a bracket [passed, did not pass]
-whose edges are real probe runs, the lower edge's runs met the SLO with confidence and the
-upper edge's measured TTFT p90 is higher; every probe is a run directory with one record per
+whose edges are real probe runs, the lower edge's runs met the SLO with confidence and each
+upper-edge run names why it did not pass, with evidence that backs the reason (its TTFT p90
+need not be higher: a probe also fails on errors, an early stop or a growing queue); every probe is a run directory with one record per
 planned request. No prediction (no deployment file for these servers): a doubling search.
 Sized for a loaded 2-core machine: the tiny model's knee there is a few req/s, and a p90 needs
 35 judged requests for an interval with an upper end, so probes are 16 s at ~4 req/s and up.
@@ -63,7 +64,19 @@ def test_capacity_search_on_engine(engine: Any, tmp_path: Path) -> None:
     if hi is not None:
         high = [p for p in res.probes if p.rate_rps == hi]
         assert high and all(p.verdict != "pass" for p in high)
-        assert max(p.ttft_p90_ms or 0 for p in high) > min(p.ttft_p90_ms or 0 for p in low)
+        for p in high:  # each failing edge probe says why, and its evidence backs the reason
+            assert p.reasons, p
+            for t in p.targets:
+                if t.verdict == "fails":
+                    assert t.lo_ms is not None and t.lo_ms > t.threshold_ms, t
+                if t.verdict == "uncertain":
+                    assert t.lo_ms is None or t.lo_ms <= t.threshold_ms, t
+                    assert t.hi_ms is None or t.hi_ms > t.threshold_ms, t
+    for p in low:  # the passing edge holds every all-requests target with confidence
+        for t in p.targets:
+            if t.model == "*":
+                assert t.verdict == "holds" and t.hi_ms is not None, t
+                assert t.hi_ms <= t.threshold_ms, t
     for p in at.values():
         run = load_run(p.run)
         assert run.requests.height == run.manifest["schedule"]["requests"]

@@ -124,6 +124,10 @@ async def run_one(
         if d.sem is not None:
             await d.sem.acquire()
         try:
+            if d.stop.is_set() and started is None:
+                # Stopped while it waited in the --max-inflight queue: it must not go out now
+                # (a stop cancels what is on the wire, and this was not): unsent.
+                raise asyncio.CancelledError
             d.send_lags.append(ready - t0 - scheduled)
             optional = d.optional(i, url)
             if prompt_body is None or built_optional != optional:
