@@ -14,13 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import polars as pl
+from tests.capacity.conftest import constant_spec, slot_server
 
 from phaselens.driver.options import DriverOptions
 from phaselens.driver.state import LiveView
 from phaselens.execute import HttpTarget, Options, execute
 from phaselens.store import load_run
 from phaselens.workload.plan import build_schedule
-from tests.capacity.conftest import constant_spec, slot_server
 
 
 def test_a_stop_leaves_the_max_inflight_queue_unsent(tmp_path: Path) -> None:
