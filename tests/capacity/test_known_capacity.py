@@ -54,7 +54,16 @@ def test_search_finds_the_known_capacity(tmp_path: Path) -> None:
         assert res.stable is False
     doc = json.loads((tmp_path / "capacity.json").read_text())
     assert doc["capacity_rps"] == pytest.approx(res.capacity_rps)
-    assert "no deployment file" in " ".join(doc["notes"])  # a URL without --deploy: doubling
+    # a URL without --deploy: the queue fitted to the light probe and the saturation probe;
+    # saturated, the server completes k / S = TRUTH req/s, and its k is the 4 slots
+    sat = doc["saturation"]
+    assert sat is not None and "4-server" in " ".join(doc["notes"])
+    assert sat["servers"] == SLOTS and abs(sat["throughput_rps"] - TRUTH) / TRUTH <= 0.15
+    assert load_run(sat["run"]).manifest["stopped_early"].startswith("saturation probe")
+    assert doc["probe_seconds"] == pytest.approx(
+        sum(p["probe_seconds"] for p in doc["probes"]) + sat["probe_seconds"], rel=1e-6
+    )
+    assert doc["predicted_knee_rps"] is not None
     for p in doc["probes"]:  # every probe a normal run directory
         scale = load_run(p["run"]).manifest["capacity_probe"]["load_scale"]
         assert scale == pytest.approx(p["load_scale"], rel=1e-5)

@@ -3,8 +3,9 @@
 What must hold on a real server: the search converges to a bracket [passed, did not pass]
 whose edges are real probe runs, the lower edge's runs met the SLO with confidence and each
 upper-edge run names why it did not pass, with evidence that backs the reason (its TTFT p90
-need not be higher: a probe also fails on errors, an early stop or a growing queue); every probe is a run directory with one record per
-planned request. No prediction (no deployment file for these servers): a doubling search.
+need not be higher: a probe also fails on errors, an early stop or a growing queue); every
+probe is a run directory with one record per planned request. No deployment file for these
+servers: the saturation probe's fitted queue aims the first probes (capacity/queuemodel.py).
 Sized for a loaded 2-core machine: the tiny model's knee there is a few req/s, and a p90 needs
 35 judged requests for an interval with an upper end, so probes are 16 s at ~4 req/s and up.
 """
@@ -77,6 +78,12 @@ def test_capacity_search_on_engine(engine: Any, tmp_path: Path) -> None:
             if t.model == "*":
                 assert t.verdict == "holds" and t.hi_ms is not None, t
                 assert t.hi_ms <= t.threshold_ms, t
+    sat = res.saturation
+    if sat is not None:  # the flood: stopped by its own rule, one record per planned request
+        flood = load_run(sat["run"])
+        assert flood.manifest["stopped_early"].startswith("saturation probe")
+        assert flood.requests.height == flood.manifest["schedule"]["requests"]
+        assert sat["servers"] >= 1 and sat["throughput_rps"] > 0
     for p in at.values():
         run = load_run(p.run)
         assert run.requests.height == run.manifest["schedule"]["requests"]

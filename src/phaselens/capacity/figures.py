@@ -127,7 +127,13 @@ def _points(
 
 
 def _predicted(
-    fig: go.Figure, x: Sequence[float], y: Sequence[float | None], row: int, col: int, legend: bool
+    fig: go.Figure,
+    x: Sequence[float],
+    y: Sequence[float | None],
+    row: int,
+    col: int,
+    legend: bool,
+    name: str = "simulator (predicted)",
 ) -> None:
     keep = [(a, b) for a, b in zip(x, y, strict=True) if b is not None]
     if not keep:
@@ -137,7 +143,7 @@ def _predicted(
             x=[a for a, _ in keep],
             y=[b for _, b in keep],
             mode="lines",
-            name="simulator (predicted)",
+            name=name,
             legendgroup="predicted",
             showlegend=legend,
             line={"color": PREDICTED_COLOR, "width": 2, "dash": "dot"},
@@ -168,6 +174,7 @@ def goodput_figure(
     pts: Sequence[Point],
     predicted: tuple[Sequence[float], Sequence[float | None]],
     knee: Knee,
+    pred_name: str = "simulator (predicted)",
 ) -> go.Figure:
     """Goodput (requests/s inside the SLO) and SLO attainment against offered load."""
     fig = make_subplots(
@@ -192,7 +199,7 @@ def goodput_figure(
             row=1,
             col=1,
         )
-        _predicted(fig, predicted[0], predicted[1], 1, 1, True)
+        _predicted(fig, predicted[0], predicted[1], 1, 1, True, pred_name)
     else:
         no_data(fig, "no probe reported goodput", "")
     if not _points(fig, pts, "attainment", 1, 2, False):
@@ -212,6 +219,7 @@ def latency_figure(
     predicted: tuple[Sequence[float], Sequence[float | None], Sequence[float | None]],
     knee: Knee,
     slo_lines: Mapping[str, Sequence[tuple[float, str]]],
+    pred_name: str = "simulator (predicted)",
 ) -> go.Figure:
     """TTFT p90 and TPOT p90 against offered load, with the SLO thresholds and the knee."""
     fig = make_subplots(
@@ -223,7 +231,7 @@ def latency_figure(
         axis = "" if col == 1 else str(col)
         if not _points(fig, pts, field, 1, col, col == 1):
             no_data(fig, f"no probe reported {field}", axis)
-        _predicted(fig, predicted[0], pred, 1, col, col == 1)
+        _predicted(fig, predicted[0], pred, 1, col, col == 1, pred_name)
         for value, text in slo_lines.get(key, ()):
             fig.add_hline(
                 y=value,

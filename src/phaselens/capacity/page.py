@@ -240,6 +240,8 @@ def capacity_context(res: Mapping[str, Any], out: Path, base: Path | None = None
     pts = probe_points(probes, bistable)
     knee = Knee(_num(res.get("capacity_rps")), _ival(res.get("interval")))
     pred = _predicted_curve(_list(res.get("predicted")))
+    # a URL without --deploy: the queue fitted to the saturation probe predicted, not the simulator
+    pred_name = "fitted queue (predicted)" if res.get("saturation") else "simulator (predicted)"
     slo = _map(res.get("slo"))
     notes = [f"search: {n}" for n in res.get("notes", ()) if isinstance(n, str)]
     gone = _map(res.get("unreachable"))
@@ -250,15 +252,15 @@ def capacity_context(res: Mapping[str, Any], out: Path, base: Path | None = None
         notes.insert(0, f"search {status}: {STATUS_NOTE[status]}")
     if not pred[0]:
         notes.append(
-            "capacity.json has no predicted curve: the simulator's prediction is not"
-            " drawn (it was not calibrated, or an older phaselens wrote the file)."
+            "capacity.json has no predicted curve: no prediction is drawn (no deployment"
+            " and no saturation probe, calibration failed, or an older phaselens wrote the file)."
         )
     if not slo_threshold(slo, "ttft_ms") and not slo_threshold(slo, "tpot_ms"):
         notes.append("capacity.json has no TTFT/TPOT SLO thresholds: no SLO lines drawn.")
     figures = []
     if pts:
         figures = [
-            ("goodput", fig_json(goodput_figure(pts, (pred[0], pred[1]), knee))),
+            ("goodput", fig_json(goodput_figure(pts, (pred[0], pred[1]), knee, pred_name))),
             (
                 "latency",
                 fig_json(
@@ -267,6 +269,7 @@ def capacity_context(res: Mapping[str, Any], out: Path, base: Path | None = None
                         (pred[0], pred[2], pred[3]),
                         knee,
                         {k: slo_threshold(slo, k) for k in ("ttft_ms", "tpot_ms")},
+                        pred_name,
                     )
                 ),
             ),

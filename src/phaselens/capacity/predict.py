@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from phaselens.analysis.stats import fnum
 from phaselens.capacity.probe import (
     ProbeResult,
@@ -21,10 +23,12 @@ from phaselens.capacity.probe import (
     offered_rate,
     probe_spec,
 )
+from phaselens.capacity.queuemodel import Saturation, queue_requests
 from phaselens.capacity.verdict import backlog_series, first_overload
 from phaselens.errors import InputError
 from phaselens.spec import WorkloadSpec
 from phaselens.store import load_run
+from phaselens.types import Schedule
 from phaselens.whatif.calibfile import load_deploy_mapping
 from phaselens.whatif.calibrate import calibrate
 from phaselens.whatif.knobs import apply_deploy
@@ -60,12 +64,56 @@ def predict_knee(
         notes.append(f"calibration on the light probe failed ({e}); a doubling search instead")
         return none
     deploy, overhead = calib.deploy(), calib.request_overhead_s
+    knee, points = knee_of(
+        ws, light, ps, light_scale, lambda sched: simulate_with(sched, deploy, overhead).requests
+    )
+    if knee is None:
+        notes.append(
+            f"the calibrated model meets the SLO up to {light_scale * GRID_STEP**GRID_MAX:.3g}× "
+            "the spec's load: no predicted knee; a search upward from the light probe"
+        )
+    notes.append(f"prediction: simulator calibrated on the light probe ({calib.method} timings)")
+    return {"knee_scale": knee, "points": points}
+
+
+def predict_queue(
+    ws: WorkloadSpec,
+    light: ProbeResult,
+    sat: Saturation,
+    ps: ProbeSettings,
+    light_scale: float,
+    notes: list[str],
+) -> dict[str, Any]:
+    """predict_knee's result from the k-server queue fitted to the light and saturation
+    probes (capacity/queuemodel.py), for a server without a deployment file."""
+    light_req = load_run(light.run).requests
+    knee, points = knee_of(
+        ws, light, ps, light_scale, lambda sched: queue_requests(sched, light_req, sat, ps.seed)
+    )
+    notes.append(
+        f"prediction: a {sat.servers}-server first-come-first-served queue fitted to the light "
+        f"probe's service times and the saturation probe's {sat.throughput_rps:.3g} req/s"
+        + ("" if knee is not None else "; it meets the SLO at every load tried: no knee")
+    )
+    return {"knee_scale": knee, "points": points, "saturation": sat.to_json()}
+
+
+def knee_of(
+    ws: WorkloadSpec,
+    light: ProbeResult,
+    ps: ProbeSettings,
+    light_scale: float,
+    simulate: Callable[[Schedule], pl.DataFrame],
+) -> tuple[float | None, list[dict[str, Any]]]:
+    """The highest load a model (`simulate`: a schedule → its predicted request records)
+    passes on the grid light × √2^k, bisected; and the predicted curve, by load. A load passes
+    when every target's point estimate is inside and the early-stop rule does not fire."""
     points: list[dict[str, Any]] = []
 
     def passes(s: float) -> bool:
         spec = probe_spec(ws, s, ps.probe_s, ps.seed)
         sched = build_schedule(spec)
-        req = simulate_with(sched, deploy, overhead).requests
+        req = simulate(sched)
         backlog = backlog_series(
             req["scheduled_ns"].to_numpy(), req["end_ns"].to_list(), ps.probe_s
         )
@@ -99,14 +147,8 @@ def predict_knee(
         return ok
 
     knee = _crossing(passes, light_scale)
-    if knee is None:
-        notes.append(
-            f"the calibrated model meets the SLO up to {light_scale * GRID_STEP**GRID_MAX:.3g}× "
-            "the spec's load: no predicted knee; a search upward from the light probe"
-        )
     points.sort(key=lambda p: float(p["load_scale"]))
-    notes.append(f"prediction: simulator calibrated on the light probe ({calib.method} timings)")
-    return {"knee_scale": knee, "points": points}
+    return knee, points
 
 
 def _crossing(passes: Callable[[float], bool], start: float) -> float | None:

@@ -84,6 +84,7 @@ class CapacityResult:
     notes: tuple[str, ...]
     settings: Mapping[str, Any] = field(default_factory=dict)
     target: str = ""  # the target's label (a URL redacted, or sim:DEPLOY)
+    saturation: Mapping[str, Any] | None = None  # the flood behind a queue prediction
 
     def to_json(self) -> dict[str, Any]:
         counts = {s: len(ps) for s, ps in by_scale(self.probes).items()}
@@ -104,6 +105,7 @@ class CapacityResult:
             "predicted": [dict(x) for x in self.predicted],
             "probes": rows,
             "probe_seconds": fnum(self.probe_seconds, 3),
+            "saturation": dict(self.saturation) if self.saturation else None,
             "stable": self.stable,
             "stability": dict(self.stability) if self.stability else None,
             "bistable": [dict(x) for x in self.bistable],
@@ -193,7 +195,8 @@ def build_result(
         predicted_knee_rps=knee * base_rps if knee and base_rps else None,
         predicted=tuple(pred.get("points", [])),
         probes=tuple(probes),
-        probe_seconds=sum(p.probe_seconds for p in probes),
+        probe_seconds=sum(p.probe_seconds for p in probes)
+        + (float(sat["probe_seconds"]) if (sat := pred.get("saturation")) else 0.0),
         stable=None if stability is None else not stability["tips_over"],
         stability=stability,
         bistable=tuple(
@@ -229,6 +232,7 @@ def build_result(
             "base_rate_rps": base_rps,
         },
         target=target,
+        saturation=pred.get("saturation"),
     )
 
 

@@ -18,8 +18,9 @@ from typing import Any
 
 from phaselens.analysis.latency import slo_targets
 from phaselens.analysis.stats import fnum, pkey_to_q
-from phaselens.capacity.predict import predict_knee
+from phaselens.capacity.predict import predict_knee, predict_queue
 from phaselens.capacity.probe import ProbeResult, ProbeSettings, run_probe
+from phaselens.capacity.queuemodel import FLOOD_MAX_S, FLOOD_MIN_DONE, measure_saturation
 from phaselens.capacity.result import CapacityResult, bracket, build_result, write_result
 from phaselens.capacity.scale import base_rate
 from phaselens.capacity.verdict import ALPHA
@@ -33,6 +34,7 @@ STEP_PREDICTED = 1.25  # the step away from a predicted knee while bracketing it
 STEP_BLIND = 2.0  # ... and without a prediction (a doubling search)
 MIN_SCALE_SHARE = 1 / 16  # below light × this, a load that still fails: no load meets the SLO
 STABILITY = 1.1  # the stability probe: 10% above the capacity
+FAR_OVER = 2.0  # an upper edge failing above this × a threshold is not repeated
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,7 @@ class SearchConfig:
     deploy_knobs: Mapping[str, Any] | None = None
     telemetry: str = "auto"
     driver: DriverOptions | None = None
+    flood: bool = True  # a URL without a deployment: the saturation probe and fitted queue
 
 
 def spec_seconds(ws: WorkloadSpec) -> float | None:
@@ -127,6 +130,7 @@ class _Search:
         self.probes: list[ProbeResult] = []
         self.step = STEP_BLIND
         self.floor: dict[str, Any] | None = None  # set when the lightest load fails at its floor
+        self.knee: float | None = None  # the predicted knee, once probed
 
     def at(self, s: float) -> list[ProbeResult]:
         return [p for p in self.probes if math.isclose(p.load_scale, s, rel_tol=1e-9)]
@@ -134,8 +138,12 @@ class _Search:
     def scales(self) -> list[float]:
         return sorted({p.load_scale for p in self.probes})
 
+    def _is_knee(self, s: float) -> bool:
+        return self.knee is not None and math.isclose(s, self.knee, rel_tol=1e-9)
+
     def plainly_over(self, s: float) -> bool:
-        return any(p.stopped_early for p in self.at(s))
+        """Stopped early, or failed far outside the spread repeats show near a knee."""
+        return any(p.stopped_early or _far_over(p) for p in self.at(s))
 
     def next_scale(self) -> float | None:
         """The next load to probe, or None when the search is done."""
@@ -147,8 +155,12 @@ class _Search:
             if any(_too_few(p) for p in self.at(low)):
                 return None  # a lighter probe has fewer requests still: no verdict there
             return low / STEP_BLIND
+        near = 1 + self.cfg.precision  # the first step from a predicted knee: one precision
+        # step, so a right prediction is confirmed by the one probe above (or below) it
         if hi is None:
-            return lo * self.step
+            return lo * (near if self._is_knee(lo) else self.step)
+        if hi / lo > near and self._is_knee(hi) and lo == self.light:
+            return max(hi / near, math.sqrt(lo * hi))
         if hi / lo > 1 + self.cfg.precision:
             if self.step == STEP_PREDICTED and hi / lo > self.step**2:
                 return hi / self.step if lo == self.light else lo * self.step
@@ -160,6 +172,15 @@ class _Search:
         if not any(math.isclose(s, over, rel_tol=0.01) for s in self.scales()):
             return over
         return None
+
+
+def _far_over(p: ProbeResult) -> bool:
+    """A fail whose interval lies wholly above FAR_OVER × a threshold: near the knee single
+    runs spread by up to 2× (docs/validation.md, seventh series), so a repeat cannot pass."""
+    return p.verdict == "fail" and any(
+        t.verdict == "fails" and t.lo_ms is not None and t.lo_ms > FAR_OVER * t.threshold_ms
+        for t in p.targets
+    )
 
 
 def _too_few(p: ProbeResult) -> bool:
@@ -208,6 +229,26 @@ def unreachable(search: _Search) -> dict[str, Any]:
     }
 
 
+def _queue_prediction(
+    ws: WorkloadSpec,
+    target: HttpTarget,
+    light: ProbeResult,
+    ps: ProbeSettings,
+    light_scale: float,
+    out: Path,
+    notes: list[str],
+) -> dict[str, Any]:
+    """The saturation probe and the queue fitted to it (capacity/queuemodel.py)."""
+    sat = measure_saturation(ws, target, light, ps, out, "saturation")
+    if sat is None:
+        notes.append(
+            f"the saturation probe completed fewer than {FLOOD_MIN_DONE} requests: no "
+            "prediction; a doubling search from the light probe"
+        )
+        return {"knee_scale": None, "points": []}
+    return predict_queue(ws, light, sat, ps, light_scale, notes)
+
+
 def find_capacity(
     ws: WorkloadSpec,
     target: SimTarget | HttpTarget,
@@ -240,10 +281,15 @@ def find_capacity(
         write_result(res, out)
         return res
 
+    def spent() -> float:
+        sat = pred.get("saturation")
+        return sum(p.probe_seconds for p in search.probes) + (
+            float(sat["probe_seconds"]) if sat else 0.0
+        )
+
     def measure(s: float) -> bool:
         """Probe `s`; False when the search must end (budget, Ctrl-C)."""
-        spent = sum(p.probe_seconds for p in search.probes)
-        if spent + ps.probe_s > cfg.budget_s:
+        if spent() + ps.probe_s > cfg.budget_s:
             nonlocal status
             status = "budget"
             return False
@@ -271,18 +317,25 @@ def find_capacity(
     try:
         if measure(light_scale):
             light = search.probes[0]
-            if deploy is None:
+            if light.verdict == "pass" and deploy is not None:
+                pred = predict_knee(ws, light, deploy, ps, light_scale, notes, cfg.deploy_knobs)
+            elif light.verdict == "pass" and isinstance(target, HttpTarget) and cfg.flood:
+                if spent() + FLOOD_MAX_S + ps.probe_s <= cfg.budget_s:
+                    pred = _queue_prediction(ws, target, light, ps, light_scale, out, notes)
+                    save("running")
+            elif light.verdict != "pass":
+                notes.append("the light probe did not pass: no prediction; the search goes down")
+            elif deploy is None:
+                why = "" if isinstance(target, HttpTarget) and cfg.flood else " (--no-flood)"
                 notes.append(
-                    "no deployment file (--deploy FILE) for this target: no prediction; "
+                    f"no deployment file (--deploy FILE) for this target{why}: no prediction; "
                     "a doubling search from the light probe"
                 )
-            elif light.verdict == "pass":
-                pred = predict_knee(ws, light, deploy, ps, light_scale, notes, cfg.deploy_knobs)
-                if pred["knee_scale"] is not None:
-                    search.step = STEP_PREDICTED
-                    first = float(pred["knee_scale"])
-                    if first > light_scale * 1.01:
-                        measure(first)
+            if pred["knee_scale"] is not None:
+                search.step = STEP_PREDICTED
+                search.knee = float(pred["knee_scale"])
+                if search.knee > light_scale * 1.01:
+                    measure(search.knee)
             while status == "running" and len(search.probes) < MAX_PROBES:
                 s = search.next_scale()
                 if s is None:

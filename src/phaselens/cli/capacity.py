@@ -89,8 +89,16 @@ def summary_lines(res: CapacityResult, path: Path) -> list[str]:
         out.append(f"stability: 1.1× ({_p(st['rate_rps'])} req/s) {st['verdict']}, {word}")
     for bi in res.bistable:
         out.append(f"bistable: {_p(bi['rate_rps'])} req/s, repeats {', '.join(bi['verdicts'])}")
+    sat = res.saturation
+    if sat:
+        out.append(
+            f"saturation probe: {_p(sat['throughput_rps'], ' req/s')} saturated "
+            f"({sat['completed']} completions, {_p(sat['probe_seconds'], ' s')}); "
+            f"fitted queue: {sat['servers']} servers"
+        )
     if res.predicted_knee_rps is not None:
-        out.append(f"predicted knee: {res.predicted_knee_rps:,.4g} req/s (calibrated simulator)")
+        how = "fitted queue" if sat else "calibrated simulator"
+        out.append(f"predicted knee: {res.predicted_knee_rps:,.4g} req/s ({how})")
     out += [f"note: {n}" for n in res.notes]
     out.append(
         f"{len(res.probes)} probes, {res.probe_seconds:,.1f} probe-seconds; status {res.status}"
@@ -156,6 +164,13 @@ def capacity(
         Optional[list[str]],  # noqa: UP045
         typer.Option("--model-map", help="SPEC_MODEL=SERVED_NAME for a real server (repeatable)."),
     ] = None,
+    flood: Annotated[
+        bool,
+        typer.Option(
+            "--flood/--no-flood",
+            help="Without --deploy: a short saturation flood aims the first probes.",
+        ),
+    ] = True,
 ) -> None:
     """Find the highest load (the spec's mix scaled) held inside the SLO, with its interval."""
     from phaselens.capacity.search import SearchConfig, find_capacity
@@ -166,6 +181,8 @@ def capacity(
 
     ws = load_spec(spec)
     tgt = target_of([target])
+    if not flood and not isinstance(tgt, HttpTarget):
+        raise InputError("--no-flood: only a real server's search floods; drop it for sim")
     if deploy is not None and not deploy.is_file():
         raise InputError(f"--deploy: file not found: {deploy}")
     driver = None
@@ -185,6 +202,7 @@ def capacity(
         deploy=str(deploy) if deploy else None,
         telemetry=telemetry,
         driver=driver,
+        flood=flood,
     )
     d = out or Path("runs") / f"capacity-{ws.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_out_dir(d, "--out")

@@ -1,0 +1,73 @@
+"""The search's next-probe rules on hand-made verdicts (docs/capacity.md, "The search")."""
+
+from __future__ import annotations
+
+import pytest
+
+from phaselens.capacity.probe import ProbeResult, ProbeSettings
+from phaselens.capacity.search import STEP_PREDICTED, SearchConfig, _Search
+from phaselens.capacity.verdict import TargetVerdict
+
+SLO = {"ttft_ms": {"p90": 300}}
+
+
+def _probe(scale: float, verdict: str, lo: float, hi: float, repeat: int = 0) -> ProbeResult:
+    tv = "holds" if verdict == "pass" else ("fails" if verdict == "fail" else "uncertain")
+    t = TargetVerdict("*", "ttft_ms", "p90", 300.0, (lo + hi) / 2, lo, hi, tv)
+    return ProbeResult(
+        load_scale=scale,
+        rate_rps=scale,
+        run="",
+        verdict=verdict,
+        reasons=() if verdict == "pass" else ("x",),
+        targets=(t,),
+        goodput_rps=None,
+        output_tokens_per_s=None,
+        ttft_p90_ms=(lo + hi) / 2,
+        tpot_p90_ms=None,
+        stopped_early=None,
+        queue_growing=False,
+        mean_queue=0.0,
+        probe_seconds=10.0,
+        repeat=repeat,
+    )
+
+
+def _search(*probes: ProbeResult, knee: float | None = None) -> _Search:
+    s = _Search(SearchConfig(), ProbeSettings(10.0, 1.0, SLO, 1), 1.0)
+    s.probes.extend(probes)
+    if knee is not None:  # as find_capacity sets them once the prediction is probed
+        s.knee, s.step = knee, STEP_PREDICTED
+    return s
+
+
+@pytest.mark.parametrize(
+    ("fail_lo", "repeated"),
+    [(700.0, False), (590.0, True)],  # 700 > 2 × 300: far over; 590 is within the 2× spread
+)
+def test_an_upper_edge_failing_far_over_is_not_repeated(fail_lo: float, repeated: bool) -> None:
+    s = _search(
+        _probe(1.0, "pass", 100, 150),
+        _probe(2.0, "pass", 200, 280),
+        _probe(2.0, "pass", 210, 290, repeat=1),
+        _probe(2.2, "fail", fail_lo, fail_lo + 100),
+    )
+    # bracket [2.0, 2.2] is within the precision, the lower edge has its 2 repeats, and 2.2 is
+    # also the 1.1x stability probe: a repeat of 2.2 is the only thing left to ask for
+    assert s.next_scale() == (2.2 if repeated else None)
+
+
+def test_the_first_step_from_a_passing_predicted_knee_is_one_precision_step() -> None:
+    s = _search(_probe(1.0, "pass", 100, 150), _probe(3.0, "pass", 200, 280), knee=3.0)
+    assert s.next_scale() == pytest.approx(3.0 * 1.10)
+    s.probes.append(_probe(3.3, "pass", 200, 290))  # past the knee: the predicted step, × 1.25
+    assert s.next_scale() == pytest.approx(3.3 * 1.25)
+
+
+def test_the_first_step_below_a_failing_predicted_knee_is_one_precision_step() -> None:
+    s = _search(_probe(1.0, "pass", 100, 150), _probe(3.0, "fail", 400, 500), knee=3.0)
+    assert s.next_scale() == pytest.approx(3.0 / 1.10)
+    # no prediction: the geometric midpoint of the bracket
+    t = _search(_probe(1.0, "pass", 100, 150), _probe(3.0, "fail", 400, 500))
+    t.step = 2.0
+    assert t.next_scale() == pytest.approx(3.0**0.5)
