@@ -40,7 +40,13 @@ class Slots:
             return
         fut = asyncio.get_running_loop().create_future()
         self.waiters.append(fut)
-        await fut  # the slot is handed over by release(): free is not incremented between
+        try:
+            await fut  # the slot is handed over by release(): free is not incremented between
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # handed over just as the client left: pass it on (it leaked
+                # every slot after a flood's 512 cancellations, and the server hung)
+            raise
 
     def release(self) -> None:
         while self.waiters:

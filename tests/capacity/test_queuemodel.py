@@ -36,7 +36,7 @@ def _light() -> pl.DataFrame:
 
 
 def _sat(servers: int, scale: float) -> Saturation:
-    return Saturation("", servers / scale, 32, 3.0, 1.0, servers, scale)
+    return Saturation("", servers / scale, 32, 3.0, 0.0, 1.0, servers, scale)
 
 
 def test_service_times_are_send_to_first_token_and_to_end_of_successful_requests() -> None:

@@ -17,6 +17,7 @@ the capacity and its interval come from measured verdicts alone (docs/capacity.m
 from __future__ import annotations
 
 import heapq
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -36,10 +37,12 @@ from phaselens.workload.plan import build_schedule
 
 NS = 1_000_000_000
 FLOOD_FACTOR = 64.0  # the flood offers this many times the light probe's load ...
-FLOOD_INFLIGHT = 512  # ... with at most this many requests on the wire
+FLOOD_INFLIGHT = 128  # ... with at most this many requests on the wire
 FLOOD_DONE = 32  # it stops after this many completions ...
 FLOOD_MAX_S = 10.0  # ... or this many seconds, whichever comes first
 FLOOD_MIN_DONE = 6  # fewer completions than this: no throughput, no prediction
+SETTLE_MAX_S = 5.0  # after the flood, a pause of (requests cancelled on the wire) / X, at most
+# this: a server that does not abort a request whose client left works them off meanwhile
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,7 @@ class Saturation:
     throughput_rps: float  # X: completions / (last completion − first send)
     completed: int
     seconds: float  # the flood's own probe-seconds (first send → stop)
+    settle_s: float
     mean_service_s: float  # the light probe's mean send → end
     servers: int  # k
     service_scale: float  # the light probe's service times × this
@@ -60,6 +64,7 @@ class Saturation:
             "throughput_rps": fnum(self.throughput_rps),
             "completed": self.completed,
             "probe_seconds": fnum(self.seconds, 3),
+            "settle_s": fnum(self.settle_s, 3),
             "mean_service_s": fnum(self.mean_service_s),
             "servers": self.servers,
             "service_scale": fnum(self.service_scale),
@@ -136,8 +141,10 @@ def measure_saturation(
     if not mean_s > 0:
         return None
     servers = max(1, round(x * mean_s))
+    settle = min(SETTLE_MAX_S, req.filter(pl.col("status") == "cancelled").height / x)
+    time.sleep(settle)
     return Saturation(
-        str(outcome.path), x, done.height, seconds, mean_s, servers, servers / (x * mean_s)
+        str(outcome.path), x, done.height, seconds, settle, mean_s, servers, servers / (x * mean_s)
     )
 
 
