@@ -3,9 +3,14 @@
 Why a distribution-free interval: a percentile's confidence interval from order statistics
 needs no model of the latency distribution and no random resampling, so it is exact,
 reproducible and checkable by hand (docs/metrics.md, "Capacity: the interval of a percentile").
-It assumes the requests' values independent; near the knee they are not (a queue carries over),
-which is why the search repeats probes there and calls disagreeing repeats bistable instead of
-trusting one run's interval.
+The binomial behind it takes the values as independent; near the knee they are not (a queue
+carries over from one request to the next), so a per-request metric's values are kept in
+arrival order (`scheduled_ns`) and the interval is taken for the effective sample size
+n_eff = n / τ, τ the integrated autocorrelation time of the indicator 1[x_t ≤ q̂]
+(`capacity.autocorr`, Geyer's initial positive sequence): the ranks of a sample of n_eff,
+scaled back to the n values, so the interval only widens (τ = 1: exactly the independent one).
+ITL's per-token gaps (a k-token chunk counting k times) keep the independent interval. The
+search still repeats probes near the knee and calls disagreeing repeats bistable.
 
 The point estimate is `analysis.latency.describe_metric`'s (one definition per number); the
 interval brackets the same percentile over the same values.
@@ -24,6 +29,7 @@ import polars as pl
 
 from phaselens.analysis.latency import RequestTable, describe_metric, slo_targets
 from phaselens.analysis.stats import fnum, pkey_to_q
+from phaselens.capacity.autocorr import indicator_time
 from phaselens.types import F64, I64
 
 ALPHA = 0.05  # two-sided: a 95% interval
@@ -62,11 +68,33 @@ def order_ranks(n: int, q: float, alpha: float = ALPHA) -> tuple[int | None, int
     return l_rank, u_rank
 
 
+def serial_ranks(
+    n: int, n_eff: float, q: float, alpha: float = ALPHA
+) -> tuple[int | None, int | None]:
+    """`order_ranks` of a sample of n_eff (≤ n) values, as ranks among the n: the ranks (l, u)
+    of m = max(1, ⌊n_eff⌋) values scaled by n / n_eff, the lower end ⌊l·n/n_eff⌋ and the upper
+    ⌈u·n/n_eff⌉, clamped to 1..n and never inside the ranks of n independent values (the
+    interval only widens); an end unbounded for m values stays unbounded."""
+    lo, hi = order_ranks(n, q, alpha)
+    if n <= 0 or n_eff >= n:
+        return lo, hi
+    scale = n / max(n_eff, 1e-300)
+    lm, um = order_ranks(max(1, math.floor(n_eff)), q, alpha)
+    wide_lo = None if lm is None or lo is None else min(max(math.floor(lm * scale), 1), lo)
+    wide_hi = None if um is None or hi is None else max(min(math.ceil(um * scale), n), hi)
+    return wide_lo, wide_hi
+
+
 def percentile_interval(
-    values: F64, q: float, weights: I64 | None = None, alpha: float = ALPHA
+    values: F64,
+    q: float,
+    weights: I64 | None = None,
+    alpha: float = ALPHA,
+    n_eff: float | None = None,
 ) -> tuple[float | None, float | None]:
     """The order-statistic interval of the q-th percentile (q in 0..100) of `values` (a
-    weight k is k equal values); None at an unbounded end."""
+    weight k is k equal values); None at an unbounded end. `n_eff`: the effective size of the
+    (weighted) count n, the ranks then `serial_ranks`'; None: the values independent."""
     v = np.asarray(values, dtype=np.float64)
     w = np.ones(v.shape[0], dtype=np.int64) if weights is None else np.asarray(weights)
     keep = ~np.isnan(v) & (w > 0)
@@ -74,12 +102,28 @@ def percentile_interval(
     order = np.argsort(v, kind="stable")
     v, cw = v[order], np.cumsum(w[order])
     n = int(cw[-1]) if cw.size else 0
-    lo, hi = order_ranks(n, q / 100.0, alpha)
+    if n_eff is None:
+        lo, hi = order_ranks(n, q / 100.0, alpha)
+    else:
+        lo, hi = serial_ranks(n, n_eff, q / 100.0, alpha)
 
     def at(rank: int | None) -> float | None:
         return None if rank is None else float(v[int(np.searchsorted(cw, rank - 1, "right"))])
 
     return at(lo), at(hi)
+
+
+def serial_interval(
+    values: F64, q: float, alpha: float = ALPHA
+) -> tuple[float | None, float | None, float]:
+    """(lo, hi, n_eff): the interval of the q-th percentile (q in 0..100) of `values` in time
+    order for their effective sample size n / τ, τ the integrated autocorrelation time of
+    1[x_t ≤ q̂] (`autocorr.indicator_time`; NaNs dropped, order kept)."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[~np.isnan(v)]
+    n_eff = v.shape[0] / indicator_time(v, q / 100.0) if v.size else 0.0
+    lo, hi = percentile_interval(v, q, None, alpha, n_eff)
+    return lo, hi, n_eff
 
 
 def mean_interval(values: F64) -> tuple[float | None, float | None]:
@@ -93,21 +137,33 @@ def mean_interval(values: F64) -> tuple[float | None, float | None]:
 
 
 def _metric_values(rt: RequestTable, metric: str, rows: I64 | None) -> tuple[F64, I64 | None]:
-    """The values (and weights) a metric's percentile is taken over, as describe_metric does."""
+    """The values (and weights) a metric's percentile is taken over, as describe_metric does: a
+    per-request metric's in arrival order (`scheduled_ns`, ties in row order), ITL's gaps as
+    kept (weighted, taken as independent)."""
     if metric == "itl_ms":
         sel = rt.itl_row if rows is None else rt.itl_row[np.isin(rt.itl_row, rows)]
         keep = np.isin(rt.itl_row, sel)
         return rt.itl_ms[keep], rt.itl_w[keep]
     f = rt.frame if rows is None else rt.frame[rows]
-    col = f.filter(pl.col("ok"))[metric].drop_nulls()
-    return col.to_numpy().astype(np.float64), None
+    f = f.filter(pl.col("ok")).sort("scheduled_ns", maintain_order=True, nulls_last=True)
+    return f[metric].drop_nulls().to_numpy().astype(np.float64), None
+
+
+def _interval(
+    vals: F64, w: I64 | None, q: float
+) -> tuple[float | None, float | None, float | None]:
+    """(lo, hi, n_eff) of the q-th percentile: weighted values (ITL) independent (n_eff None),
+    time-ordered ones for their effective sample size (`serial_interval`)."""
+    if w is not None:
+        return (*percentile_interval(vals, q, w), None)
+    return serial_interval(vals, q)
 
 
 def metric_interval(rt: RequestTable, metric: str, q: float) -> tuple[float | None, float | None]:
-    """The order-statistic interval of the q-th percentile of a metric over all judged requests
-    (the values describe_metric takes its percentile over)."""
-    vals, w = _metric_values(rt, metric, None)
-    return percentile_interval(vals, q, w)
+    """The interval of the q-th percentile of a metric over all judged requests, as the
+    verdict's (the values describe_metric takes its percentile over)."""
+    lo, hi, _ = _interval(*_metric_values(rt, metric, None), q)
+    return lo, hi
 
 
 def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
@@ -132,6 +188,8 @@ class TargetVerdict:
     lo_ms: float | None
     hi_ms: float | None
     verdict: str
+    n_eff: float | None = None  # the percentile interval's effective sample size (None: ITL,
+    # a mean or max target, the values taken as independent)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -142,6 +200,7 @@ class TargetVerdict:
             "observed_ms": fnum(self.observed_ms),
             "interval_ms": [fnum(self.lo_ms), fnum(self.hi_ms)],
             "verdict": self.verdict,
+            "n_eff": None if self.n_eff is None else round(self.n_eff, 1),
         }
 
     @property
@@ -164,8 +223,9 @@ def judge_target(
     obs = describe_metric(rt, metric, rows, group).get(stat)
     vals, w = _metric_values(rt, metric, rows)
     q = pkey_to_q(stat)
+    n_eff: float | None = None
     if q is not None:
-        lo, hi = percentile_interval(vals, q, w)
+        lo, hi, n_eff = _interval(vals, w, q)
     elif stat == "mean":
         lo, hi = mean_interval(vals if w is None else np.repeat(vals, w))
     else:  # max: the observed maximum is the statistic itself
@@ -176,7 +236,8 @@ def judge_target(
         v = "fails"
     else:
         v = "uncertain"
-    return TargetVerdict(model, metric, stat, thr, None if obs is None else float(obs), lo, hi, v)
+    point = None if obs is None else float(obs)
+    return TargetVerdict(model, metric, stat, thr, point, lo, hi, v, n_eff)
 
 
 def judge_slo(rt: RequestTable, slo: Mapping[str, Any]) -> list[TargetVerdict]:
