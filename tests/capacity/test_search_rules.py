@@ -71,3 +71,35 @@ def test_the_first_step_below_a_failing_predicted_knee_is_one_precision_step() -
     t = _search(_probe(1.0, "pass", 100, 150), _probe(3.0, "fail", 400, 500))
     t.step = 2.0
     assert t.next_scale() == pytest.approx(3.0**0.5)
+
+
+def test_the_serial_check_reports_whether_the_capacity_holds_for_n_eff_values() -> None:
+    from phaselens.capacity.result import serial_check
+
+    def with_serial(p: ProbeResult, s_lo: float, s_hi: float | None, n_eff: float) -> ProbeResult:
+        t = p.targets[0]
+        t2 = TargetVerdict(
+            "*", t.metric, t.stat, t.threshold_ms, t.observed_ms, t.lo_ms, t.hi_ms, t.verdict,
+            n_eff, s_lo, s_hi,
+        )  # fmt: skip
+        return ProbeResult(
+            **{**{f: getattr(p, f) for f in p.__dataclass_fields__}, "targets": (t2,)}
+        )
+
+    ok = with_serial(_probe(2.0, "pass", 200, 280), 150.0, 295.0, 40.0)
+    loose = with_serial(_probe(2.0, "pass", 210, 290, repeat=1), 140.0, None, 23.0)
+    one = serial_check([ok])
+    assert one is not None and one["holds"] is True
+    both = serial_check([ok, loose])
+    assert both is not None and both["holds"] is False
+    assert [t["serial_verdict"] for t in both["targets"]] == ["holds", "uncertain"]
+    assert both["targets"][1] == {
+        "metric": "ttft_ms",
+        "stat": "p90",
+        "threshold_ms": 300.0,
+        "n_eff": 23.0,
+        "serial_interval_ms": [140.0, None],
+        "serial_verdict": "uncertain",
+        "repeat": 1,
+    }
+    assert serial_check([_probe(2.0, "pass", 200, 280)]) is None  # no serial interval: no check

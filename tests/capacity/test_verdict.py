@@ -183,10 +183,16 @@ def test_judge_target_orders_by_arrival_and_reports_n_eff() -> None:
     for rs in (recs, shuffled):
         rt = request_table(make_run(rs).requests)
         t = judge_target(rt, "ttft_ms", "p90", 50.0)
-        assert (t.lo_ms, t.hi_ms, t.verdict) == (15.0, None, "uncertain")
+        # the verdict is the independent interval's; the serial one is reported beside it
+        assert (t.lo_ms, t.hi_ms, t.verdict) == (18.0, 100.0, "uncertain")
+        assert (t.serial_lo_ms, t.serial_hi_ms, t.serial_verdict) == (15.0, None, "uncertain")
         assert t.n_eff == pytest.approx(200 / 9.95) and t.to_json()["n_eff"] == 20.1
+        assert t.to_json()["serial_interval_ms"] == [15.0, None]
+        # against 16 ms: the independent interval [18, 100] fails it, the serial [15, ∞) not
+        f = judge_target(rt, "ttft_ms", "p90", 16.0)
+        assert (f.verdict, f.serial_verdict) == ("fails", "uncertain")
     m = judge_target(rt, "ttft_ms", "mean", 50.0)
-    assert m.n_eff is None and m.to_json()["n_eff"] is None
+    assert m.n_eff is None and m.to_json()["n_eff"] is None and m.serial_verdict is None
     old = TargetVerdict("*", "ttft_ms", "p90", 50.0, 1.0, 1.0, 2.0, "holds")  # n_eff optional
     assert old.n_eff is None and old.to_json()["n_eff"] is None
 

@@ -255,6 +255,14 @@ def capacity_context(res: Mapping[str, Any], out: Path, base: Path | None = None
             "capacity.json has no predicted curve: no prediction is drawn (no deployment"
             " and no saturation probe, calibration failed, or an older phaselens wrote the file)."
         )
+    ser = _map(res.get("serial"))
+    if ser and ser.get("holds") is False:
+        neff = [x for t in _list(ser.get("targets")) if (x := _num(_map(t).get("n_eff")))]
+        notes.append(
+            "serial check: at the capacity the requests' latencies are serially correlated"
+            f" (effective sample size {fmt(min(neff)) if neff else '?'}): for that many values"
+            " the SLO is not held with confidence; longer probes or more repeats settle it."
+        )
     if not slo_threshold(slo, "ttft_ms") and not slo_threshold(slo, "tpot_ms"):
         notes.append("capacity.json has no TTFT/TPOT SLO thresholds: no SLO lines drawn.")
     figures = []

@@ -85,6 +85,7 @@ class CapacityResult:
     settings: Mapping[str, Any] = field(default_factory=dict)
     target: str = ""  # the target's label (a URL redacted, or sim:DEPLOY)
     saturation: Mapping[str, Any] | None = None  # the flood behind a queue prediction
+    serial: Mapping[str, Any] | None = None  # the capacity's targets for n_eff values
 
     def to_json(self) -> dict[str, Any]:
         counts = {s: len(ps) for s, ps in by_scale(self.probes).items()}
@@ -106,6 +107,7 @@ class CapacityResult:
             "probes": rows,
             "probe_seconds": fnum(self.probe_seconds, 3),
             "saturation": dict(self.saturation) if self.saturation else None,
+            "serial": dict(self.serial) if self.serial else None,
             "stable": self.stable,
             "stability": dict(self.stability) if self.stability else None,
             "bistable": [dict(x) for x in self.bistable],
@@ -136,6 +138,30 @@ def _binding(at_hi: Sequence[ProbeResult]) -> dict[str, Any] | None:
         "interval_ms": [fnum(t.lo_ms), fnum(t.hi_ms)],
         "load_scale": fnum(p.load_scale),
         "rate_rps": fnum(p.rate_rps),
+    }
+
+
+def serial_check(at_lo: Sequence[ProbeResult]) -> dict[str, Any] | None:
+    """Whether the capacity's all-requests percentile targets also hold for their effective
+    sample size (verdict.serial_interval): {holds, targets: [{metric, stat, threshold_ms,
+    n_eff, serial_interval_ms, serial_verdict, repeat}]}; None without such targets."""
+    rows = [(p, t) for p in at_lo for t in p.targets if t.model == "*" and t.n_eff is not None]
+    if not rows:
+        return None
+    return {
+        "holds": all(t.serial_verdict == "holds" for _, t in rows),
+        "targets": [
+            {
+                "metric": t.metric,
+                "stat": t.stat,
+                "threshold_ms": t.threshold_ms,
+                "n_eff": fnum(t.n_eff, 3),
+                "serial_interval_ms": [fnum(t.serial_lo_ms), fnum(t.serial_hi_ms)],
+                "serial_verdict": t.serial_verdict,
+                "repeat": p.repeat,
+            }
+            for p, t in rows
+        ],
     }
 
 
@@ -233,6 +259,7 @@ def build_result(
         },
         target=target,
         saturation=pred.get("saturation"),
+        serial=serial_check(at_lo),
     )
 
 

@@ -149,21 +149,11 @@ def _metric_values(rt: RequestTable, metric: str, rows: I64 | None) -> tuple[F64
     return f[metric].drop_nulls().to_numpy().astype(np.float64), None
 
 
-def _interval(
-    vals: F64, w: I64 | None, q: float
-) -> tuple[float | None, float | None, float | None]:
-    """(lo, hi, n_eff) of the q-th percentile: weighted values (ITL) independent (n_eff None),
-    time-ordered ones for their effective sample size (`serial_interval`)."""
-    if w is not None:
-        return (*percentile_interval(vals, q, w), None)
-    return serial_interval(vals, q)
-
-
 def metric_interval(rt: RequestTable, metric: str, q: float) -> tuple[float | None, float | None]:
-    """The interval of the q-th percentile of a metric over all judged requests, as the
-    verdict's (the values describe_metric takes its percentile over)."""
-    lo, hi, _ = _interval(*_metric_values(rt, metric, None), q)
-    return lo, hi
+    """The order-statistic interval of the q-th percentile of a metric over all judged requests
+    (the values describe_metric takes its percentile over), as the verdict's."""
+    vals, w = _metric_values(rt, metric, None)
+    return percentile_interval(vals, q, w)
 
 
 def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
@@ -188,8 +178,10 @@ class TargetVerdict:
     lo_ms: float | None
     hi_ms: float | None
     verdict: str
-    n_eff: float | None = None  # the percentile interval's effective sample size (None: ITL,
-    # a mean or max target, the values taken as independent)
+    n_eff: float | None = None  # the serial interval's effective sample size (None: ITL, a
+    # mean or max target: no serial interval)
+    serial_lo_ms: float | None = None  # the interval for n_eff values (docs/metrics.md)
+    serial_hi_ms: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -201,7 +193,16 @@ class TargetVerdict:
             "interval_ms": [fnum(self.lo_ms), fnum(self.hi_ms)],
             "verdict": self.verdict,
             "n_eff": None if self.n_eff is None else round(self.n_eff, 1),
+            "serial_interval_ms": [fnum(self.serial_lo_ms), fnum(self.serial_hi_ms)],
+            "serial_verdict": self.serial_verdict,
         }
+
+    @property
+    def serial_verdict(self) -> str | None:
+        """The verdict the serial interval gives (None: no serial interval)."""
+        if self.n_eff is None:
+            return None
+        return _verdict(self.serial_lo_ms, self.serial_hi_ms, self.threshold_ms)
 
     @property
     def severity(self) -> float:
@@ -223,21 +224,26 @@ def judge_target(
     obs = describe_metric(rt, metric, rows, group).get(stat)
     vals, w = _metric_values(rt, metric, rows)
     q = pkey_to_q(stat)
-    n_eff: float | None = None
+    n_eff = s_lo = s_hi = None
     if q is not None:
-        lo, hi, n_eff = _interval(vals, w, q)
+        lo, hi = percentile_interval(vals, q, w)
+        if w is None:
+            s_lo, s_hi, n_eff = serial_interval(vals, q)
     elif stat == "mean":
         lo, hi = mean_interval(vals if w is None else np.repeat(vals, w))
     else:  # max: the observed maximum is the statistic itself
         lo = hi = None if obs is None else float(obs)
-    if hi is not None and hi <= thr:
-        v = "holds"
-    elif lo is not None and lo > thr:
-        v = "fails"
-    else:
-        v = "uncertain"
     point = None if obs is None else float(obs)
-    return TargetVerdict(model, metric, stat, thr, point, lo, hi, v, n_eff)
+    v = _verdict(lo, hi, thr)
+    return TargetVerdict(model, metric, stat, thr, point, lo, hi, v, n_eff, s_lo, s_hi)
+
+
+def _verdict(lo: float | None, hi: float | None, thr: float) -> str:
+    if hi is not None and hi <= thr:
+        return "holds"
+    if lo is not None and lo > thr:
+        return "fails"
+    return "uncertain"
 
 
 def judge_slo(rt: RequestTable, slo: Mapping[str, Any]) -> list[TargetVerdict]:

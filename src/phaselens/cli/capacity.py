@@ -89,6 +89,17 @@ def summary_lines(res: CapacityResult, path: Path) -> list[str]:
         out.append(f"stability: 1.1× ({_p(st['rate_rps'])} req/s) {st['verdict']}, {word}")
     for bi in res.bistable:
         out.append(f"bistable: {_p(bi['rate_rps'])} req/s, repeats {', '.join(bi['verdicts'])}")
+    ser = res.serial
+    if ser and not ser["holds"]:
+        worst = min(ser["targets"], key=lambda t: t["n_eff"] or 0)
+        iv = worst["serial_interval_ms"]
+        out.append(
+            f"serial check: at the capacity the requests' {worst['metric']} values are serially "
+            f"correlated (a queue carries over): for their effective {worst['n_eff']:.3g} values "
+            f"the {worst['stat']} interval is [{_p(iv[0])}, {_p(iv[1])}] ms, "
+            f"{worst['serial_verdict']} against {worst['threshold_ms']:g} ms; longer probes "
+            "(--probe-s) or more --repeats settle it"
+        )
     sat = res.saturation
     if sat:
         out.append(
