@@ -61,8 +61,8 @@ def test_search_finds_the_known_capacity(tmp_path: Path) -> None:
     assert sat["servers"] == SLOTS and abs(sat["throughput_rps"] - TRUTH) / TRUTH <= 0.15
     assert load_run(sat["run"]).manifest["stopped_early"].startswith("saturation probe")
     assert doc["probe_seconds"] == pytest.approx(
-        sum(p["probe_seconds"] for p in doc["probes"]) + sat["probe_seconds"], rel=1e-6
-    )
+        sum(p["probe_seconds"] for p in doc["probes"]) + sat["probe_seconds"], abs=0.01
+    )  # (each rounded to the millisecond in capacity.json)
     assert doc["predicted_knee_rps"] is not None
     for p in doc["probes"]:  # every probe a normal run directory
         scale = load_run(p["run"]).manifest["capacity_probe"]["load_scale"]
