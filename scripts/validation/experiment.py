@@ -119,7 +119,8 @@ def deployment(np_slots: int, tflops: float, bandwidth_gbs: float) -> dict[str, 
                 },
             }
         ],
-        "cost": {"reserve_gb": 0.5},
+        # M½ (tensor-core tiles) and r_kv (paged KV reads) are GPU terms: off on the CPU
+        "cost": {"reserve_gb": 0.5, "gemm_m_half": 0.0, "kv_bandwidth_ratio": 1.0},
     }
 
 

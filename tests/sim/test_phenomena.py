@@ -38,8 +38,8 @@ def window_std(x: np.ndarray, bins: int = 50) -> float:
 def test_1_70b_on_a100_prefill_compute_bound_decode_bandwidth_bound() -> None:
     """Llama-3-70B (FP8 weights and KV, so it fits one A100-80G), two bursts of 8 requests of
     1024 prompt tokens and 48 output tokens, 6 s apart. Prefill-dominated bins (busy, >= 100
-    prefill tokens per decode token: chunked prefill mixes a few decodes in) show SM >= 70 %;
-    decode-only bins show SM <= 30 % and DRAM bandwidth >= 70 %."""
+    prefill tokens per decode token: chunked prefill mixes a few decodes in) show SM >= 60 %;
+    decode-only bins show SM <= 30 % and DRAM bandwidth >= 55 %."""
     d = parse_deployment(
         {
             "gpus": [{"name": "a", "type": "A100-80G"}],
@@ -64,9 +64,12 @@ def test_1_70b_on_a100_prefill_compute_bound_decode_bandwidth_bound() -> None:
     prefill_bins = (pre > 0) & (pre >= 100 * dec) & (busy > 99.9)
     decode_bins = (pre == 0) & (dec > 0) & (busy > 99.9)
     assert prefill_bins.sum() >= 20 and decode_bins.sum() >= 20
-    assert sm[prefill_bins].min() >= 70.0
+    # bounded by η_lin·M/(M + M½) = 0.72·2048/2112 = 70 % of peak for 2048-token chunks
+    assert sm[prefill_bins].min() >= 60.0
     assert sm[decode_bins].max() <= 30.0
-    assert bw[decode_bins].min() >= 70.0
+    # batch-8 decode: the per-layer kernel cost holds it at 55-70 % of HBM bandwidth, as real
+    # engines at batch 1-8 (45-66 %, docs/validation-gpu.md), not at η_mem
+    assert bw[decode_bins].min() >= 55.0
     assert bw[prefill_bins].max() < 30.0  # prefill barely touches HBM bandwidth
 
 
@@ -94,7 +97,8 @@ def test_3_long_tail_drags_dynamic_batching_not_continuous() -> None:
     the same mean with a tail (every 20th request 520 tokens, the rest 40; max/mean = 8.1).
     Decode throughput inside the load window: request-level `dynamic` batching (batches of 32
     that run until their longest member ends) loses most of it to the tail; `continuous`
-    batching loses little (< 10 %)."""
+    batching loses little (< 15 %: each step's fixed per-layer cost makes the few long
+    sequences of the tail dearer per token than before issue 17's physics, ~12 %)."""
     n = 2000
     t = np.arange(n) / 100.0
     tail = np.where(np.arange(n) % 20 == 7, 520, 40)
@@ -108,7 +112,7 @@ def test_3_long_tail_drags_dynamic_batching_not_continuous() -> None:
         without = _decode_rate(simulate(make_schedule(t, [256] * n, flat), d), 20)
         loss[name] = 1 - with_tail / without
     assert loss["dynamic"] > 0.5
-    assert loss["continuous"] < 0.1
+    assert loss["continuous"] < 0.15
     assert loss["continuous"] < loss["dynamic"] / 5
 
 
@@ -195,7 +199,7 @@ def test_6_pd_split_vs_colocated() -> None:
     max(SM %, DRAM BW %). P/D raises the mean utilization of each pool and narrows the decode
     pool's swing; the prefill pool still swings with arrivals (it narrows only when sized to run
     near saturation, at the price of queueing). TTFT pays the KV transfer."""
-    lam, secs = 24, 30
+    lam, secs = 20, 30  # the prefill pool at ~85% load (24 r/s saturates it since issue 17)
     rng = np.random.default_rng(8)
     n = lam * secs
     s = make_schedule(

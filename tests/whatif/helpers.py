@@ -50,7 +50,8 @@ CPU_DEPLOY: dict[str, Any] = {
             "policy": {"max_num_seqs": 4, "max_num_batched_tokens": 2048},
         }
     ],
-    "cost": {"reserve_gb": 0.5},
+    # M½ (tensor-core tiles) and r_kv (paged KV reads) are GPU terms: off for the CPU engine
+    "cost": {"reserve_gb": 0.5, "gemm_m_half": 0.0, "kv_bandwidth_ratio": 1.0},
 }
 CPU_TRUE_COST = {
     "eta_linear": 0.35,
@@ -63,6 +64,8 @@ CPU_TRUE_COST = {
     "first_decode_overhead_s": 0.0009,
     "extra_seq_overhead_s": 0.0008,
     "reserve_gb": 0.5,
+    "gemm_m_half": 0.0,
+    "kv_bandwidth_ratio": 1.0,
 }
 
 

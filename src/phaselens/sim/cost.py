@@ -5,17 +5,25 @@ while attention has its own arithmetic intensity (context length, not batch). Ta
 max(compute, memory) per class and adding launch/CPU overheads is the simplest model that gets
 both phases right; every constant is a field of `CostParams` so the what-if module can fit them.
 
-Formulas (notes/simulator.md), for a step processing T tokens across B sequences:
-- linear FLOPs `2·P_nl·T + 2·V·d·S` (S = sequences that sample a token);
-  linear bytes: the weights read once per step;
-- attention FLOPs (causal) `4·L·h_q·d_h·Σ(n·p + n(n+1)/2)` for n new tokens over p cached;
-  attention bytes: `KV_tok·(Σp + T)` (cached KV read, new KV written);
+Formulas (notes/simulator.md, docs/simulator.md), for a step processing T tokens across B
+sequences:
+- linear FLOPs `2·P_nl·T + 2·V·d·S` (S = sequences that sample a token); they are priced at
+  `(F_lin + 2·P_nl·M½)/(η_lin·peak_g)`: a GEMM of M rows runs at `η_lin·M/(M + M½)` of the
+  peak (small-M tiles waste the tensor cores), and `peak_g` is the FP8 dense peak scaled by
+  `r_fp8` when FP8 weights run FP8 GEMMs (`ModelSpec.gemm_peak_scale`), else the 16-bit peak;
+  linear bytes: the weights read once per step, at `η_mem·BW`;
+- attention FLOPs (causal) `4·L·h_q·d_h·Σ(n·p + n(n+1)/2)` at `η_att·peak`; attention bytes
+  `KV_tok·(Σp + T)` (cached KV read, new KV written) at `η_mem·r_kv·BW` (paged, per-sequence
+  KV reads stream less well than weights);
 - tensor parallel: FLOPs and bytes split over TP GPUs, plus 2 all-reduces per layer of `T·d·2`
-  bytes: `2(TP−1)/TP·size/link + α` each;
-- time = `max(F_lin/(η_lin·peak), B_lin/(η_mem·BW)) + max(F_att/(η_att·peak), B_att/(η_mem·BW))
-  + all-reduce + c0 + c_seq·B + c_layer·L + c_req·N + c_first·D + c_multi·(B−1) + c_wait·W
+  bytes: `2(TP−1)/TP·size/(η_ar·link) + α` each;
+- time = `max(linear compute, weight bytes) + max(attention compute, KV bytes) + all-reduce
+  + c0 + c_seq·B + c_layer·L + c_req·N + c_first·D + c_multi·(B−1) + c_wait·W
   + c_queue·[W > 0] + c_wake·W·S` (N: requests whose prefill starts in the step; D: sequences in
   their first decode step; W: requests waiting for a slot; S: sequences that sample a token).
+  `c_layer·L` is the per-layer fixed cost of a step's kernels (launch, ramp-up and tail of each
+  GEMM, norm, rotary, attention and sampling kernel): what makes a small-batch decode step
+  ~1.5–2x its weight-read time, and more so the fewer bytes each kernel streams.
 """
 
 from __future__ import annotations
@@ -39,12 +47,29 @@ class CostParams:
     CUDA context and graphs before the KV cache is sized.
     """
 
-    eta_linear: float = 0.8  # large BF16 GEMMs reach ~75-85% of dense peak
+    eta_linear: float = 0.72  # large BF16 GEMMs reach ~70-80% of dense peak (fit: 0.72)
     eta_attention: float = 0.6  # flash-attention kernels, lower than GEMMs
-    eta_memory: float = 0.85  # streaming reads reach ~80-90% of peak HBM bandwidth
-    step_overhead_s: float = 3e-4  # c0: scheduler + launch per step (CUDA graphs for decode)
+    eta_memory: float = 0.9  # large streaming reads reach ~85-92% of peak HBM bandwidth
+    step_overhead_s: float = 2e-4  # c0: scheduler + launch per step (CUDA graphs for decode)
     per_seq_overhead_s: float = 1e-5  # c_seq: per sequence in the batch (sampling, bookkeeping)
-    per_layer_overhead_s: float = 2e-6  # c_layer: kernel launches per layer
+    # c_layer: fixed cost per layer per step of its ~8-10 kernels (launch, ramp-up, tail); a
+    # kernel that streams few bytes cannot reach η_mem, so small-batch decode lands at 50-70% of
+    # HBM bandwidth (docs/validation-gpu.md: lmdeploy A100 batch-1 decode 10.0 ms for 6.6 ms of
+    # weight reads; 13B 17.4 ms for 12.8 ms)
+    per_layer_overhead_s: float = 8e-5
+    # M½ (tokens): a GEMM of M rows reaches η_lin·M/(M + M½) of peak — tiles of 64-128 rows are
+    # padded and small GEMMs do not fill the SMs (a 128-token prefill costs 2.5-3.8x its
+    # roofline: TensorRT-LLM A100 Llama-2-7B 16 ms, H100 FP8 7 ms); 0 = every GEMM at η_lin.
+    # 64 is the best fit over the published table (128 fits TTFT better but makes batch-8..64
+    # decode compute-bound, which real decode GEMMs are not)
+    gemm_m_half: float = 64.0
+    # r_fp8: FP8 GEMM efficiency relative to η_lin, on the FP8 dense peak (η_lin·r_fp8 ≈
+    # 0.45-0.7 of FP8 peak is what FP8 GEMMs reach); used where FP8 weights meet FP8 tensor
+    # cores (`ModelSpec.gemm_peak_scale` > 1). 0 = FP8 weights dequantized, 16-bit GEMMs.
+    fp8_gemm_ratio: float = 0.7
+    # r_kv: KV-cache (attention) read efficiency relative to η_mem: paged per-sequence KV blocks
+    # stream less well than contiguous weights (long-context decode)
+    kv_bandwidth_ratio: float = 0.9
     # c_req: engine time per newly admitted request, paid in the step that starts its prefill
     # (request parsing and tokenization where they share the engine's CPU, e.g. llama-server on
     # one core); 0 = that work runs beside the engine (the calibration's request overhead)
@@ -66,7 +91,11 @@ class CostParams:
     # core: every token's result wakes each waiting request's HTTP thread, ~7 us each, so a
     # queue costs a step of 4 sequences twice what it costs a step of 2); 0 = none
     wait_token_overhead_s: float = 0.0
-    allreduce_latency_s: float = 5e-6  # α of one all-reduce
+    # α of one all-reduce: NCCL/custom all-reduce of a few KB over NVLink takes ~10-30 us
+    allreduce_latency_s: float = 3e-5
+    # η_ar: fraction of the nominal per-direction link bandwidth an all-reduce reaches (NCCL
+    # bus bandwidth on NVLink is ~70-80% of nominal)
+    allreduce_efficiency: float = 0.7
     switch_overhead_s: float = 5e-5  # time-slicing: switching the GPU to another engine
     reserve_gb: float = 1.5  # activations + CUDA context/graphs per engine per GPU
 
@@ -107,6 +136,8 @@ class EngineCost:
     _fixed: float = field(init=False, repr=False)
     _ar_tok: float = field(init=False, repr=False)
     _ar_fixed: float = field(init=False, repr=False)
+    _f_pad: float = field(init=False, repr=False)
+    _kv_scale: float = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         m, p, tp = self.model, self.params, self.tp
@@ -116,15 +147,25 @@ class EngineCost:
         put(self, "_b_lin", m.weight_read_bytes)
         put(self, "_f_att", 4.0 * m.layers * m.heads * m.head_dim)
         put(self, "_kv_tok", m.kv_bytes_per_token)
-        put(self, "_peak_l", p.eta_linear * self.peak_flops * tp)
+        put(self, "_peak_l", p.eta_linear * gemm_peak(self.peak_flops, m, p) * tp)
         put(self, "_peak_a", p.eta_attention * self.peak_flops * tp)
         put(self, "_bw_scale", p.eta_memory * tp)
+        put(self, "_kv_scale", p.eta_memory * p.kv_bandwidth_ratio * tp)
+        put(self, "_f_pad", 2.0 * m.params_nonembed * p.gemm_m_half)
         put(self, "_fixed", p.per_layer_overhead_s * m.layers)
         ar = tp > 1
         put(
             self,
             "_ar_tok",
-            4.0 * m.layers * (tp - 1) / tp * m.hidden * 2.0 / self.link_bandwidth if ar else 0.0,
+            4.0
+            * m.layers
+            * (tp - 1)
+            / tp
+            * m.hidden
+            * 2.0
+            / (self.link_bandwidth * p.allreduce_efficiency)
+            if ar
+            else 0.0,
         )
         put(self, "_ar_fixed", 2 * m.layers * p.allreduce_latency_s if ar else 0.0)
 
@@ -159,8 +200,8 @@ class EngineCost:
         f_att = self._f_att * attn_units
         b_att = self._kv_tok * (kv_read_tokens + tokens)
         bw = self._bw_scale * bandwidth
-        t_lin = max(f_lin / self._peak_l, b_lin / bw)
-        t_att = max(f_att / self._peak_a, b_att / bw)
+        t_lin = max((f_lin + self._f_pad) / self._peak_l, b_lin / bw)
+        t_att = max(f_att / self._peak_a, b_att / (self._kv_scale * bandwidth))
         t = t_lin + t_att + p.step_overhead_s + p.per_seq_overhead_s * seqs
         t += self._fixed
         if seqs > 1 and p.extra_seq_overhead_s:
@@ -193,7 +234,8 @@ class EngineCost:
         f_lin = self._f_tok * n + self._f_samp * n
         b_lin = self._b_lin
         bw = self._bw_scale * self.bandwidth
-        t_lin = max(f_lin / self._peak_l, b_lin / bw)
+        t_lin = max((f_lin + self._f_pad) / self._peak_l, b_lin / bw)
+        kv_bw = self._kv_scale * self.bandwidth
         fa, pa, kv_tok = self._f_att, self._peak_a, self._kv_tok
         c0, cseq, fixed = p.step_overhead_s, p.per_seq_overhead_s * n, self._fixed
         multi = p.extra_seq_overhead_s * (n - 1) if n > 1 else 0.0
@@ -206,7 +248,7 @@ class EngineCost:
             f_att = fa * float(sp + n)
             b_att = kv_tok * (float(sp) + n)
             t_att = f_att / pa
-            tb = b_att / bw
+            tb = b_att / kv_bw
             if tb > t_att:
                 t_att = tb
             t = t_lin + t_att + c0 + cseq
@@ -242,8 +284,8 @@ class EngineCost:
         f_att = self._f_att * attn
         b_att = self._kv_tok * (kv + n)
         bw = self._bw_scale * self.bandwidth
-        t_lin = max(f_lin / self._peak_l, b_lin / bw)
-        t_att = np.maximum(f_att / self._peak_a, b_att / bw)
+        t_lin = max((f_lin + self._f_pad) / self._peak_l, b_lin / bw)
+        t_att = np.maximum(f_att / self._peak_a, b_att / (self._kv_scale * self.bandwidth))
         t = t_lin + t_att + p.step_overhead_s + p.per_seq_overhead_s * n
         t += self._fixed
         if n > 1 and p.extra_seq_overhead_s:
@@ -258,6 +300,14 @@ class EngineCost:
             t += self._ar_tok * n
             t += self._ar_fixed
         return t, f_lin + f_att, b_lin + b_att
+
+
+def gemm_peak(peak_flops: float, m: ModelSpec, p: CostParams) -> float:
+    """Per-GPU peak FLOP/s the engine's GEMMs run against: the FP8 dense peak times r_fp8 when
+    its FP8 weights meet FP8 tensor cores (and r_fp8 > 0), else the 16-bit dense peak."""
+    if m.gemm_peak_scale > 1.0 and p.fp8_gemm_ratio > 0.0:
+        return peak_flops * m.gemm_peak_scale * p.fp8_gemm_ratio
+    return peak_flops
 
 
 def prefill_attn_units(new: int, cached: int) -> float:

@@ -11,7 +11,7 @@ by `yamlio` (bounded, UTF-8); every number is finite and bounded, and a deployme
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -51,6 +51,7 @@ class GpuIn(_Strict):
     bandwidth_gbs: Hw | None = None
     memory_gb: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
     link_gbs: Hw | None = None
+    fp8_tflops: Hw | None = None  # dense FP8 peak (custom GPUs; catalog types have theirs)
 
 
 class ShareIn(_Strict):
@@ -239,13 +240,30 @@ def _resolve_gpu(g: GpuIn, i: int, source: str) -> Gpu:
             g.bandwidth_gbs or base.bandwidth_gbs,
             g.memory_gb or base.memory_gb,
             g.link_gbs or base.link_gbs,
+            g.fp8_tflops or base.fp8_tflops,
         )
         return Gpu(g.name, spec)
     if g.tflops is None or g.bandwidth_gbs is None or g.memory_gb is None:
         raise InputError(
             f"{source}: gpus[{i}]: expected `type` or all of tflops, bandwidth_gbs, memory_gb"
         )
-    return Gpu(g.name, GPUSpec("custom", g.tflops, g.bandwidth_gbs, g.memory_gb, g.link_gbs or 300))
+    spec = GPUSpec(
+        "custom", g.tflops, g.bandwidth_gbs, g.memory_gb, g.link_gbs or 300, g.fp8_tflops or 0.0
+    )
+    return Gpu(g.name, spec)
+
+
+FP8_WEIGHT_BYTES = 1.0  # weights of at most 1 byte run FP8 GEMMs where the GPU has FP8 cores
+
+
+def gemm_scale(m: ModelSpec, specs: Sequence[GPUSpec]) -> float:
+    """The engine's GEMM peak over its GPUs' 16-bit peak: the FP8/BF16 dense ratio of the
+    slowest GPU when the weights are FP8 (`weight_bytes` 1) and every GPU has FP8 tensor
+    cores (H100, H200, L40S, L4); else 1 (A100 and older dequantize to 16-bit GEMMs; INT4
+    weight-only kernels also compute in 16 bits)."""
+    if m.weight_bytes != FP8_WEIGHT_BYTES:
+        return 1.0
+    return min(s.fp8_scale for s in specs)
 
 
 def _resolve(d: DeploymentIn, source: str) -> Deployment:
@@ -257,7 +275,8 @@ def _resolve(d: DeploymentIn, source: str) -> Deployment:
     if bad_cost:
         raise InputError(f"{source}: cost.{clip(bad_cost[0], 60)}: not a CostParams field")
     cost = CostParams(**d.cost)
-    zero = [k for k in ("eta_linear", "eta_attention", "eta_memory") if getattr(cost, k) <= 0]
+    positive = ("eta_linear", "eta_attention", "eta_memory", "kv_bandwidth_ratio")
+    zero = [k for k in (*positive, "allreduce_efficiency") if getattr(cost, k) <= 0]
     if zero:
         raise InputError(f"{source}: cost.{zero[0]}: must be > 0 (an efficiency)")
     enames = [e.name for e in d.engines]
@@ -277,6 +296,9 @@ def _resolve(d: DeploymentIn, source: str) -> Deployment:
         m = resolve_model(e.model, f"{where}.model")
         if e.quant is not None:
             m = m.quantized(e.quant.weight_bytes, e.quant.kv_bytes)
+        scale = gemm_scale(m, [gpus[names.index(g)].spec for g in e.gpus])
+        if scale != m.gemm_peak_scale:
+            m = replace(m, gemm_peak_scale=scale)
         models.append(m)
         if e.role == "prefill" and e.handoff is None:
             raise InputError(f"{where}.handoff: a prefill engine needs `handoff: {{to: ...}}`")

@@ -1,7 +1,20 @@
-"""GPU catalog: dense BF16 peak, HBM bandwidth, memory and GPU-to-GPU link.
+"""GPU catalog: dense BF16 and FP8 peaks, HBM bandwidth, memory and GPU-to-GPU link.
 
 Why dense figures: datasheets headline 2x "sparse" TFLOPS that no LLM kernel reaches; the
 simulator's efficiencies (`CostParams`) are relative to the dense peak.
+
+Sources (dense = half the datasheet's "with sparsity" figure):
+- A100 SXM 80GB: NVIDIA A100 datasheet: BF16 312 TFLOPS dense, 2,039 GB/s, NVLink 600 GB/s
+  (300 per direction); no FP8 tensor cores.
+- H100 SXM: NVIDIA H100 datasheet: BF16 1,979 / FP8 3,958 TFLOPS with sparsity -> 989 / 1,979
+  dense; 3.35 TB/s; NVLink 900 GB/s (450 per direction).
+- H200 SXM: NVIDIA H200 datasheet: same tensor cores as H100 (BF16 989, FP8 1,979 dense),
+  4.8 TB/s, 141 GB.
+- L40S: NVIDIA L40S datasheet: BF16 362.05 / FP8 733 TFLOPS dense (724 / 1,466 with
+  sparsity), 864 GB/s, 48 GB, PCIe Gen4 x16 (32 GB/s).
+- L4: NVIDIA L4 datasheet: BF16 121 / FP8 242.5 TFLOPS dense (242 / 485 with sparsity),
+  300 GB/s, 24 GB.
+- A10G (AWS): Ampere GA102, ~70 TFLOPS BF16 dense, 600 GB/s; no FP8 tensor cores.
 """
 
 from __future__ import annotations
@@ -18,10 +31,16 @@ class GPUSpec:
     bandwidth_gbs: float  # HBM bandwidth, GB/s (1e9)
     memory_gb: float  # GB (1e9)
     link_gbs: float = 300.0
+    fp8_tflops: float = 0.0  # dense FP8 tensor-core peak, TFLOP/s; 0 = no FP8 tensor cores
 
     @property
     def peak_flops(self) -> float:
         return self.tflops * 1e12
+
+    @property
+    def fp8_scale(self) -> float:
+        """FP8 dense peak over BF16 dense peak (1.0 without FP8 tensor cores)."""
+        return self.fp8_tflops / self.tflops if self.fp8_tflops > self.tflops else 1.0
 
     @property
     def bandwidth(self) -> float:
@@ -34,9 +53,9 @@ class GPUSpec:
 
 GPUS: dict[str, GPUSpec] = {
     "A100-80G": GPUSpec("A100-80G", 312.0, 2039.0, 80.0, 300.0),
-    "H100-SXM": GPUSpec("H100-SXM", 989.0, 3350.0, 80.0, 450.0),
-    "H200": GPUSpec("H200", 989.0, 4800.0, 141.0, 450.0),
-    "L40S": GPUSpec("L40S", 362.0, 864.0, 48.0, 32.0),
+    "H100-SXM": GPUSpec("H100-SXM", 989.0, 3350.0, 80.0, 450.0, 1979.0),
+    "H200": GPUSpec("H200", 989.0, 4800.0, 141.0, 450.0, 1979.0),
+    "L40S": GPUSpec("L40S", 362.0, 864.0, 48.0, 32.0, 733.0),
     "A10G": GPUSpec("A10G", 70.0, 600.0, 24.0, 32.0),
-    "L4": GPUSpec("L4", 121.0, 300.0, 24.0, 32.0),
+    "L4": GPUSpec("L4", 121.0, 300.0, 24.0, 32.0, 242.5),
 }

@@ -35,6 +35,11 @@ class ModelSpec:
     weight_bytes: float = 2.0  # bytes per weight (2 = BF16, 1 = FP8/INT8, 0.5 = INT4)
     kv_bytes: float = 2.0  # bytes per KV element
     tied_embeddings: bool = False
+    # The engine's GEMM peak relative to its GPU's dense 16-bit peak: the GPU's FP8 dense peak
+    # over its BF16 dense peak when FP8 weights run FP8 GEMMs (H100/H200: 1979/989), else 1
+    # (16-bit weights, or weights dequantized on GPUs without FP8 tensor cores, e.g. A100).
+    # Set by the deployment (`deploy.gemm_scale`), never read from a config.json.
+    gemm_peak_scale: float = 1.0
 
     @property
     def params_layer(self) -> int:
@@ -79,6 +84,11 @@ MODELS: dict[str, ModelSpec] = {
     "qwen2.5-7b": ModelSpec("qwen2.5-7b", 28, 3584, 28, 4, 128, 18944, 152064),
     "qwen2.5-72b": ModelSpec("qwen2.5-72b", 80, 8192, 64, 8, 128, 29568, 152064),
     "mistral-7b": ModelSpec("mistral-7b", 32, 4096, 32, 8, 128, 14336, 32000),
+    # Llama 2 (meta-llama/Llama-2-{7,13,70}b-hf config.json): the models of the published
+    # TensorRT-LLM and lmdeploy tables in scripts/validation/published_gpu.yaml; 7B/13B are MHA.
+    "llama-2-7b": ModelSpec("llama-2-7b", 32, 4096, 32, 32, 128, 11008, 32000),
+    "llama-2-13b": ModelSpec("llama-2-13b", 40, 5120, 40, 40, 128, 13824, 32000),
+    "llama-2-70b": ModelSpec("llama-2-70b", 80, 8192, 64, 8, 128, 28672, 32000),
     # The random-weight test model of the real CPU engines (shared/reference/realengine), F32.
     "tiny-llama": ModelSpec("tiny-llama", 2, 256, 4, 2, 64, 512, 512, 4.0, 4.0),
 }

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
-from phaselens.sim.cost import CostParams, prefill_attn_units
+from phaselens.sim.cost import CostParams, gemm_peak, prefill_attn_units
 from phaselens.sim.deploy import Deployment, Engine
 from phaselens.types import F64
 
@@ -90,21 +90,33 @@ def folded(th: F64, layers: int) -> F64:
 
 @dataclass(frozen=True, slots=True)
 class Hw:
-    """One engine's hardware share: per-GPU peak FLOP/s and bandwidth, TP degree, link."""
+    """One engine's hardware share: per-GPU peak FLOP/s and bandwidth, TP degree, link, and the
+    deployment's constants that are not fitted (held fixed, as in `EngineCost`): the GEMM peak
+    (FP8 where it applies), M½, the KV read ratio and the all-reduce efficiency."""
 
     peak: float
     bw: float
     tp: int
     link: float
+    gemm: float = 0.0  # GEMM peak FLOP/s per GPU (0: `peak`)
+    m_half: float = 0.0
+    kv_ratio: float = 1.0
+    ar_eff: float = 1.0
 
 
 def engine_hw(deploy: Deployment, e: Engine) -> Hw:
     specs = [deploy.gpu(n).spec for n in e.gpus]
+    c = deploy.cost
+    peak = min(s.peak_flops for s in specs) * e.sm_fraction
     return Hw(
-        peak=min(s.peak_flops for s in specs) * e.sm_fraction,
+        peak=peak,
         bw=min(s.bandwidth for s in specs),
         tp=e.tp,
         link=min(s.link_gbs for s in specs) * 1e9,
+        gemm=gemm_peak(peak, e.model, c),
+        m_half=c.gemm_m_half,
+        kv_ratio=c.kv_bandwidth_ratio,
+        ar_eff=c.allreduce_efficiency,
     )
 
 
@@ -142,18 +154,19 @@ def step_features(
     m = e.model
     tp = hw.tp
     f_lin = 2.0 * m.params_nonembed * tokens + 2.0 * m.vocab * m.hidden * sampled
+    f_lin = f_lin + 2.0 * m.params_nonembed * hw.m_half  # small-M GEMM inefficiency (M½)
     f_att = 4.0 * m.layers * m.heads * m.head_dim * attn_units
     b_att = m.kv_bytes_per_token * (kv_read + tokens)
     fixed = np.zeros_like(tokens, dtype=np.float64)
     if tp > 1:
         size = tokens * m.hidden * 2.0
-        fixed = fixed + 2 * m.layers * (2.0 * (tp - 1) / tp * size / hw.link)
+        fixed = fixed + 2 * m.layers * (2.0 * (tp - 1) / tp * size / (hw.link * hw.ar_eff))
         fixed = fixed + 2 * m.layers * allreduce_latency_s
     return Steps(
-        a1=f_lin / (hw.peak * tp),
+        a1=f_lin / ((hw.gemm or hw.peak) * tp),
         a2=np.full_like(f_lin, m.weight_read_bytes / (hw.bw * tp)),
         a3=f_att / (hw.peak * tp),
-        a4=b_att / (hw.bw * tp),
+        a4=b_att / (hw.bw * hw.kv_ratio * tp),
         seqs=np.asarray(seqs, dtype=np.float64),
         layers=np.full_like(f_lin, float(m.layers)),
         fixed=fixed,

@@ -29,6 +29,17 @@ FORMAT = 1
 
 # calib.yaml files written before issue 14 named `identified` by the fit's symbols; read both
 # spellings, write the CostParams names (`basis.COLUMNS`).
+# Constants added after calibration files were first written (issue 17: shape-dependent GPU
+# efficiencies). A file that does not name one was fitted under the old model, in which the
+# term did not exist: it gets the value that switches the term off, so its fitted constants
+# keep predicting what they predicted when it was written.
+NEUTRAL_NEW_COSTS = {
+    "gemm_m_half": 0.0,  # every GEMM at eta_linear
+    "fp8_gemm_ratio": 0.0,  # FP8 weights dequantized, GEMMs at the 16-bit peak
+    "kv_bandwidth_ratio": 1.0,  # KV reads at eta_memory, like weights
+    "allreduce_efficiency": 1.0,  # all-reduce at the nominal link bandwidth
+}
+
 LEGACY_NAMES = {
     "u_lin": "eta_linear",
     "u_att": "eta_attention",
@@ -164,7 +175,7 @@ def load_calibration(path: Path | str) -> Calibration:
     bad = sorted(set(c.cost) - names)
     if bad:
         raise InputError(f"{p}: cost.{clip(bad[0], 60)}: not a CostParams field")
-    cost = CostParams(**c.cost)
+    cost = CostParams(**{**NEUTRAL_NEW_COSTS, **c.cost})
     # the deployment with the fitted constants, validated now: one line naming the field
     parse_deployment(with_cost(c.deployment, cost), f"{p}: deployment", doc.under("deployment"))
     return Calibration(
