@@ -215,9 +215,34 @@ def parse_deployment(data: Any, source: str, lines: LineOf | None = None) -> Dep
 
 
 def read_deployment(path: Path | str) -> tuple[dict[str, Any], Deployment]:
-    """A deployment YAML file's mapping as written, and the deployment it validates to."""
+    """A deployment YAML file's mapping, and the deployment it validates to. Relative model
+    config paths resolve against the file's folder (as a spec's paths against the spec's) and
+    are stored absolute in the mapping, so it can be validated again from any directory."""
     doc = load_yaml_doc(path, "deployment")
-    return doc.data, parse_deployment(doc.data, doc.source, doc.line)
+    data = with_model_paths(doc.data, Path(path).resolve().parent)
+    return data, parse_deployment(data, doc.source, doc.line)
+
+
+def with_model_paths(data: Any, base: Path) -> Any:
+    """`data` with each engine's relative config path (`engines[i].model` that is no catalog
+    id) made absolute against `base`; anything else (bad input included) is left to
+    validation."""
+    if not isinstance(data, dict) or not isinstance(data.get("engines"), list):
+        return data
+    engines: list[Any] = []
+    for e in data["engines"]:
+        ref = e.get("model") if isinstance(e, dict) else None
+        if isinstance(ref, str) and ref and ref not in MODELS and "\x00" not in ref:
+            p = Path(ref)
+            try:
+                if not p.is_absolute() and (
+                    "/" in ref or ref.endswith(".json") or (base / p).exists()
+                ):
+                    e = {**e, "model": str((base / p).resolve())}
+            except OSError:  # (a name too long for the file system): validation says so
+                pass
+        engines.append(e)
+    return {**data, "engines": engines}
 
 
 def load_deployment(path: Path | str) -> Deployment:
