@@ -74,6 +74,7 @@ class PolicyIn(_Strict):
     max_wait_ms: Ms = 20.0  # dynamic / static
     max_batch_size: Count = 64  # dynamic
     batch_size: Count = 8  # static
+    kv_full: Literal["preempt", "queue"] = "preempt"  # a full KV cache: recompute, or wait
 
 
 class QuantIn(_Strict):
@@ -128,6 +129,10 @@ class Policy:
     max_wait_ms: float = 20.0
     max_batch_size: int = 64
     batch_size: int = 8
+    # KV cache full: `preempt` (vLLM's default: the last admitted sequence is recomputed) or
+    # `queue` (TensorRT-LLM's guaranteed-no-evict: a request is admitted only when its whole KV,
+    # prompt + max output, fits beside what the running ones may still grow to; no preemption)
+    kv_full: str = "preempt"
 
 
 @dataclass(frozen=True, slots=True)
