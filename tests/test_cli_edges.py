@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -219,8 +220,8 @@ def test_main_exits_with_the_code(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("extra", "flags"),
     [
-        (["--concurrency", "4"], "--concurrency: only a real server's run honours this option"),
-        (["--max-inflight", "2"], "--max-inflight: only"),
+        (["--concurrency", "4", "--timeout", "5"], "--timeout: only a real server's run honours"),
+        (["--max-inflight", "2", "--workers", "1"], "--workers: only"),
         (["--timeout", "5", "--header", "A: b"], "--header, --timeout: only"),
         (["--workers", "1"], "--workers: only"),  # given, even at its default value
         (["--telemetry", "gpu"], "--telemetry: only"),
@@ -234,6 +235,26 @@ def test_driver_options_with_the_simulator_are_refused_not_ignored(
     assert code == 2
     assert err.startswith(f"phaselens: error: --target sim: {flags}") and err.count("\n") == 1
     assert not out.exists()  # refused before anything ran
+
+
+@pytest.mark.parametrize(
+    ("extra", "loop"),
+    [(["--concurrency", "4"], ("closed", 4, None)), (["--max-inflight", "2"], ("open", None, 2))],
+)
+def test_the_simulator_runs_a_closed_loop_or_an_inflight_cap(
+    spec: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    loop: tuple[str, int | None, int | None],
+) -> None:
+    out = tmp_path / "runs"
+    args = ["run", str(spec), "--target", "sim", "--out", str(out), *extra]
+    code, stdout, err = call(args, capsys)
+    assert code == 0 and err == ""
+    m = json.loads((Path(stdout.splitlines()[0]) / "manifest.json").read_text())
+    d = m["driver"]
+    assert (d["loop"], d["concurrency"], d["max_inflight"]) == loop
 
 
 def test_the_simulator_runs_without_driver_options(

@@ -4,8 +4,9 @@ Why one seam: the CLI, the demo, the coming capacity search and sweeps, and a Ra
 "a schedule against a target"; before this module the simulator and the driver were two unrelated
 code paths that each assembled their own manifest. Here the manifest is built once (`Manifest`),
 the run directory is created once, and an option a target does not honour is refused (exit 2),
-never silently ignored: a user who asks the simulator for `--concurrency 8` must not believe
-they simulated a closed loop.
+never silently ignored: a user who asks the simulator for `--timeout 5` must not believe they
+simulated client timeouts. (The simulator honours the load's shape: `--concurrency` and
+`--max-inflight`.)
 
 A target is a small frozen dataclass with `kind`, `label`, `targets`, `honours`, `prepare` and
 `run` (the `Target` protocol); `SimTarget` and `HttpTarget` are the two there are today.
@@ -183,11 +184,12 @@ class Target(Protocol):
 class SimTarget:
     """The built-in simulator: `sim` (the default deployment) or `sim:DEPLOY.yaml`.
 
-    Honours no load-shaping option yet: it replays the planned open-loop schedule and makes its
-    own telemetry (closed loop and --max-inflight come with the simulator issue)."""
+    Honours the load's shape as the driver does (`--concurrency`: a closed loop of N users;
+    `--max-inflight`: a client queue in the open loop; `sim.client`) and makes its own
+    telemetry; the driver's HTTP, timeout and worker options are refused."""
 
     spec: str = "sim"
-    honours: frozenset[str] = frozenset()
+    honours: frozenset[str] = frozenset({"concurrency", "max_inflight"})
 
     @property
     def kind(self) -> str:
@@ -202,17 +204,22 @@ class SimTarget:
         return {"*": self.spec}
 
     def prepare(self, schedule: Schedule, options: Options) -> Prepared:
+        from phaselens.sim.client import LoadShape
         from phaselens.sim.run import parse_target
 
+        options.driver.validate()  # --concurrency/--max-inflight: one of them, >= 1
+        shape = LoadShape(options.driver.concurrency, options.driver.max_inflight)
         # a bad deploy file fails before a run dir exists
-        return Prepared(plan=parse_target(self.spec, list(schedule.models)))
+        deploy = parse_target(self.spec, list(schedule.models))
+        return Prepared({"driver": shape.manifest()}, plan=(deploy, shape))
 
     def run(
         self, schedule: Schedule, options: Options, writer: RunWriter, prepared: Prepared
     ) -> Outcome:
         from phaselens.sim.run import simulate
 
-        res = simulate(schedule, prepared.plan)
+        deploy, shape = prepared.plan
+        res = simulate(schedule, deploy, shape=shape)
         path = writer.close(
             "complete",
             extra_frames={"requests": res.requests, "telemetry": res.telemetry, "steps": res.steps},
@@ -311,8 +318,8 @@ def refuse_unhonoured(target: Target, options: Options) -> None:
     one = len(given) == 1
     raise InputError(
         f"--target {target.kind}: {flags}: only a real server's run honours "
-        f"{'this option' if one else 'these options'} (the simulator replays "
-        "the planned open-loop schedule and makes its own telemetry); drop "
+        f"{'this option' if one else 'these options'} (the simulated client has no HTTP, "
+        "timeouts or worker processes, and the simulator makes its own telemetry); drop "
         f"{'it' if one else 'them'} or run against a server"
     )
 

@@ -35,8 +35,9 @@ def _sched() -> Schedule:
 @pytest.mark.parametrize(
     ("options", "flags"),
     [
-        (Options(driver=DriverOptions(concurrency=3)), "--concurrency"),
-        (Options(driver=DriverOptions(max_inflight=2)), "--max-inflight"),
+        # the load's shape is honoured (closed loop, in-flight cap); the rest is refused
+        (Options(driver=DriverOptions(concurrency=3, timeout_s=5.0)), "--timeout"),
+        (Options(driver=DriverOptions(max_inflight=2), workers=2), "--workers"),
         (Options(driver=DriverOptions(timeout_s=5.0), workers=2), "--workers, --timeout"),
         (Options(telemetry="gpu"), "--telemetry"),
         # what the CLI passes: the user typed --timeout 600 (the default value) -> still refused
@@ -50,6 +51,53 @@ def test_the_simulator_refuses_options_it_does_not_honour(
         execute(_sched(), SimTarget(), options, tmp_path)
     assert str(e.value).startswith(f"--target sim: {flags}: only a real server's run honours")
     assert list(tmp_path.iterdir()) == []  # refused before a run directory exists
+
+
+@pytest.mark.parametrize(
+    ("driver", "loop"),
+    [
+        (DriverOptions(), {"loop": "open", "max_inflight": None, "concurrency": None}),
+        (DriverOptions(concurrency=2), {"loop": "closed", "max_inflight": None, "concurrency": 2}),
+        (DriverOptions(max_inflight=1), {"loop": "open", "max_inflight": 1, "concurrency": None}),
+    ],
+)
+def test_the_simulator_honours_the_load_shape_and_records_the_loop(
+    tmp_path: Path, driver: DriverOptions, loop: dict[str, object]
+) -> None:
+    """Three requests planned 10 ms apart, 16+4 tokens each (about 16 ms each on the default
+    deployment): a closed loop of 2 users sends two at 0 and the third when the first ends; a
+    cap of 1 sends each when it is due and the one before has ended."""
+    out = execute(_sched(), SimTarget(), Options(driver=driver), tmp_path)
+    run = load_run(out.path)
+    assert run.manifest["driver"] == loop  # as a driver run writes it (runload reads `loop`)
+    req = run.requests.sort("id")
+    sent, end = req["sent_ns"].to_list(), req["end_ns"].to_list()
+    planned = [0, 10_000_000, 20_000_000]
+    if driver.concurrency:
+        assert sent[:2] == [0, 0] and sent[2] == min(end[:2])
+        assert req["scheduled_ns"].to_list() == sent
+    elif driver.max_inflight:
+        assert req["scheduled_ns"].to_list() == planned
+        assert sent == [0, max(planned[1], end[0]), max(planned[2], end[1])]
+        assert sent[1] > planned[1]  # it did wait: the first takes longer than 10 ms
+    else:
+        assert sent == req["scheduled_ns"].to_list() == planned
+    assert out.by_status == {"ok": 3}
+
+
+@pytest.mark.parametrize(
+    ("driver", "message"),
+    [
+        (DriverOptions(concurrency=2, max_inflight=2), "--max-inflight/--concurrency: give one"),
+        (DriverOptions(concurrency=0), "--concurrency: expected an integer >= 1, got 0"),
+    ],
+)
+def test_the_simulator_checks_the_load_shape_as_the_driver_does(
+    tmp_path: Path, driver: DriverOptions, message: str
+) -> None:
+    with pytest.raises(InputError, match=message):
+        execute(_sched(), SimTarget(), Options(driver=driver), tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_default_options_ask_for_nothing_and_the_seed_is_not_an_option() -> None:

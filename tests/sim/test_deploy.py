@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 
 from phaselens.errors import InputError
-from phaselens.sim.deploy import default_deployment, load_deployment, parse_deployment
+from phaselens.sim.deploy import (
+    default_deployment,
+    load_deployment,
+    parse_deployment,
+    read_deployment,
+)
 from phaselens.sim.models import read_hf_config
 from phaselens.sim.run import parse_target, simulate
 
@@ -75,6 +80,59 @@ def test_hf_config_reader(tmp_path: Path) -> None:
     assert m.kv_bytes_per_token == 2 * 36 * 8 * 128 * 2
     d = parse_deployment(_one(model=str(tmp_path / "config.json")), "<t>")
     assert d.engines[0].model.layers == 36
+
+
+def test_config_paths_resolve_against_the_deploy_files_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """deploy/d.yaml names `models/q.json` (beside it) and `cfg` (a folder holding config.json):
+    loaded from another working directory, both are found there; an absolute path stays."""
+    cfg = {
+        "hidden_size": 2048,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 20,
+        "intermediate_size": 5632,
+        "vocab_size": 32000,
+    }
+    folder = tmp_path / "deploy"
+    (folder / "models").mkdir(parents=True)
+    (folder / "cfg").mkdir()
+    (folder / "models" / "q.json").write_text(json.dumps(cfg))
+    (folder / "cfg" / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 12}))
+    absolute = tmp_path / "abs.json"
+    absolute.write_text(json.dumps({**cfg, "num_hidden_layers": 7}))
+    (folder / "d.yaml").write_text(
+        "gpus: [{name: g0, type: H100-SXM}]\n"
+        "engines:\n"
+        "  - {name: a, model: models/q.json, serves: [a], gpus: [g0],"
+        " share: {memory_fraction: 0.3}}\n"
+        "  - {name: b, model: cfg, serves: [b], gpus: [g0], share: {memory_fraction: 0.3}}\n"
+        f"  - {{name: c, model: '{absolute}', serves: [c], gpus: [g0],"
+        " share: {memory_fraction: 0.3}}\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    data, d = read_deployment("../deploy/d.yaml")
+    assert [e.model.layers for e in d.engines] == [20, 12, 7]
+    # the mapping holds the resolved paths: validated again from any directory, the same models
+    assert [e["model"] for e in data["engines"]] == [
+        str((folder / "models" / "q.json").resolve()),
+        str((folder / "cfg").resolve()),
+        str(absolute),
+    ]
+    monkeypatch.chdir(tmp_path)
+    assert parse_deployment(data, "again") == parse_deployment(data, "again")
+    assert [e.model.layers for e in parse_deployment(data, "again").engines] == [20, 12, 7]
+    # a path missing beside the file is reported where it was looked for
+    (folder / "bad.yaml").write_text(
+        "gpus: [{name: g0, type: H100-SXM}]\n"
+        "engines: [{name: a, model: nope/config.json, serves: [a], gpus: [g0]}]\n"
+    )
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(InputError, match=r"deploy/nope/config\.json: model config not found"):
+        load_deployment("../deploy/bad.yaml")
 
 
 BAD: list[tuple[dict[str, Any], str]] = [

@@ -322,3 +322,52 @@ def test_prefix_chain_is_extended_by_a_longer_prompt() -> None:
     assert [p for p in r.steps["prefill_tokens"].to_list() if p] == [100, 904, 744]
     # the cached chain stays but is evictable: free, as vLLM counts KV usage
     assert r.steps["kv_tokens"].to_list()[-1] == 0
+
+
+def _two_requests_of_kv(**policy: Any) -> Deployment:
+    """KV for exactly two requests of 2000 + 1008 tokens (188 blocks each, 376 in all)."""
+    d = _tight_kv(2 * 3008 + 8, **policy)
+    assert d.engines[0].kv_capacity_tokens == 2 * 3008
+    return d
+
+
+def test_kv_full_queue_admits_a_request_only_when_its_whole_kv_fits() -> None:
+    """Three requests of 2000 + 1008 tokens at t = 0, KV for two: with `queue` the third's
+    prefill starts the instant the first ends, nothing is preempted and no prompt is computed
+    twice; with `preempt` (the default) all three prefill at once and decoding preempts."""
+    s = make_schedule([0.0] * 3, [2000] * 3, [1008] * 3)
+    q = simulate(s, _two_requests_of_kv(kv_full="queue"))
+    assert q.manifest_extra["sim"]["engines"]["e"]["preemptions"] == 0
+    pre = q.telemetry.filter(q.telemetry["metric"] == "engine.preemptions")["value"]
+    assert pre.sum() == 0
+    assert q.steps["prefill_tokens"].sum() == 3 * 2000
+    ends = q.requests["end_ns"].to_list()
+    starts = q.phases["prefill_start_ns"].to_list()
+    assert starts[:2] == [0, 0] and starts[2] == min(ends[:2])
+    assert (q.requests["output_tokens"] == 1008).all()
+    assert q.steps["kv_tokens"].max() <= 2 * 3008  # type: ignore[operator]
+    p = simulate(s, _two_requests_of_kv())
+    assert p.manifest_extra["sim"]["engines"]["e"]["preemptions"] > 0
+    assert p.phases["prefill_start_ns"][2] < min(ends[:2])
+    assert p.steps["prefill_tokens"].sum() > 3 * 2000  # recomputed after preemption
+    assert p.manifest_extra["engines"][0]["policy"]["kv_full"] == "preempt"
+    assert q.manifest_extra["engines"][0]["policy"]["kv_full"] == "queue"
+
+
+def test_kv_full_queue_never_preempts_under_pressure_and_fast_forward_agrees() -> None:
+    """The KV-starved mix of the preemption test (40 requests of 500 + 400, KV for ~6000
+    tokens), with prefix groups: no preemption, every token delivered, KV within capacity."""
+    n = 40
+    s = make_schedule(
+        np.linspace(0, 0.5, n),
+        [500] * n,
+        [400] * n,
+        prefix_group=[0, 1] * 20,
+        prefix_tokens=[300] * n,
+    )
+    d = _tight_kv(6000, kv_full="queue")
+    slow, fast = simulate(s, d, fast_forward=False), simulate(s, d)
+    assert fast.manifest_extra["sim"]["engines"]["e"]["preemptions"] == 0
+    assert (fast.requests["output_tokens"] == 400).all()
+    assert fast.steps["kv_tokens"].max() <= d.engines[0].kv_capacity_tokens  # type: ignore[operator]
+    assert slow.requests.equals(fast.requests) and slow.steps.equals(fast.steps)

@@ -195,3 +195,13 @@ def test_burstiness_sets_the_cv_and_keeps_the_rate() -> None:
     a = apply_load(sched, {"load.burstiness": 2.0}, seed=1)
     b = apply_load(sched, {"load.burstiness": 2.0}, seed=1)
     assert np.array_equal(a.t_ns, b.t_ns)
+
+
+def test_kv_full_is_a_knob_that_reaches_the_engine_policy() -> None:
+    s = parse_sets(["policy.kv_full=preempt,queue"], ENGINES)
+    assert s["policy.kv_full"] == ["preempt", "queue"]
+    d = parse_deployment(apply_deploy(deploy_map(), {"policy.kv_full": "queue"}), "x")
+    assert {e.policy.kv_full for e in d.engines} == {"queue"}
+    assert {e.policy.kv_full for e in parse_deployment(deploy_map(), "x").engines} == {"preempt"}
+    with pytest.raises(InputError, match=r"policy\.kv_full"):
+        parse_sets(["policy.kv_full=evict"], ENGINES)

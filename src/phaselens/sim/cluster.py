@@ -1,4 +1,5 @@
-# One job, ~460 lines: the Cluster state machine (routing, GPU arbitration, P/D hand-off, loop).
+# One job, ~490 lines: the Cluster state machine (routing, GPU arbitration, P/D hand-off, the
+# simulated client's sends, loop); the stretches are in stretch.py, the client's rules in client.py.
 """The whole deployment in motion: routing, GPU arbitration, P/D hand-off, and the loop driver.
 
 Why one place: routing a request to its engine, deciding which engine may use a shared GPU, and
@@ -14,12 +15,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from phaselens.sim.client import Client, LoadShape
 from phaselens.sim.cost import EngineCost, StepCost
 from phaselens.sim.deploy import Deployment
 from phaselens.sim.device import DeviceState, turn_order
 from phaselens.sim.engine import EngineState, StepLog
-from phaselens.sim.loop import KV_DONE, STEP_END, WAKE, EventLoop
+from phaselens.sim.loop import KV_DONE, SEND, STEP_END, WAKE, EventLoop
 from phaselens.sim.seq import Seq, Sink
+from phaselens.sim.stretch import stretch, stretch_scalar
 from phaselens.types import Schedule
 
 ST_OK, ST_REJECTED = 0, 1
@@ -33,6 +36,8 @@ _NUMPY_STRETCH = 48  # longer stretches are computed with numpy, shorter ones in
 class ClusterResult:
     """Per-request arrays (index = request id), token segments and the engines' step logs."""
 
+    scheduled_ns: np.ndarray
+    sent_ns: np.ndarray
     first_token_ns: np.ndarray
     end_ns: np.ndarray
     prefill_start_ns: np.ndarray
@@ -103,6 +108,9 @@ class Cluster:
         self.stretch_steps = 0
         self.events = 0
         self.cur_engine = 0
+        self.client = Client(LoadShape(), 0)
+        self.coupled = False  # a request's end may send another (closed loop, --max-inflight)
+        self.to_send: list[int] = []  # rows let out by requests that ended now, not yet sent
 
     # ---- sink: engines report here ----------------------------------------------------------
     def _sink(self, i: int) -> Sink:
@@ -123,6 +131,8 @@ class Cluster:
         def finished(rid: int, tokens: int) -> None:
             self.end_ns[rid] = self.now
             self.delivered[rid] = tokens
+            if self.coupled:
+                self._done()
 
         def handoff(seq: Seq) -> None:
             self._handoff(i, seq)
@@ -137,8 +147,9 @@ class Cluster:
                 return False
         return True
 
-    def _try_start(self, i: int) -> None:
-        """Start engine i's next step now if it has work and its GPUs are free."""
+    def _try_start(self, i: int, ahead: bool = True) -> None:
+        """Start engine i's next step now if it has work and its GPUs are free; `ahead=False`:
+        put its step end on the heap even where it could run ahead (`_start_engines`)."""
         if self.stepping[i]:
             return
         st = self.engines[i]
@@ -160,11 +171,11 @@ class Cluster:
         t0 = self.now
         if not exclusive:
             cost, extra = self._share(i, st, cost)
-        elif self.fast_forward:
-            ahead = self._run_ahead(i, st, cost)
-            if ahead is None:
+        elif self.fast_forward and ahead:
+            left = self._run_ahead(i, st, cost)
+            if left is None:
                 return
-            t0, cost = ahead
+            t0, cost = left
         self.stepping[i] = True
         self.step_t0[i] = t0
         self.step_cost[i] = cost
@@ -191,8 +202,9 @@ class Cluster:
                 # steps only get longer within a stretch: this one bounds how many fit
                 k = min(k, (t_next - t0) // dur + 2, 4096)
                 if k >= _MIN_STRETCH:
-                    stretch = self._stretch if k > _NUMPY_STRETCH else self._stretch_scalar
-                    t1, cost1 = stretch(st, k, t0, t_next, cost)
+                    fn = stretch if k > _NUMPY_STRETCH else stretch_scalar
+                    t1, cost1, done = fn(st, k, t0, t_next, cost)
+                    self.stretch_steps += done
                     if t1 != t0:
                         t0, cost = t1, cost1
                         continue
@@ -201,6 +213,11 @@ class Cluster:
             self.now = end
             st.end_step(t0, end, cost)
             t0 = end
+            if self.to_send:
+                # a request ended and let another out: that is an event (`_on_send`)
+                loop.push(end, SEND, i)
+                self.now = now0
+                return None
             if not (st.running or st.waiting or st.decode_admits) or not st.plan_step(end):
                 wake = st.next_wake_ns()
                 if wake is not None and wake > end and self.wake_at[i] != wake:
@@ -232,79 +249,17 @@ class Cluster:
                 self.devices[g].demand[i] = cost.bytes / e.tp / cost.seconds
         return cost, extra
 
-    def _stretch_scalar(
-        self, st: EngineState, k: int, t0: int, t_next: int, cost: StepCost
-    ) -> tuple[int, StepCost]:
-        """`_stretch` for short stretches: the same arithmetic, one step at a time, no events."""
-        n, sp, s, bs, ph = st.n_dec, st.sum_p, st.step_idx, st.bs, st.phase
-        free = st.kv.free()
-        step = st.cost.decode_step_fn(n, len(st.waiting))
-        t = t0
-        ends: list[int] = []
-        flops: list[float] = []
-        nbytes: list[float] = []
-        needs: list[int] = []
-        sec, fl, by = cost
-        for j in range(k - 1):
-            d = round(sec * 1e9)
-            end = t + (d if d > 1 else 1)
-            need = ph[(s + 1 + j) % bs]
-            if end >= t_next or need > free:
-                break
-            free -= need
-            ends.append(end)
-            flops.append(fl)
-            nbytes.append(by)
-            needs.append(need)
-            t = end
-            sp += n
-            sec, fl, by = step(sp)
-        if not ends:
-            return t0, cost
-        st.commit_stretch(ends, t0, flops, nbytes, needs)
-        self.stretch_steps += len(ends)
-        return t, StepCost(sec, fl, by)
-
-    def _stretch(
-        self, st: EngineState, k: int, t0: int, t_next: int, cost: StepCost
-    ) -> tuple[int, StepCost]:
-        """Fast-forward: commit the decode-only steps that end before the next event.
-
-        Steps j = 0..k-1 are decode-only with the same batch (`stretch_limit`). Step j may be
-        committed at once when the step after it would start before anything else happens
-        (its end < the next event) and the KV blocks it needs are free. Returns the start and
-        cost of the step left in flight.
-        """
-        sec, flops, nbytes = st.cost.decode_stretch(st.n_dec, st.sum_p, k, len(st.waiting))
-        dur = np.maximum(1, np.rint(sec * 1e9)).astype(np.int64)
-        ends = t0 + np.cumsum(dur)
-        b = int(np.searchsorted(ends[: k - 1], t_next, side="left"))
-        if b == 0:
-            return t0, cost
-        needs = st.block_needs(b)
-        cum = np.cumsum(needs)
-        fit = int(np.searchsorted(cum, st.kv.free(), side="right"))
-        b = min(b, fit)
-        if b == 0:
-            return t0, cost
-        st.commit_stretch(
-            ends[:b].tolist(),
-            t0,
-            flops[:b].tolist(),
-            nbytes[:b].tolist(),
-            needs[:b].tolist(),
-        )
-        self.stretch_steps += b
-        # the step in flight is now step b of the stretch; its own blocks were counted above
-        return int(ends[b - 1]), StepCost(float(sec[b]), float(flops[b]), float(nbytes[b]))
-
     def _step_end(self, i: int) -> None:
         st = self.engines[i]
         self.stepping[i] = False
         cost = self.step_cost[i]
         st.end_step(self.step_t0[i], self.now, cost)
+        touched = self._release_sends() if self.to_send else []
         if self.exclusive[i]:
-            self._try_start(i)
+            if touched:
+                self._start_engines([i, *touched])
+            else:
+                self._try_start(i)
             return
         e = self.deploy.engines[i]
         sliced = False
@@ -315,19 +270,77 @@ class Cluster:
                 sliced = True
             else:
                 d.demand.pop(i, None)
-        if sliced and self.ready:
-            # fair turns: the engines waiting for the GPU, then this one, by turn order
-            cand = [*self.ready, i]
+        if sliced and (self.ready or touched):
+            # fair turns: the engines waiting for the GPU (or given a request now), then this
+            # one, by turn order
+            cand = list(dict.fromkeys([*self.ready, i, *touched]))
             self.ready = []
             cand.sort(
                 key=lambda k: turn_order(
                     self.deploy.engines[k].share_priority, self.last_start[k], k
                 )
             )
-            for k in cand:
-                self._try_start(k)
+            self._start_engines(cand)
         else:
-            self._try_start(i)
+            self._start_engines([i, *touched])
+
+    def _start_engines(self, order: list[int]) -> None:
+        """Try to start these engines now, in this order (repeats dropped).
+
+        An engine runs ahead only until the next event on the heap, so when a request's end can
+        send another request (closed loop, --max-inflight) every engine but the last puts its
+        step end on the heap first: the last may then run ahead without passing a step end of
+        the others, at which a request could end and send it one. Otherwise no engine started
+        at one instant can change another's inputs, and each may run ahead."""
+        order = list(dict.fromkeys(order))
+        last = len(order) - 1
+        for j, k in enumerate(order):
+            self._try_start(k, ahead=not self.coupled or j == last)
+
+    def _on_send(self, i: int) -> None:
+        """SEND: a request that ended in engine i's run-ahead let others out; send them, then
+        carry on with engine i (what `_step_end` does after an ordinary step)."""
+        self._start_engines([i, *self._release_sends()])
+
+    # ---- the client ----------------------------------------------------------------------------
+    def _done(self) -> None:
+        """A request ended now (finished or refused): the request it lets out, if any."""
+        row = self.client.done()
+        if row is not None:
+            self.to_send.append(row)
+
+    def _release_sends(self) -> list[int]:
+        """Send every request let out now (a refused one lets out the next at once); returns
+        the engines given a request, in order."""
+        touched: list[int] = []
+        while self.to_send:
+            rows, self.to_send = self.to_send, []
+            for r in rows:
+                i = self._send(r)
+                if i >= 0 and i not in touched:
+                    touched.append(i)
+        return touched
+
+    def _send(self, k: int) -> int:
+        """Request k leaves the client now: queued at its engine (returned), or refused (-1)."""
+        now = self.now
+        self.sent_ns[k] = now
+        if self.client.closed:
+            self.scheduled_ns[k] = now  # a user's next request has no planned instant
+        i = self.eng_l[k]
+        p, o = max(1, self.inp[k]), max(1, self.out[k])
+        lim = self.kv_limit[i]
+        if p + o > lim:
+            self.status[k] = ST_REJECTED
+            self.errors[k] = f"request of {p}+{o} tokens exceeds the engine's context limit {lim}"
+            self.end_ns[k] = now
+            if self.coupled:
+                self._done()
+            return -1
+        s = self.sched[i]
+        key0 = self.prio[k] if s == "priority" else p if s == "short_first" else 0
+        self.engines[i].enqueue(Seq(k, p, o, (key0, k), self.grp[k], self.pre[k]), now)
+        return i
 
     # ---- P/D -----------------------------------------------------------------------------------
     def _handoff(self, i: int, seq: Seq) -> None:
@@ -349,6 +362,8 @@ class Cluster:
         if seq.gen >= seq.out:
             self.end_ns[rid] = self.now
             self.delivered[rid] = seq.gen
+            if self.coupled:
+                self._done()
         else:
             dst = self.handoff_to[src]
             seq.group = -1
@@ -356,6 +371,10 @@ class Cluster:
             self.engines[dst].decode_admits.append(seq)
         # the source first: its next step end must be on the heap before the decode engine
         # decides how far it may run ahead
+        touched = self._release_sends() if self.to_send else []
+        if touched:  # (it ended here, so the decode engine has nothing new)
+            self._start_engines([src, *touched])
+            return
         self._try_start(src)
         if seq.gen < seq.out:
             self._try_start(self.handoff_to[src])
@@ -367,13 +386,23 @@ class Cluster:
         self.seg_b.append(t_ns)
 
     # ---- main loop -----------------------------------------------------------------------------
-    def run(self, schedule: Schedule, kv_limit: dict[int, int]) -> ClusterResult:
-        """Simulate every request of the schedule to completion.
+    def run(
+        self, schedule: Schedule, kv_limit: dict[int, int], shape: LoadShape | None = None
+    ) -> ClusterResult:
+        """Simulate every request of the schedule to completion, sent as `shape` says (the
+        planned open loop by default; `sim.client`).
 
         `kv_limit[i]` is the longest request (input + output tokens) engine i accepts; longer
         ones are rejected on arrival (HTTP 400, as a server refuses a request over its context).
+        All requests arriving at one instant are queued before any engine plans its next step.
         """
+        shape = shape or LoadShape()
         n = len(schedule)
+        self.client = Client(shape, n)
+        self.coupled = shape.coupled
+        self.kv_limit = kv_limit
+        self.scheduled_ns = schedule.t_ns.astype(np.int64)  # (a copy: closed loop rewrites it)
+        self.sent_ns = np.full(n, NO_TIME, dtype=np.int64)
         self.first_token_ns = np.full(n, NO_TIME, dtype=np.int64)
         self.end_ns = np.full(n, NO_TIME, dtype=np.int64)
         self.prefill_start_ns = np.full(n, NO_TIME, dtype=np.int64)
@@ -390,39 +419,38 @@ class Cluster:
         eng_of = route_by_idx[schedule.model_idx] if n else np.zeros(0, dtype=np.int64)
         self.engine_of = eng_of.copy()
         t_arr = schedule.t_ns.tolist()
-        eng_l = eng_of.tolist()
-        inp = schedule.input_tokens.tolist()
-        out = schedule.output_tokens.tolist()
-        prio = schedule.priority.tolist()
-        grp = schedule.prefix_group.tolist()
-        pre = schedule.prefix_tokens.tolist()
-        sched = [e.policy.scheduling for e in self.deploy.engines]
+        self.eng_l: list[int] = eng_of.tolist()
+        self.inp: list[int] = schedule.input_tokens.tolist()
+        self.out: list[int] = schedule.output_tokens.tolist()
+        self.prio: list[int] = schedule.priority.tolist()
+        self.grp: list[int] = schedule.prefix_group.tolist()
+        self.pre: list[int] = schedule.prefix_tokens.tolist()
+        self.sched = [e.policy.scheduling for e in self.deploy.engines]
         loop = self.loop
         engines = self.engines
         events = 0
         k = 0
+        if self.client.closed:
+            k = n  # no planned instants: the users send at t = 0, then as requests end
+            self.next_arrival_ns = _INF
+            self.to_send = self.client.start()
+            events += len(self.to_send)
+            self._start_engines(self._release_sends())
         while True:
             t_ev = loop.peek_time()
             if k < n and (t_ev is None or t_arr[k] <= t_ev):
-                # arrivals first at equal times, so the step starting now sees them
-                self.now = t_arr[k]
-                self.next_arrival_ns = t_arr[k + 1] if k + 1 < n else _INF
-                i = eng_l[k]
-                p, o = max(1, inp[k]), max(1, out[k])
-                if p + o > kv_limit[i]:
-                    self.status[k] = ST_REJECTED
-                    self.errors[k] = (
-                        f"request of {p}+{o} tokens exceeds the engine's context limit "
-                        f"{kv_limit[i]}"
-                    )
-                    self.end_ns[k] = self.now
-                else:
-                    s = sched[i]
-                    key0 = prio[k] if s == "priority" else p if s == "short_first" else 0
-                    engines[i].enqueue(Seq(k, p, o, (key0, k), grp[k], pre[k]), self.now)
-                    self._try_start(i)
-                k += 1
-                events += 1
+                # arrivals first at equal times, so the step starting now sees them: all of
+                # this instant's arrivals are queued before any engine plans a step
+                t = t_arr[k]
+                self.now = t
+                j = k + 1
+                while j < n and t_arr[j] == t:
+                    j += 1
+                self.next_arrival_ns = t_arr[j] if j < n else _INF
+                self.to_send = self.client.arrive(range(k, j))
+                self._start_engines(self._release_sends())
+                events += j - k
+                k = j
                 continue
             if t_ev is None:
                 break
@@ -436,9 +464,13 @@ class Cluster:
                 if self.wake_at[arg] == t:
                     self.wake_at[arg] = NO_TIME
                     self._try_start(arg)
+            elif kind == SEND:
+                self._on_send(arg)
             else:
                 self._kv_done(arg)
         return ClusterResult(
+            scheduled_ns=self.scheduled_ns,
+            sent_ns=self.sent_ns,
             first_token_ns=self.first_token_ns,
             end_ns=self.end_ns,
             prefill_start_ns=self.prefill_start_ns,

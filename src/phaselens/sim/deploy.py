@@ -75,6 +75,7 @@ class PolicyIn(_Strict):
     max_wait_ms: Ms = 20.0  # dynamic / static
     max_batch_size: Count = 64  # dynamic
     batch_size: Count = 8  # static
+    kv_full: Literal["preempt", "queue"] = "preempt"  # a full KV cache: recompute, or wait
 
 
 class QuantIn(_Strict):
@@ -129,6 +130,10 @@ class Policy:
     max_wait_ms: float = 20.0
     max_batch_size: int = 64
     batch_size: int = 8
+    # KV cache full: `preempt` (vLLM's default: the last admitted sequence is recomputed) or
+    # `queue` (TensorRT-LLM's guaranteed-no-evict: a request is admitted only when its whole KV,
+    # prompt + max output, fits beside what the running ones may still grow to; no preemption)
+    kv_full: str = "preempt"
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,9 +221,34 @@ def parse_deployment(data: Any, source: str, lines: LineOf | None = None) -> Dep
 
 
 def read_deployment(path: Path | str) -> tuple[dict[str, Any], Deployment]:
-    """A deployment YAML file's mapping as written, and the deployment it validates to."""
+    """A deployment YAML file's mapping, and the deployment it validates to. Relative model
+    config paths resolve against the file's folder (as a spec's paths against the spec's) and
+    are stored absolute in the mapping, so it can be validated again from any directory."""
     doc = load_yaml_doc(path, "deployment")
-    return doc.data, parse_deployment(doc.data, doc.source, doc.line)
+    data = with_model_paths(doc.data, Path(path).resolve().parent)
+    return data, parse_deployment(data, doc.source, doc.line)
+
+
+def with_model_paths(data: Any, base: Path) -> Any:
+    """`data` with each engine's relative config path (`engines[i].model` that is no catalog
+    id) made absolute against `base`; anything else (bad input included) is left to
+    validation."""
+    if not isinstance(data, dict) or not isinstance(data.get("engines"), list):
+        return data
+    engines: list[Any] = []
+    for e in data["engines"]:
+        ref = e.get("model") if isinstance(e, dict) else None
+        if isinstance(ref, str) and ref and ref not in MODELS and "\x00" not in ref:
+            p = Path(ref)
+            try:
+                if not p.is_absolute() and (
+                    "/" in ref or ref.endswith(".json") or (base / p).exists()
+                ):
+                    e = {**e, "model": str((base / p).resolve())}
+            except OSError:  # (a name too long for the file system): validation says so
+                pass
+        engines.append(e)
+    return {**data, "engines": engines}
 
 
 def load_deployment(path: Path | str) -> Deployment:

@@ -1,4 +1,4 @@
-# One job, ~440 lines: one state machine (plan, price, apply, fast-forward, preempt).
+# One job, ~460 lines: one state machine (plan, price, apply, fast-forward, preempt).
 """The step loop of one serving engine: plan a step, price it, apply it (no timing here).
 
 Why this shape: the engine's mechanics — a waiting queue, running sequences, decode aggregates,
@@ -81,6 +81,7 @@ class EngineState:
         self.batch_slots = 0
         self.batch_k = 0
         self.request_level = policy.type != "continuous"
+        self.queue_kv = policy.kv_full == "queue"  # admit only what can finish unpreempted
         # statistics
         self.prefix_hit_tokens = 0
         self.prefix_query_tokens = 0
@@ -121,11 +122,14 @@ class EngineState:
         chunk = remaining if budget is None else min(remaining, budget)
         bs = self.bs
         blocks = (seq.computed + chunk + bs - 1) // bs - seq.shared
-        if not kv.ensure_free(blocks):
+        whole = self._whole_blocks(seq) - seq.shared if self.queue_kv else 0
+        if (self.queue_kv and not kv.fits_whole(whole)) or not kv.ensure_free(blocks):
             if seq.shared:  # undo the prefix reference taken above
                 kv.release(seq, seq.shared * bs)
                 seq.computed = 0
             return None
+        if self.queue_kv:
+            kv.commit(seq.rid, whole)
         self._pop_waiting()
         if fresh:
             self.cur_new += 1
@@ -137,6 +141,12 @@ class EngineState:
         self.prefilling.append(seq)
         self.cur_chunks.append((seq, chunk))
         return chunk
+
+    def _whole_blocks(self, seq: Seq) -> int:
+        """The most KV blocks a sequence holds here: prompt + max output (a prefill engine of
+        a P/D split holds the prompt only)."""
+        tokens = seq.prompt if self.role == "prefill" else seq.prompt + seq.out
+        return (tokens + self.bs - 1) // self.bs
 
     # ---- decode aggregates -------------------------------------------------------------------
     def _start_decode(self, seq: Seq, seg_start: int, first_step: int) -> None:
@@ -246,9 +256,16 @@ class EngineState:
         keep: list[Seq] = []
         for seq in self.decode_admits:
             blocks = (seq.computed + 1 + self.bs - 1) // self.bs
-            if len(self.running) >= self.policy.max_num_seqs or not self.kv.ensure_free(blocks):
+            whole = self._whole_blocks(seq) if self.queue_kv else 0
+            if (
+                len(self.running) >= self.policy.max_num_seqs
+                or (self.queue_kv and not self.kv.fits_whole(whole))
+                or not self.kv.ensure_free(blocks)
+            ):
                 keep.append(seq)
                 continue
+            if self.queue_kv:
+                self.kv.commit(seq.rid, whole)
             self.kv.used += blocks
             self.running[seq.rid] = seq
             # registered one step early so that this step's boundary check is already paid

@@ -13,6 +13,7 @@ import heapq
 STEP_END = 0
 WAKE = 1
 KV_DONE = 2
+SEND = 3  # requests a request's end let out (closed loop, --max-inflight), then the engine
 
 
 class EventLoop:

@@ -18,6 +18,7 @@ import polars as pl
 
 from phaselens.errors import InputError
 from phaselens.sim.binning import IDLE_GAP_BINS, IDLE_TAIL_BINS, active_bins, telemetry_bins
+from phaselens.sim.client import LoadShape
 from phaselens.sim.cluster import NO_TIME, ST_OK, Cluster, ClusterResult
 from phaselens.sim.deploy import Deployment, default_deployment, load_deployment
 from phaselens.store import (
@@ -41,12 +42,20 @@ class SimResult:
     manifest_extra: dict[str, Any]
 
 
-def simulate(schedule: Schedule, deploy: Deployment, fast_forward: bool = True) -> SimResult:
+def simulate(
+    schedule: Schedule,
+    deploy: Deployment,
+    fast_forward: bool = True,
+    shape: LoadShape | None = None,
+) -> SimResult:
     """Simulate every planned request on the deployment (deterministic).
 
+    `shape`: how the simulated client sends (`sim.client`): the planned open loop (default),
+    with an in-flight cap, or a closed loop of N users, as the driver would.
     `fast_forward=False` steps through decode-only stretches one by one (same result, slower;
     kept for tests and for checking the fast path).
     """
+    shape = shape or LoadShape()
     served = {m for e in deploy.engines for m in e.serves}
     for m in schedule.models:
         if m not in served:
@@ -64,7 +73,7 @@ def simulate(schedule: Schedule, deploy: Deployment, fast_forward: bool = True) 
         limits[i] = lim
     cluster = Cluster(deploy)
     cluster.fast_forward = fast_forward
-    res = cluster.run(schedule, limits)
+    res = cluster.run(schedule, limits, shape)
     requests = _requests_frame(schedule, res)
     steps = _steps_frame(deploy, res)
     telemetry = _telemetry_frame(deploy, res)
@@ -75,6 +84,7 @@ def simulate(schedule: Schedule, deploy: Deployment, fast_forward: bool = True) 
     extra["valid"] = True
     extra["invalid_reasons"] = []
     extra["telemetry"] = {"sim": "ok"}
+    extra["driver"] = shape.manifest()  # the simulated client's loop, as a driver run records it
     extra["sim"] = {
         "deployment": deploy.source,
         "cost_params": asdict(deploy.cost),
@@ -167,8 +177,8 @@ def _requests_frame(schedule: Schedule, res: ClusterResult) -> pl.DataFrame:
             "model": pl.Series(models[schedule.model_idx] if n else [], dtype=pl.String),
             "stage": schedule.stage.astype(np.int32),
             "priority": schedule.priority.astype(np.int32),
-            "scheduled_ns": schedule.t_ns.astype(np.int64),
-            "sent_ns": schedule.t_ns.astype(np.int64),
+            "scheduled_ns": res.scheduled_ns,
+            "sent_ns": res.sent_ns,
             "first_token_ns": pl.Series(first).set(pl.Series(first == NO_TIME), None)
             if n
             else pl.Series([], dtype=pl.Int64),

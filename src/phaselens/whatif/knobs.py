@@ -61,6 +61,12 @@ _POLICY: tuple[Knob, ...] = (
     Knob("policy.max_batch_size", "int", "dynamic: batch window (requests per batch)"),
     Knob("policy.batch_size", "int", "static: fixed batch size"),
     Knob("policy.block_size", "int", "KV block size (tokens)"),
+    Knob(
+        "policy.kv_full",
+        "choice",
+        "KV cache full: preempt by recompute, or queue until a request's whole KV fits",
+        ("preempt", "queue"),
+    ),
 )
 _SHARE: tuple[Knob, ...] = (
     Knob(
