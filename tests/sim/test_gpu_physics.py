@@ -155,3 +155,40 @@ def test_old_calibration_files_keep_their_meaning(tmp_path: Path) -> None:
     assert (c.gemm_m_half, c.fp8_gemm_ratio) == (0.0, 0.0)
     assert (c.kv_bandwidth_ratio, c.allreduce_efficiency) == (1.0, 1.0)
     assert (c.per_layer_overhead_s, c.allreduce_latency_s) == (2e-6, 5e-6)
+
+
+def test_fp8_prefill_sm_pct_counts_against_the_fp8_peak() -> None:
+    """A long FP8 prefill on an H100: its FLOPs/s run above the 16-bit peak, so SM % is their
+    share of the FP8 peak (gemm_peak_scale × the 16-bit one) and never above 100."""
+    import numpy as np
+    from tests.builders import schedule
+
+    from phaselens.sim.run import simulate
+
+    d = parse_deployment(
+        {
+            "gpus": [{"name": "g", "type": "H100-SXM"}],
+            "engines": [
+                {
+                    "name": "e",
+                    "model": "llama-3-8b",
+                    "gpus": ["g"],
+                    "serves": ["m"],
+                    "quant": {"weight_bytes": 1, "kv_bytes": 1},
+                }
+            ],
+        },
+        "t",
+    )
+    scale = d.engines[0].model.gemm_peak_scale
+    assert scale == pytest.approx(1979 / 989)
+    res = simulate(schedule([0] * 16, input_tokens=8192, output_tokens=2), d)
+    tel = res.telemetry
+    sm = tel.filter(tel["metric"] == "gpu.sm_pct")["value"].to_numpy()
+    assert sm.size and float(np.max(sm)) <= 100.0 + 1e-9
+    # the same FLOPs over the same bins, from the step log: SM % is them over the FP8 peak
+    st = res.steps
+    busy_s = float((st["t_end_ns"] - st["t_start_ns"]).sum()) / 1e9
+    want = 100.0 * float(st["flops"].sum()) / (scale * H100.peak_flops * busy_s)
+    got = float(sm.sum()) * 0.1 / busy_s  # Σ over 100 ms bins of SM % × 0.1 s, per busy second
+    assert got == pytest.approx(want, rel=0.02)

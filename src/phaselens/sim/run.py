@@ -301,7 +301,10 @@ def _telemetry_frame(deploy: Deployment, res: ClusterResult) -> pl.DataFrame:
         for st in on:
             tp = deploy.engines[st.index].tp
             lg = logs[st.index]
-            flops += per_bin(lg.t0, lg.t1, lg.flops / tp)
+            # FLOPs run on FP8 tensor cores count against the FP8 peak (gemm_peak_scale × the
+            # 16-bit one): SM % stays a share of what the GPU can do, never above 100
+            scale = max(1.0, deploy.engines[st.index].model.gemm_peak_scale)
+            flops += per_bin(lg.t0, lg.t1, lg.flops / tp / scale)
             nbytes += per_bin(lg.t0, lg.t1, lg.bytes / tp)
         lab = {"gpu": g.name}
         emit("gpu.busy_pct", 100.0 * busy, lab)
