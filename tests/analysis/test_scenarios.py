@@ -53,7 +53,7 @@ def test_load_insufficient_at_low_load(healthy: Run) -> None:
 def test_decode_bandwidth_bound_on_decode_heavy_load(healthy: Run) -> None:
     run = sim_run(schedule(constant(8, 30), 512, 128))
     f = finding(run, "decode-bandwidth-bound")
-    assert f["evidence"]["decode_bw_median_pct"] >= 60
+    assert f["evidence"]["decode_bw_median_pct"] >= 45  # (issue 17's physics: ~55% at batch 8)
     assert f["evidence"]["decode_sm_median_pct"] <= 30
     assert "decode-bandwidth-bound" not in codes(healthy)
 
