@@ -116,15 +116,17 @@ def test_staged_workload(kind: str, request: pytest.FixtureRequest, tmp_path: Pa
     name = GEN_TOKENS[kind]
     assert after[name] - before[name] == req["output_tokens"].sum()
 
-    # Batching from the records: many requests on the wire at once.
-    spans = list(zip(req["sent_ns"].to_list(), req["end_ns"].to_list(), strict=True))
-    assert max_overlap(spans) >= 6, max_overlap(spans)
-    # ... and from the engine's own gauge, as the driver's sampler recorded it.
+    # Batching, from the engine's own gauge as the driver's sampler recorded it ...
     tel = run.telemetry
     running = tel.filter(pl.col("metric") == "engine.running")
     assert running.height >= 20, "engine telemetry every ~100 ms over ~6 s"
     assert running["value"].max() >= 4, running["value"].to_list()
     assert running["value"].max() <= PARALLEL
+    # ... and from the records: every request the engine ran at once was on the wire at once,
+    # so the records' peak overlap is at least the sampled gauge's peak (a fixed count flaked
+    # on a faster machine: requests of ~50 ms overlap less at the same rate)
+    spans = list(zip(req["sent_ns"].to_list(), req["end_ns"].to_list(), strict=True))
+    assert max_overlap(spans) >= running["value"].max(), max_overlap(spans)
 
     # Stages: every stage got requests, more at higher load.
     per_stage = req.group_by("stage").len().sort("stage")["len"].to_list()
