@@ -49,7 +49,7 @@ def test_service_times_are_send_to_first_token_and_to_end_of_successful_requests
 def test_one_server_queues_first_come_first_served() -> None:
     # arrivals at 0, 0.5 and 3 s; one server, 1 s each: starts 0, 1, 3 -> TTFT 0.2, 0.7, 0.2 s
     sched = schedule([0, S // 2, 3 * S])
-    req = queue_requests(sched, _light(), _sat(1, 1.0), seed=1)
+    req = queue_requests(sched, service_times(_light()), _sat(1, 1.0), seed=1)
     rt = request_table(req).frame
     assert rt["ttft_ms"].to_list() == pytest.approx([200.0, 700.0, 200.0])
     assert rt["e2e_ms"].to_list() == pytest.approx([1000.0, 1500.0, 1000.0])
@@ -60,7 +60,7 @@ def test_one_server_queues_first_come_first_served() -> None:
 def test_two_servers_and_the_service_scale() -> None:
     # two servers, service scaled by 0.5 (0.5 s, first token at 0.1 s): four arrivals at 0 ->
     # starts 0, 0, 0.5, 0.5 -> TTFT 100, 100, 600, 600 ms
-    req = queue_requests(schedule([0, 0, 0, 0]), _light(), _sat(2, 0.5), seed=1)
+    req = queue_requests(schedule([0, 0, 0, 0]), service_times(_light()), _sat(2, 0.5), seed=1)
     rt = request_table(req).frame
     assert sorted(rt["ttft_ms"].to_list()) == pytest.approx([100.0, 100.0, 600.0, 600.0])
     assert sorted(rt["e2e_ms"].to_list()) == pytest.approx([500.0, 500.0, 1000.0, 1000.0])

@@ -79,16 +79,17 @@ def predict_knee(
 def predict_queue(
     ws: WorkloadSpec,
     light: ProbeResult,
+    svc: pl.DataFrame,
     sat: Saturation,
     ps: ProbeSettings,
     light_scale: float,
     notes: list[str],
 ) -> dict[str, Any]:
-    """predict_knee's result from the k-server queue fitted to the light and saturation
-    probes (capacity/queuemodel.py), for a server without a deployment file."""
-    light_req = load_run(light.run).requests
+    """predict_knee's result from the k-server queue fitted to the light probe's service times
+    `svc` and the saturation probe (capacity/queuemodel.py), for a server without a
+    deployment file."""
     knee, points = knee_of(
-        ws, light, ps, light_scale, lambda sched: queue_requests(sched, light_req, sat, ps.seed)
+        ws, light, ps, light_scale, lambda sched: queue_requests(sched, svc, sat, ps.seed)
     )
     notes.append(
         f"prediction: a {sat.servers}-server first-come-first-served queue fitted to the light "

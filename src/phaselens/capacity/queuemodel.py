@@ -102,13 +102,14 @@ def measure_saturation(
     ws: WorkloadSpec,
     target: HttpTarget,
     light: ProbeResult,
+    svc: pl.DataFrame,
     ps: ProbeSettings,
     out_dir: Path,
     name: str,
 ) -> Saturation | None:
-    """Run the flood (module doc) and fit the queue; None when it cannot be fitted (too few
-    completions, or a light probe without successful requests)."""
-    svc = service_times(load_run(light.run).requests)
+    """Run the flood (module doc) and fit the queue to it and `svc` (the light probe's
+    `service_times`); None when it cannot be fitted (too few completions, or a light probe
+    without successful requests)."""
     if svc.height == 0:
         return None
     spec = probe_spec(ws, light.load_scale * FLOOD_FACTOR, FLOOD_MAX_S, ps.seed + 7919)
@@ -149,13 +150,13 @@ def measure_saturation(
 
 
 def queue_requests(
-    schedule: Schedule, light: pl.DataFrame, sat: Saturation, seed: int
+    schedule: Schedule, svc: pl.DataFrame, sat: Saturation, seed: int
 ) -> pl.DataFrame:
     """The request records the fitted queue predicts for `schedule`: each planned request takes
-    a light-probe request of its model (any model's, when its own has none) drawn with the seeded
-    generator, waits for the first of `sat.servers` servers to free (first come first served),
-    and keeps that request's scaled first-token, chunk and end times after its start."""
-    svc = service_times(light)
+    a light-probe request (`svc`: its `service_times`) of its model (any model's, when its own
+    has none) drawn with the seeded generator, waits for the first of `sat.servers` servers to
+    free (first come first served), and keeps that request's scaled first-token, chunk and end
+    times after its start."""
     rng = np.random.default_rng(seed)
     rows = np.zeros(len(schedule), dtype=np.int64)
     models = svc["model"].to_numpy()

@@ -179,6 +179,12 @@ def _per_model(lo: Sequence[ProbeResult], hi: Sequence[ProbeResult]) -> dict[str
     return out
 
 
+def probe_seconds(probes: Sequence[ProbeResult], pred: Mapping[str, Any]) -> float:
+    """Σ the probes' seconds and the saturation flood's (what the budget counts)."""
+    sat = pred.get("saturation")
+    return sum(p.probe_seconds for p in probes) + (float(sat["probe_seconds"]) if sat else 0.0)
+
+
 def build_result(
     ws: WorkloadSpec,
     ps: ProbeSettings,
@@ -221,8 +227,7 @@ def build_result(
         predicted_knee_rps=knee * base_rps if knee and base_rps else None,
         predicted=tuple(pred.get("points", [])),
         probes=tuple(probes),
-        probe_seconds=sum(p.probe_seconds for p in probes)
-        + (float(sat["probe_seconds"]) if (sat := pred.get("saturation")) else 0.0),
+        probe_seconds=probe_seconds(probes, pred),
         stable=None if stability is None else not stability["tips_over"],
         stability=stability,
         bistable=tuple(

@@ -20,14 +20,26 @@ from phaselens.analysis.latency import slo_targets
 from phaselens.analysis.stats import fnum, pkey_to_q
 from phaselens.capacity.predict import predict_knee, predict_queue
 from phaselens.capacity.probe import ProbeResult, ProbeSettings, run_probe
-from phaselens.capacity.queuemodel import FLOOD_MAX_S, FLOOD_MIN_DONE, measure_saturation
-from phaselens.capacity.result import CapacityResult, bracket, build_result, write_result
+from phaselens.capacity.queuemodel import (
+    FLOOD_MAX_S,
+    FLOOD_MIN_DONE,
+    measure_saturation,
+    service_times,
+)
+from phaselens.capacity.result import (
+    CapacityResult,
+    bracket,
+    build_result,
+    probe_seconds,
+    write_result,
+)
 from phaselens.capacity.scale import base_rate
 from phaselens.capacity.verdict import ALPHA
 from phaselens.driver.options import DriverOptions
 from phaselens.errors import InputError
 from phaselens.execute import HttpTarget, SimTarget
 from phaselens.spec import WorkloadSpec
+from phaselens.store import load_run
 
 MAX_PROBES = 60  # a guard: a search that has not converged by then reports what it has
 STEP_PREDICTED = 1.25  # the step away from a predicted knee while bracketing it
@@ -193,7 +205,6 @@ def _too_few(p: ProbeResult) -> bool:
 def slo_floor(run: str) -> dict[str, Any] | None:
     """The slo-knee finding's floors of a run (a target its fastest requests already miss)."""
     from phaselens.analysis.summary import analyze
-    from phaselens.store import load_run
 
     for f in analyze(load_run(run))["findings"]:
         floors = f["evidence"].get("slo_floors") if f["code"] == "slo-knee" else None
@@ -239,14 +250,15 @@ def _queue_prediction(
     notes: list[str],
 ) -> dict[str, Any]:
     """The saturation probe and the queue fitted to it (capacity/queuemodel.py)."""
-    sat = measure_saturation(ws, target, light, ps, out, "saturation")
+    svc = service_times(load_run(light.run).requests)
+    sat = measure_saturation(ws, target, light, svc, ps, out, "saturation")
     if sat is None:
         notes.append(
             f"the saturation probe completed fewer than {FLOOD_MIN_DONE} requests: no "
             "prediction; a doubling search from the light probe"
         )
         return {"knee_scale": None, "points": []}
-    return predict_queue(ws, light, sat, ps, light_scale, notes)
+    return predict_queue(ws, light, svc, sat, ps, light_scale, notes)
 
 
 def find_capacity(
@@ -282,10 +294,7 @@ def find_capacity(
         return res
 
     def spent() -> float:
-        sat = pred.get("saturation")
-        return sum(p.probe_seconds for p in search.probes) + (
-            float(sat["probe_seconds"]) if sat else 0.0
-        )
+        return probe_seconds(search.probes, pred)
 
     def measure(s: float) -> bool:
         """Probe `s`; False when the search must end (budget, Ctrl-C)."""
@@ -317,16 +326,16 @@ def find_capacity(
     try:
         if measure(light_scale):
             light = search.probes[0]
-            if light.verdict == "pass" and deploy is not None:
+            if light.verdict != "pass":
+                notes.append("the light probe did not pass: no prediction; the search goes down")
+            elif deploy is not None:
                 pred = predict_knee(ws, light, deploy, ps, light_scale, notes, cfg.deploy_knobs)
-            elif light.verdict == "pass" and isinstance(target, HttpTarget) and cfg.flood:
+            elif isinstance(target, HttpTarget) and cfg.flood:
                 if spent() + FLOOD_MAX_S + ps.probe_s <= cfg.budget_s:
                     pred = _queue_prediction(ws, target, light, ps, light_scale, out, notes)
                     save("running")
-            elif light.verdict != "pass":
-                notes.append("the light probe did not pass: no prediction; the search goes down")
-            elif deploy is None:
-                why = "" if isinstance(target, HttpTarget) and cfg.flood else " (--no-flood)"
+            else:
+                why = " (--no-flood)" if isinstance(target, HttpTarget) else ""
                 notes.append(
                     f"no deployment file (--deploy FILE) for this target{why}: no prediction; "
                     "a doubling search from the light probe"

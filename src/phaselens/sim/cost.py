@@ -302,10 +302,15 @@ class EngineCost:
         return t, f_lin + f_att, b_lin + b_att
 
 
+def fp8_gemms(m: ModelSpec, p: CostParams) -> bool:
+    """The engine's GEMMs run on FP8 tensor cores: FP8 weights on a GPU with them, r_fp8 > 0."""
+    return m.gemm_peak_scale > 1.0 and p.fp8_gemm_ratio > 0.0
+
+
 def gemm_peak(peak_flops: float, m: ModelSpec, p: CostParams) -> float:
     """Per-GPU peak FLOP/s the engine's GEMMs run against: the FP8 dense peak times r_fp8 when
-    its FP8 weights meet FP8 tensor cores (and r_fp8 > 0), else the 16-bit dense peak."""
-    if m.gemm_peak_scale > 1.0 and p.fp8_gemm_ratio > 0.0:
+    they run on FP8 tensor cores (`fp8_gemms`), else the 16-bit dense peak."""
+    if fp8_gemms(m, p):
         return peak_flops * m.gemm_peak_scale * p.fp8_gemm_ratio
     return peak_flops
 

@@ -20,6 +20,7 @@ from phaselens.errors import InputError
 from phaselens.sim.binning import IDLE_GAP_BINS, IDLE_TAIL_BINS, active_bins, telemetry_bins
 from phaselens.sim.client import LoadShape
 from phaselens.sim.cluster import NO_TIME, ST_OK, Cluster, ClusterResult
+from phaselens.sim.cost import fp8_gemms
 from phaselens.sim.deploy import Deployment, default_deployment, load_deployment
 from phaselens.store import (
     PHASES,
@@ -303,7 +304,8 @@ def _telemetry_frame(deploy: Deployment, res: ClusterResult) -> pl.DataFrame:
             lg = logs[st.index]
             # FLOPs run on FP8 tensor cores count against the FP8 peak (gemm_peak_scale × the
             # 16-bit one): SM % stays a share of what the GPU can do, never above 100
-            scale = max(1.0, deploy.engines[st.index].model.gemm_peak_scale)
+            m = deploy.engines[st.index].model
+            scale = m.gemm_peak_scale if fp8_gemms(m, deploy.cost) else 1.0
             flops += per_bin(lg.t0, lg.t1, lg.flops / tp / scale)
             nbytes += per_bin(lg.t0, lg.t1, lg.bytes / tp)
         lab = {"gpu": g.name}
