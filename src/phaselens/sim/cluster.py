@@ -1,5 +1,3 @@
-# One job, ~490 lines: the Cluster state machine (routing, GPU arbitration, P/D hand-off, the
-# simulated client's sends, loop); the stretches are in stretch.py, the client's rules in client.py.
 """The whole deployment in motion: routing, GPU arbitration, P/D hand-off, and the loop driver.
 
 Why one place: routing a request to its engine, deciding which engine may use a shared GPU, and
@@ -18,18 +16,16 @@ import numpy as np
 from phaselens.sim.client import Client, LoadShape
 from phaselens.sim.cost import EngineCost, StepCost
 from phaselens.sim.deploy import Deployment
-from phaselens.sim.device import DeviceState, turn_order
+from phaselens.sim.device import DeviceState, gpus_free, release_gpus, take_gpus, turn_order
 from phaselens.sim.engine import EngineState, StepLog
 from phaselens.sim.loop import KV_DONE, SEND, STEP_END, WAKE, EventLoop
 from phaselens.sim.seq import Seq, Sink
-from phaselens.sim.stretch import stretch, stretch_scalar
+from phaselens.sim.stretch import run_ahead
 from phaselens.types import Schedule
 
 ST_OK, ST_REJECTED = 0, 1
 NO_TIME = -1
 _INF = 2**62
-_MIN_STRETCH = 2
-_NUMPY_STRETCH = 48  # longer stretches are computed with numpy, shorter ones in a loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,14 +135,7 @@ class Cluster:
 
         return Sink(segment, first_token, prefill_start, finished, handoff)
 
-    # ---- GPU arbitration ----------------------------------------------------------------------
-    def _gpus_free(self, i: int) -> bool:
-        for g in self.deploy.engines[i].gpus:
-            d = self.devices[g]
-            if d.mode == "time_slice" and d.holder is not None and d.holder != i:
-                return False
-        return True
-
+    # ---- starting steps (GPU arbitration in device.py, the run-ahead in stretch.py) ----------
     def _try_start(self, i: int, ahead: bool = True) -> None:
         """Start engine i's next step now if it has work and its GPUs are free; `ahead=False`:
         put its step end on the heap even where it could run ahead (`_start_engines`)."""
@@ -156,7 +145,7 @@ class Cluster:
         if not (st.running or st.waiting or st.decode_admits):
             return
         exclusive = self.exclusive[i]
-        if not exclusive and not self._gpus_free(i):
+        if not exclusive and not gpus_free(self.devices, self.deploy.engines[i].gpus, i):
             if i not in self.ready:
                 self.ready.append(i)
             return
@@ -172,7 +161,7 @@ class Cluster:
         if not exclusive:
             cost, extra = self._share(i, st, cost)
         elif self.fast_forward and ahead:
-            left = self._run_ahead(i, st, cost)
+            left = run_ahead(self, i, st, cost)
             if left is None:
                 return
             t0, cost = left
@@ -182,64 +171,10 @@ class Cluster:
         self.last_start[i] = t0
         self.loop.push(t0 + max(1, round((cost.seconds + extra) * 1e9)), STEP_END, i)
 
-    def _run_ahead(self, i: int, st: EngineState, cost: StepCost) -> tuple[int, StepCost] | None:
-        """An engine alone on its GPUs runs, without events, every step that ends before the next
-        event anywhere (arrival, hand-off, another engine's step end): nothing can change its
-        inputs meanwhile, so the result is the step-by-step run. Decode-only stretches are
-        committed in bulk. Returns the step left in flight, or None when the engine went idle.
-        """
-        now0 = self.now
-        t0 = now0
-        loop = self.loop
-        while True:
-            t_ev = loop.peek_time()
-            t_next = self.next_arrival_ns if t_ev is None else min(t_ev, self.next_arrival_ns)
-            dur = max(1, round(cost.seconds * 1e9))
-            if t0 + dur >= t_next:
-                break
-            k = st.stretch_limit()
-            if k >= _MIN_STRETCH:
-                # steps only get longer within a stretch: this one bounds how many fit
-                k = min(k, (t_next - t0) // dur + 2, 4096)
-                if k >= _MIN_STRETCH:
-                    fn = stretch if k > _NUMPY_STRETCH else stretch_scalar
-                    t1, cost1, done = fn(st, k, t0, t_next, cost)
-                    self.stretch_steps += done
-                    if t1 != t0:
-                        t0, cost = t1, cost1
-                        continue
-            # one ordinary step, inline: what STEP_END then _try_start would do
-            end = t0 + dur
-            self.now = end
-            st.end_step(t0, end, cost)
-            t0 = end
-            if self.to_send:
-                # a request ended and let another out: that is an event (`_on_send`)
-                loop.push(end, SEND, i)
-                self.now = now0
-                return None
-            if not (st.running or st.waiting or st.decode_admits) or not st.plan_step(end):
-                wake = st.next_wake_ns()
-                if wake is not None and wake > end and self.wake_at[i] != wake:
-                    self.wake_at[i] = wake
-                    loop.push(wake, WAKE, i)
-                self.now = now0
-                return None
-            cost = st.step_cost()
-        self.now = now0
-        return t0, cost
-
     def _share(self, i: int, st: EngineState, cost: StepCost) -> tuple[StepCost, float]:
         """A shared GPU: hold the time slice (paying a switch) or get a bandwidth share."""
         e = self.deploy.engines[i]
-        extra = 0.0
-        for g in e.gpus:
-            d = self.devices[g]
-            if d.mode == "time_slice":
-                if d.last_engine is not None and d.last_engine != i:
-                    extra = self.deploy.cost.switch_overhead_s
-                d.holder = i
-                d.last_engine = i
+        extra = take_gpus(self.devices, e.gpus, i, self.deploy.cost.switch_overhead_s)
         if e.share_mode == "spatial":
             want = cost.bytes / e.tp / cost.seconds
             bw = min(self.devices[g].bandwidth_share(i, want) for g in e.gpus)
@@ -261,15 +196,7 @@ class Cluster:
             else:
                 self._try_start(i)
             return
-        e = self.deploy.engines[i]
-        sliced = False
-        for g in e.gpus:
-            d = self.devices[g]
-            if d.mode == "time_slice":
-                d.holder = None
-                sliced = True
-            else:
-                d.demand.pop(i, None)
+        sliced = release_gpus(self.devices, self.deploy.engines[i].gpus, i)
         if sliced and (self.ready or touched):
             # fair turns: the engines waiting for the GPU (or given a request now), then this
             # one, by turn order

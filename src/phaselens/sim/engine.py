@@ -377,57 +377,6 @@ class EngineState:
         self.flog.extend((cost.flops, cost.bytes))
         self.step_idx = s + 1
 
-    def stretch_limit(self) -> int:
-        """How many steps from now are surely decode-only with the same batch (0: none).
-
-        True when this step is decode-only, nothing waiting can join before a sequence finishes
-        (empty queue, or the batch is at `max_num_seqs`), and no hand-off is pending; the
-        stretch ends before the first finishing step.
-        """
-        if (
-            self.policy.type != "continuous"
-            or self.cur_chunks
-            or self.cur_preempt
-            or self.cur_first
-            or self.decode_admits
-            or not self.n_dec
-            or (self.waiting and len(self.running) < self.policy.max_num_seqs)
-        ):
-            return 0
-        return max(0, self.fin_heap[0][0] - self.step_idx) if self.fin_heap else 0
-
-    def block_needs(self, k: int) -> np.ndarray:
-        """New KV blocks needed at the start of each of the next k steps after this one."""
-        s, bs = self.step_idx, self.bs
-        ph = np.asarray(self.phase, dtype=np.int64)
-        return ph[(s + 1 + np.arange(k, dtype=np.int64)) % bs]
-
-    def commit_stretch(
-        self, ends: list[int], t0: int, flops: list[float], nbytes: list[float], needs: list[int]
-    ) -> None:
-        """Apply b decode-only steps at once (the fast-forward); `ends[j]` is step j's end.
-
-        Equivalent to b rounds of plan_step/end_step with nothing admitted and nothing finishing:
-        Σp grows by n per step, each step allocates its boundary-crossing blocks, and every
-        decoding sequence gets one token per step (its segment already covers these steps).
-        """
-        b = len(ends)
-        n = self.n_dec
-        bs = self.bs
-        running, waiting = len(self.running), len(self.waiting)
-        ilog, flog = self.ilog, self.flog
-        kv = self.kv.used
-        start = t0
-        for j in range(b):
-            end = ends[j]
-            ilog.extend((start, end, 0, n, kv * bs, running, waiting, 0))
-            flog.extend((flops[j], nbytes[j]))
-            start = end
-            kv += needs[j]
-        self.sum_p += b * n
-        self.kv.used += sum(needs)
-        self.step_idx += b
-
     def step_log(self) -> StepLog:
         """The per-step log as numpy columns, viewing the log's memory without a copy.
 
