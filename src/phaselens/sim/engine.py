@@ -81,6 +81,10 @@ class EngineState:
         self.batch_slots = 0
         self.batch_k = 0
         self.request_level = policy.type != "continuous"
+        self.admit = ADMIT[policy.type]
+        self.max_batched = policy.max_num_batched_tokens
+        self.chunked = policy.chunked_prefill
+        self.step_bw = cost.step_bw
         self.queue_kv = policy.kv_full == "queue"  # admit only what can finish unpreempted
         # statistics
         self.prefix_hit_tokens = 0
@@ -205,18 +209,20 @@ class EngineState:
     def plan_step(self, now_ns: int) -> bool:
         """Choose this step's work; False when there is nothing to run now."""
         s = self.step_idx
-        self.cur_chunks = []
+        chunks: list[tuple[Seq, int]] = []
+        self.cur_chunks = chunks
         self.cur_preempt = 0
         self.cur_new = 0
         self.cur_first = 0
         # 1. new KV blocks for decoding sequences crossing a block boundary this step
         kv = self.kv
-        need = self.phase[s % self.bs]
+        phase, bs = self.phase, self.bs
+        need = phase[s % bs]
         if need and not kv.ensure_free(need):
-            while not kv.ensure_free(self.phase[s % self.bs]):
+            while not kv.ensure_free(phase[s % bs]):
                 if not self._preempt_one(s):
                     break
-            need = self.phase[s % self.bs]
+            need = phase[s % bs]
         kv.used += need
         # 2. handed-off sequences (P/D decode engine) join decoding directly
         if self.decode_admits:
@@ -228,29 +234,34 @@ class EngineState:
             )
             self.pending_first = []
         # 3. partial prefills continue, then the policy admits waiting requests
-        budget = self.policy.max_num_batched_tokens - self.n_dec
-        for seq in list(self.prefilling) if self.prefilling else ():
-            if budget <= 0:
-                break
-            chunk = seq.target - seq.computed
-            if self.policy.chunked_prefill:
-                chunk = min(chunk, budget)
-            bs = self.bs
-            new_blocks = (seq.computed + chunk + bs - 1) // bs - (seq.computed + bs - 1) // bs
-            protect = {q.rid for q, _ in self.cur_chunks}
-            protect.add(seq.rid)
-            while not kv.ensure_free(new_blocks):
-                if not self._preempt_one(s, protect):
+        budget = self.max_batched - self.n_dec
+        if self.prefilling:
+            for seq in list(self.prefilling):
+                if budget <= 0:
                     break
-            if seq.rid not in self.running or not kv.ensure_free(new_blocks):
-                continue
-            kv.used += new_blocks
-            self.cur_chunks.append((seq, chunk))
-            budget -= chunk
-        if not self.cur_preempt:
-            ADMIT[self.policy.type](self, now_ns, budget)
+                chunk = seq.target - seq.computed
+                if self.chunked and budget < chunk:
+                    chunk = budget
+                new_blocks = (seq.computed + chunk + bs - 1) // bs - (seq.computed + bs - 1) // bs
+                if not kv.ensure_free(new_blocks):
+                    protect = {q.rid for q, _ in chunks}
+                    protect.add(seq.rid)
+                    while not kv.ensure_free(new_blocks):
+                        if not self._preempt_one(s, protect):
+                            break
+                    if not kv.ensure_free(new_blocks):
+                        continue
+                if seq.rid not in self.running:  # preempted for an earlier one's chunk
+                    continue
+                kv.used += new_blocks
+                chunks.append((seq, chunk))
+                budget -= chunk
+        # (continuous batching with an empty queue admits nothing; request-level batching
+        # also decides the padding of a running batch, so it is always asked)
+        if not self.cur_preempt and (self.waiting or self.request_level):
+            self.admit(self, now_ns, budget)
         self.cur_dec = self.n_dec
-        return bool(self.cur_chunks or self.cur_dec)
+        return bool(chunks or self.cur_dec)
 
     def _admit_handoffs(self, s: int) -> None:
         keep: list[Seq] = []
@@ -279,15 +290,17 @@ class EngineState:
         n_dec = self.cur_dec
         tokens = n_dec
         sampled = n_dec
-        attn = float(self.sum_p + n_dec)
-        kv_read = float(self.sum_p)
+        sum_p = self.sum_p
+        attn = float(sum_p + n_dec)
+        kv_read = float(sum_p)
         seqs = n_dec
         for seq, chunk in self.cur_chunks:
             tokens += chunk
-            attn += prefill_attn_units(chunk, seq.computed)
-            kv_read += seq.computed
+            c = seq.computed
+            attn += float(chunk) * c + chunk * (chunk + 1) / 2.0  # prefill_attn_units(chunk, c)
+            kv_read += c
             seqs += 1
-            if seq.computed + chunk >= seq.target:
+            if c + chunk >= seq.target:
                 sampled += 1
         if self.cur_pad:  # static batching: padded rows compute like real ones
             slots = self.batch_slots
@@ -299,14 +312,13 @@ class EngineState:
                 ctx = self.batch_pmax + self.batch_k - 1
                 tokens, attn, kv_read = slots, float(slots * (ctx + 1)), float(slots * ctx)
             sampled = seqs = slots
-        bw = self.cost.bandwidth if bandwidth is None else bandwidth
-        return self.cost.step_bw(
+        return self.step_bw(
             tokens,
             sampled,
             attn,
             kv_read,
             seqs,
-            bw,
+            self.cost.bandwidth if bandwidth is None else bandwidth,
             self.cur_new,
             self.cur_first,
             len(self.waiting),
