@@ -47,6 +47,7 @@ pytestmark = pytest.mark.e2e
 
 SLOTS = 4  # llama-server -np: at least the largest concurrency, so nothing queues
 USERS = (1, 2, 4)
+CAL_RATE = 40.0  # r/s at the staged calibration run's last stage
 CLOSED_REQUESTS = 150  # about: a Poisson spec of 15 s at 10 r/s
 # docs/validation.md, sixth series (the protocol used here): the light-regime target and what
 # it met, TTFT and TPOT p50/p90 within 15% ("every light window up to 48 r/s" for TTFT); the
@@ -60,6 +61,16 @@ def _spec(rate: float, duration_s: float, seed: int, name: str) -> Any:
 
     data = ex.spec_for(rate, duration_s, seed)
     data["name"] = name
+    return parse_spec(data, "e2e-closed-loop", Path("."))
+
+
+def _staged_spec() -> Any:
+    """The calibration run: open loop, 0.3 -> 0.7 -> 1.0 x 40 r/s, 10 s each (lone requests,
+    batches up to the slots, a short queue): docs/validation.md's staged calibration run."""
+    from scripts.validation import experiment as ex
+
+    data = ex.spec_for(CAL_RATE, 0.0, 45, [(0.3, 10.0), (0.7, 10.0), (1.0, 10.0)])
+    data["name"] = "calib-staged"
     return parse_spec(data, "e2e-closed-loop", Path("."))
 
 
@@ -129,7 +140,7 @@ def closed_loop(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     try:
         if pin:
             os.sched_setaffinity(0, {1})  # the driver runs in this process
-        cal_run = _drive(eng.url, _spec(4.0, 30.0, 41, "calib-open-r4"), tmp, None)
+        cal_run = _drive(eng.url, _staged_spec(), tmp, None)
         for users, seed in zip(USERS, (44, 42, 43), strict=True):
             # arrival times do not matter in a closed loop: the spec fixes the requests
             specs[users] = _spec(10.0, CLOSED_REQUESTS / 10.0, seed, f"closed-c{users}")
@@ -161,8 +172,11 @@ def closed_loop(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _calibrated_deploy_file(c: Calibration, path: Path) -> Path:
-    """The deployment with the fitted constants as a deploy file (`--target sim:FILE`)."""
+    """The deployment with the fitted constants as a deploy file (`--target sim:FILE`): the
+    engine constants, and the request overhead r outside the engine, which in a closed loop
+    the simulated client must wait too (there are no planned arrivals to shift by it)."""
     d = with_cost(c.deployment, c.cost)
+    d["request_overhead_ms"] = c.request_overhead_s * 1e3
     path.write_text(yaml.safe_dump(d, sort_keys=False))
     return path
 

@@ -1,16 +1,15 @@
-"""The whole deployment in motion: routing, GPU arbitration, P/D hand-off, and the loop driver.
+"""The whole deployment in motion: routing, GPU arbitration, P/D hand-off, the loop driver.
 
 Why one place: routing a request to its engine, deciding which engine may use a shared GPU, and
 moving KV caches between prefill and decode pools are all cross-engine decisions; engines
-themselves only know their own queue. Results are written into plain arrays indexed by request
-id, which `run.py` turns into frames.
+themselves only know their own queue. What happens to each request is written into
+`records.Records` (arrays indexed by request id), which `run.py` turns into frames; the
+fast-forward is `stretch.py`, the shared-GPU rules `device.py`, the client's `client.py`.
 """
 
 from __future__ import annotations
 
 import heapq
-from array import array
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,47 +17,14 @@ from phaselens.sim.client import Client, LoadShape
 from phaselens.sim.cost import EngineCost, StepCost
 from phaselens.sim.deploy import Deployment
 from phaselens.sim.device import DeviceState, gpus_free, release_gpus, take_gpus, turn_order
-from phaselens.sim.engine import EngineState, StepLog
-from phaselens.sim.loop import KV_DONE, SEND, STEP_END, WAKE, EventLoop
+from phaselens.sim.engine import EngineState
+from phaselens.sim.loop import ARRIVE, KV_DONE, SEND, STEP_END, WAKE, EventLoop
+from phaselens.sim.records import NO_TIME, ClusterResult, Records
 from phaselens.sim.seq import Seq, Sink
 from phaselens.sim.stretch import run_ahead
 from phaselens.types import Schedule
 
-ST_OK, ST_REJECTED = 0, 1
-NO_TIME = -1
 _INF = 2**62
-
-
-def _times(n: int) -> array[int]:
-    """n instants, none yet."""
-    return array("q", [NO_TIME]) * n
-
-
-def _view(a: array[int]) -> np.ndarray:
-    return np.frombuffer(a, dtype=np.int64)
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterResult:
-    """Per-request arrays (index = request id), token segments and the engines' step logs."""
-
-    scheduled_ns: np.ndarray
-    sent_ns: np.ndarray
-    first_token_ns: np.ndarray
-    end_ns: np.ndarray
-    prefill_start_ns: np.ndarray
-    prefill_end_ns: np.ndarray
-    engine_of: np.ndarray
-    delivered: np.ndarray
-    status: np.ndarray
-    errors: dict[int, str]
-    seg_rid: np.ndarray
-    seg_eng: np.ndarray  # engine index, or -1 for an explicit time held in seg_a
-    seg_a: np.ndarray
-    seg_b: np.ndarray
-    engines: tuple[EngineState, ...]
-    logs: tuple[StepLog, ...]
-    events: int
 
 
 class Cluster:
@@ -66,6 +32,7 @@ class Cluster:
 
     def __init__(self, deploy: Deployment) -> None:
         self.deploy = deploy
+        self.rec = Records.empty()  # (`run` makes the schedule's)
         self.loop = EventLoop()
         self.now = 0
         self.devices: dict[str, DeviceState] = {}
@@ -88,7 +55,9 @@ class Cluster:
                 link_bandwidth=min(s.link_gbs for s in specs) * 1e9,
             )
             self.engines.append(
-                EngineState(i, e.policy, cost, e.kv_capacity_tokens, e.role, self._sink(i))
+                EngineState(
+                    i, e.policy, cost, e.kv_capacity_tokens, e.role, self._sink(i, self.rec)
+                )
             )
             for m in e.serves:
                 self.route[m] = i
@@ -117,26 +86,26 @@ class Cluster:
         self.client = Client(LoadShape(), 0)
         self.coupled = False  # a request's end may send another (closed loop, --max-inflight)
         self.to_send: list[int] = []  # rows let out by requests that ended now, not yet sent
+        self.overhead_ns = round(deploy.request_overhead_s * 1e9)  # send -> at the engine
 
     # ---- sink: engines report here ----------------------------------------------------------
-    def _sink(self, i: int) -> Sink:
+    def _sink(self, i: int, rec: Records) -> Sink:
+        segs, first, p_start = rec.segs, rec.first_token_ns, rec.prefill_start_ns
+        p_end, end, delivered = rec.prefill_end_ns, rec.end_ns, rec.delivered
+
         def segment(rid: int, eng: int, a: int, b: int) -> None:
-            self.seg_rid.append(rid)
-            self.seg_eng.append(eng)
-            self.seg_a.append(a)
-            self.seg_b.append(b)
+            segs.extend((rid, eng, a, b))
 
         def first_token(rid: int) -> None:
-            self.first_token_ns[rid] = self.now
-            self.prefill_end_ns[rid] = self.now
+            first[rid] = p_end[rid] = self.now
 
         def prefill_start(rid: int) -> None:
-            if self.prefill_start_ns[rid] == NO_TIME:
-                self.prefill_start_ns[rid] = self.now
+            if p_start[rid] == NO_TIME:
+                p_start[rid] = self.now
 
         def finished(rid: int, tokens: int) -> None:
-            self.end_ns[rid] = self.now
-            self.delivered[rid] = tokens
+            end[rid] = self.now
+            delivered[rid] = tokens
             if self.coupled:
                 self._done()
 
@@ -259,25 +228,47 @@ class Cluster:
         return touched
 
     def _send(self, k: int) -> int:
-        """Request k leaves the client now: queued at its engine (returned), or refused (-1)."""
+        """Request k leaves the client now: queued at its engine (returned), refused, or on
+        its way through the server's request overhead (an ARRIVE event; both -1)."""
         now = self.now
-        self.sent_ns[k] = now
+        rec = self.rec
+        rec.sent_ns[k] = now
         if self.client.closed:
-            self.scheduled_ns[k] = now  # a user's next request has no planned instant
+            rec.scheduled_ns[k] = now  # a user's next request has no planned instant
         i = self.eng_l[k]
         p, o = max(1, self.inp[k]), max(1, self.out[k])
         lim = self.kv_limit[i]
         if p + o > lim:
-            self.status[k] = ST_REJECTED
-            self.errors[k] = f"request of {p}+{o} tokens exceeds the engine's context limit {lim}"
-            self.end_ns[k] = now
+            rec.reject(
+                k, now, f"request of {p}+{o} tokens exceeds the engine's context limit {lim}"
+            )
             if self.coupled:
                 self._done()
             return -1
+        if self.overhead_ns:
+            self.loop.push_first(now + self.overhead_ns, ARRIVE, k)
+            return -1
+        return self._enqueue(k, i, p, o)
+
+    def _enqueue(self, k: int, i: int, p: int, o: int) -> int:
         s = self.sched[i]
         key0 = self.prio[k] if s == "priority" else p if s == "short_first" else 0
-        self.engines[i].enqueue(Seq(k, p, o, (key0, k), self.grp[k], self.pre[k]), now)
+        self.engines[i].enqueue(Seq(k, p, o, (key0, k), self.grp[k], self.pre[k]), self.now)
         return i
+
+    def _arrive(self, k: int) -> None:
+        """ARRIVE: request k (and every other arriving at this instant) reaches its engine;
+        all are queued before any engine plans a step."""
+        heap, t = self.loop.heap, self.now
+        rows = [k]
+        while heap and heap[0][0] == t and heap[0][2] == ARRIVE:
+            rows.append(heapq.heappop(heap)[3])
+        touched: list[int] = []
+        for r in rows:
+            i = self._enqueue(r, self.eng_l[r], max(1, self.inp[r]), max(1, self.out[r]))
+            if i not in touched:
+                touched.append(i)
+        self._start_engines(touched)
 
     # ---- P/D -----------------------------------------------------------------------------------
     def _handoff(self, i: int, seq: Seq) -> None:
@@ -294,17 +285,18 @@ class Cluster:
         seq, src = self.pending.pop(rid)
         p = self.engines[src]
         p.kv.release(seq, seq.computed)
-        self.first_token_ns[rid] = self.now
+        rec = self.rec
+        rec.first_token_ns[rid] = self.now
         self.segment_explicit(rid, self.now)
         if seq.gen >= seq.out:
-            self.end_ns[rid] = self.now
-            self.delivered[rid] = seq.gen
+            rec.end_ns[rid] = self.now
+            rec.delivered[rid] = seq.gen
             if self.coupled:
                 self._done()
         else:
             dst = self.handoff_to[src]
             seq.group = -1
-            self.engine_of[rid] = dst
+            rec.engine_of[rid] = dst
             self.engines[dst].decode_admits.append(seq)
         # the source first: its next step end must be on the heap before the decode engine
         # decides how far it may run ahead
@@ -317,10 +309,7 @@ class Cluster:
             self._try_start(self.handoff_to[src])
 
     def segment_explicit(self, rid: int, t_ns: int) -> None:
-        self.seg_rid.append(rid)
-        self.seg_eng.append(-1)
-        self.seg_a.append(t_ns)
-        self.seg_b.append(t_ns)
+        self.rec.segs.extend((rid, -1, t_ns, t_ns))
 
     # ---- main loop -----------------------------------------------------------------------------
     def run(
@@ -338,25 +327,12 @@ class Cluster:
         self.client = Client(shape, n)
         self.coupled = shape.coupled
         self.kv_limit = kv_limit
-        self.scheduled_ns = schedule.t_ns.astype(np.int64)  # (a copy: closed loop rewrites it)
-        # written once or twice per request: typed arrays (cheaper to index than numpy),
-        # handed over as numpy views without a copy
-        self.sent_ns = _times(n)
-        self.first_token_ns = _times(n)
-        self.end_ns = _times(n)
-        self.prefill_start_ns = _times(n)
-        self.prefill_end_ns = _times(n)
-        self.delivered = array("q", bytes(8 * n))
-        self.status = np.zeros(n, dtype=np.int8)
-        self.errors: dict[int, str] = {}
-        self.seg_rid = array("q")
-        self.seg_eng = array("q")
-        self.seg_a = array("q")
-        self.seg_b = array("q")
         self.pending: dict[int, tuple[Seq, int]] = {}
         route_by_idx = np.array([self.route[m] for m in schedule.models], dtype=np.int64)
         eng_of = route_by_idx[schedule.model_idx] if n else np.zeros(0, dtype=np.int64)
-        self.engine_of = eng_of.copy()
+        self.rec = Records(schedule.t_ns, eng_of)
+        for i, st in enumerate(self.engines):
+            st.sink = self._sink(i, self.rec)
         t_arr = schedule.t_ns.tolist()
         self.eng_l: list[int] = eng_of.tolist()
         self.inp: list[int] = schedule.input_tokens.tolist()
@@ -413,24 +389,8 @@ class Cluster:
                     self._try_start(arg)
             elif kind == SEND:
                 self._on_send(arg)
+            elif kind == ARRIVE:
+                self._arrive(arg)
             else:
                 self._kv_done(arg)
-        return ClusterResult(
-            scheduled_ns=self.scheduled_ns,
-            sent_ns=_view(self.sent_ns),
-            first_token_ns=_view(self.first_token_ns),
-            end_ns=_view(self.end_ns),
-            prefill_start_ns=_view(self.prefill_start_ns),
-            prefill_end_ns=_view(self.prefill_end_ns),
-            engine_of=self.engine_of,
-            delivered=_view(self.delivered),
-            status=self.status,
-            errors=self.errors,
-            seg_rid=np.asarray(self.seg_rid, dtype=np.int64),
-            seg_eng=np.asarray(self.seg_eng, dtype=np.int64),
-            seg_a=np.asarray(self.seg_a, dtype=np.int64),
-            seg_b=np.asarray(self.seg_b, dtype=np.int64),
-            engines=tuple(engines),
-            logs=tuple(st.step_log() for st in engines),
-            events=events,
-        )
+        return self.rec.result(engines, events)

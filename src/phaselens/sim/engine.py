@@ -107,34 +107,34 @@ class EngineState:
         """The next request of the waiting queue (not removed)."""
         return self.waiting_seqs[self.waiting[0][1]]
 
-    def _pop_waiting(self) -> Seq:
-        _, rid = heapq.heappop(self.waiting)
-        seq = self.waiting_seqs.pop(rid)
-        self.waiting_tokens -= seq.target
-        del self.oldest_wait_ns[rid]
-        return seq
-
     def admit_head(self, budget: int | None) -> int | None:
         """Admit the head of the waiting queue with (part of) its prefill; returns the chunk,
         or None when its KV does not fit (a prefix reference taken is given back). What
         policies admit through."""
-        seq = self.head()
+        seq = self.waiting_seqs[self.waiting[0][1]]  # (self.head(), inline)
         fresh = seq.gen == 0 and seq.epoch == 0
         kv = self.kv
-        kv.prefix_hit(seq)
+        if seq.group >= 0:  # (no prefix group: no hit)
+            kv.prefix_hit(seq)
         remaining = seq.target - seq.computed
-        chunk = remaining if budget is None else min(remaining, budget)
+        chunk = remaining if budget is None or remaining <= budget else budget
         bs = self.bs
         blocks = (seq.computed + chunk + bs - 1) // bs - seq.shared
-        whole = self._whole_blocks(seq) - seq.shared if self.queue_kv else 0
-        if (self.queue_kv and not kv.fits_whole(whole)) or not kv.ensure_free(blocks):
+        queue_kv = self.queue_kv
+        whole = self._whole_blocks(seq) - seq.shared if queue_kv else 0
+        if (queue_kv and not kv.fits_whole(whole)) or (
+            kv.total - kv.used - kv.evictable < blocks and not kv.ensure_free(blocks)
+        ):
             if seq.shared:  # undo the prefix reference taken above
                 kv.release(seq, seq.shared * bs)
                 seq.computed = 0
             return None
-        if self.queue_kv:
+        if queue_kv:
             kv.commit(seq.rid, whole)
-        self._pop_waiting()
+        rid = heapq.heappop(self.waiting)[1]  # off the waiting queue
+        del self.waiting_seqs[rid]
+        self.waiting_tokens -= seq.target
+        del self.oldest_wait_ns[rid]
         if fresh:
             self.cur_new += 1
             self.sink.prefill_start(seq.rid)
@@ -332,7 +332,7 @@ class EngineState:
         # decoding sequences advance one token
         self.sum_p += self.n_dec
         started: list[Seq] = []
-        for seq, chunk in self.cur_chunks:
+        for seq, chunk in self.cur_chunks if self.cur_chunks else ():
             prefill_tokens += chunk
             seq.computed += chunk
             if seq.computed >= seq.target:
@@ -355,7 +355,7 @@ class EngineState:
                     started.append(seq)
         heap = self.fin_heap
         running = self.running
-        while heap and heap[0][0] <= s:
+        while heap and heap[0][0] <= s:  # (a heap entry of a preempted epoch is dropped)
             _, rid, epoch = heapq.heappop(heap)
             seq_f = running.get(rid)
             if seq_f is None or seq_f.epoch != epoch:

@@ -14,6 +14,7 @@ STEP_END = 0
 WAKE = 1
 KV_DONE = 2
 SEND = 3  # requests a request's end let out (closed loop, --max-inflight), then the engine
+ARRIVE = 4  # a sent request reaches its engine (after the deployment's request overhead)
 
 
 class EventLoop:
@@ -28,6 +29,11 @@ class EventLoop:
     def push(self, t_ns: int, kind: int, arg: int) -> None:
         self._seq += 1
         heapq.heappush(self.heap, (t_ns, self._seq, kind, arg))
+
+    def push_first(self, t_ns: int, kind: int, arg: int) -> None:
+        """An event that runs before every other event at its instant (among its kind: by
+        `arg`); arrivals are first at equal times, so a step starting then sees them."""
+        heapq.heappush(self.heap, (t_ns, -1, kind, arg))
 
     def peek_time(self) -> int | None:
         return self.heap[0][0] if self.heap else None
