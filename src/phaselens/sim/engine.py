@@ -1,4 +1,3 @@
-# One job, ~460 lines: one state machine (plan, price, apply, fast-forward, preempt).
 """The step loop of one serving engine: plan a step, price it, apply it (no timing here).
 
 Why this shape: the engine's mechanics — a waiting queue, running sequences, decode aggregates,
@@ -10,38 +9,20 @@ Speed: decoding sequences are never visited one by one. Each decoding sequence a
 one token per step, so the engine keeps only aggregates (count, Σ context, and how many
 sequences cross a KV block boundary at each step modulo the block size) and a heap of the step
 at which each sequence finishes. A step therefore costs O(1) plus its prefill chunks, and token
-times are stored as step-index ranges (segments) and expanded once at the end.
+times are stored as step-index ranges (segments) and expanded once at the end. Decode-only
+stretches are committed in bulk by `stretch.py`; the step log's columns are `records.py`'s.
 """
 
 from __future__ import annotations
 
 import heapq
 from array import array
-from dataclasses import dataclass
-
-import numpy as np
 
 from phaselens.sim.admission import ADMIT
 from phaselens.sim.cost import EngineCost, StepCost, prefill_attn_units
 from phaselens.sim.deploy import Policy
 from phaselens.sim.kvpool import KvPool
 from phaselens.sim.seq import Seq, Sink
-
-
-@dataclass(frozen=True, slots=True)
-class StepLog:
-    """One engine's steps as columns (what `steps.parquet` and the telemetry are built from)."""
-
-    t0: np.ndarray
-    t1: np.ndarray
-    prefill: np.ndarray
-    dec: np.ndarray
-    kv: np.ndarray
-    running: np.ndarray
-    waiting: np.ndarray
-    preempt: np.ndarray
-    flops: np.ndarray
-    bytes: np.ndarray
 
 
 class EngineState:
@@ -388,26 +369,6 @@ class EngineState:
         )
         self.flog.extend((cost.flops, cost.bytes))
         self.step_idx = s + 1
-
-    def step_log(self) -> StepLog:
-        """The per-step log as numpy columns, viewing the log's memory without a copy.
-
-        Call it once the simulation is over: while the views live, the log cannot grow.
-        """
-        i = np.frombuffer(self.ilog, dtype=np.int64).reshape(-1, 8)
-        f = np.frombuffer(self.flog, dtype=np.float64).reshape(-1, 2)
-        return StepLog(
-            t0=i[:, 0],
-            t1=i[:, 1],
-            prefill=i[:, 2],
-            dec=i[:, 3],
-            kv=i[:, 4],
-            running=i[:, 5],
-            waiting=i[:, 6],
-            preempt=i[:, 7],
-            flops=f[:, 0],
-            bytes=f[:, 1],
-        )
 
     def next_wake_ns(self) -> int | None:
         """Request-level batching: when the oldest waiting request times out (None: no timer)."""

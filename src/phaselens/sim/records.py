@@ -1,23 +1,66 @@
-"""What happened to each request while simulating: its instants, status and token segments.
+"""What happened while simulating: each request's instants, status and token segments, and each
+engine's step log.
 
-Why its own module: the cluster writes these as requests move through the engines, `run.py`
-turns the finished arrays into frames; neither needs the other's machinery. The instants are
-typed arrays, not numpy: each is written once or twice per request from Python, where indexing
-an `array.array` is several times cheaper than a numpy array; they are handed over as numpy
-views, without a copy.
+Why its own module: the cluster and the engines write these as requests move and steps end,
+`run.py` turns the finished arrays into frames; neither needs the other's machinery. They are
+typed arrays, not numpy: written from Python once or a few times per request or step, where
+indexing or extending an `array.array` is several times cheaper than numpy; they are handed
+over as numpy views, without a copy.
 """
 
 from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from phaselens.sim.engine import EngineState, StepLog
+if TYPE_CHECKING:
+    from phaselens.sim.engine import EngineState
+
 
 ST_OK, ST_REJECTED = 0, 1
 NO_TIME = -1
+STEP_INTS = 8  # an engine's step log: t0, t1, prefill tokens, decoding seqs, KV tokens,
+# running, waiting, preemptions (ints); FLOPs, bytes (floats)
+
+
+@dataclass(frozen=True, slots=True)
+class StepLog:
+    """One engine's steps as columns (what `steps.parquet` and the telemetry are built from)."""
+
+    t0: np.ndarray
+    t1: np.ndarray
+    prefill: np.ndarray
+    dec: np.ndarray
+    kv: np.ndarray
+    running: np.ndarray
+    waiting: np.ndarray
+    preempt: np.ndarray
+    flops: np.ndarray
+    bytes: np.ndarray
+
+
+def step_log(ilog: array[int], flog: array[float]) -> StepLog:
+    """An engine's step log as numpy columns, viewing the log's memory without a copy.
+
+    Call it once the simulation is over: while the views live, the log cannot grow.
+    """
+    i = np.frombuffer(ilog, dtype=np.int64).reshape(-1, STEP_INTS)
+    f = np.frombuffer(flog, dtype=np.float64).reshape(-1, 2)
+    return StepLog(
+        t0=i[:, 0],
+        t1=i[:, 1],
+        prefill=i[:, 2],
+        dec=i[:, 3],
+        kv=i[:, 4],
+        running=i[:, 5],
+        waiting=i[:, 6],
+        preempt=i[:, 7],
+        flops=f[:, 0],
+        bytes=f[:, 1],
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +153,6 @@ class Records:
             seg_a=segs[:, 2],
             seg_b=segs[:, 3],
             engines=tuple(engines),
-            logs=tuple(st.step_log() for st in engines),
+            logs=tuple(step_log(st.ilog, st.flog) for st in engines),
             events=events,
         )
