@@ -19,7 +19,7 @@ from phaselens.sim.deploy import Deployment
 from phaselens.sim.device import DeviceState, gpus_free, release_gpus, take_gpus, turn_order
 from phaselens.sim.engine import EngineState
 from phaselens.sim.loop import ARRIVE, KV_DONE, SEND, STEP_END, WAKE, EventLoop
-from phaselens.sim.records import NO_TIME, ClusterResult, Records
+from phaselens.sim.records import NO_TIME, SEGMENT, ClusterResult, Records
 from phaselens.sim.seq import Seq, Sink
 from phaselens.sim.stretch import run_ahead
 from phaselens.types import Schedule
@@ -91,10 +91,11 @@ class Cluster:
     # ---- sink: engines report here ----------------------------------------------------------
     def _sink(self, i: int, rec: Records) -> Sink:
         segs, first, p_start = rec.segs, rec.first_token_ns, rec.prefill_start_ns
+        pack = SEGMENT.pack
         p_end, end, delivered = rec.prefill_end_ns, rec.end_ns, rec.delivered
 
         def segment(rid: int, eng: int, a: int, b: int) -> None:
-            segs.extend((rid, eng, a, b))
+            segs.extend(pack(rid, eng, a, b))
 
         def first_token(rid: int) -> None:
             first[rid] = p_end[rid] = self.now
@@ -148,7 +149,8 @@ class Cluster:
         self.step_t0[i] = t0
         self.step_cost[i] = cost
         self.last_start[i] = t0
-        self.loop.push(t0 + max(1, round((cost.seconds + extra) * 1e9)), STEP_END, i)
+        d = round((cost.seconds + extra) * 1e9)
+        self.loop.push(t0 + (d if d > 1 else 1), STEP_END, i)
 
     def _share(self, i: int, st: EngineState, cost: StepCost) -> tuple[StepCost, float]:
         """A shared GPU: hold the time slice (paying a switch) or get a bandwidth share."""
@@ -236,7 +238,8 @@ class Cluster:
         if self.client.closed:
             rec.scheduled_ns[k] = now  # a user's next request has no planned instant
         i = self.eng_l[k]
-        p, o = max(1, self.inp[k]), max(1, self.out[k])
+        p, o = self.inp[k], self.out[k]
+        p, o = p if p > 1 else 1, o if o > 1 else 1  # (at least one token each)
         lim = self.kv_limit[i]
         if p + o > lim:
             rec.reject(
@@ -309,7 +312,7 @@ class Cluster:
             self._try_start(self.handoff_to[src])
 
     def segment_explicit(self, rid: int, t_ns: int) -> None:
-        self.rec.segs.extend((rid, -1, t_ns, t_ns))
+        self.rec.segs.extend(SEGMENT.pack(rid, -1, t_ns, t_ns))
 
     # ---- main loop -----------------------------------------------------------------------------
     def run(

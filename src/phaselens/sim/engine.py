@@ -16,12 +16,12 @@ stretches are committed in bulk by `stretch.py`; the step log's columns are `rec
 from __future__ import annotations
 
 import heapq
-from array import array
 
 from phaselens.sim.admission import ADMIT
 from phaselens.sim.cost import EngineCost, StepCost, prefill_attn_units
 from phaselens.sim.deploy import Policy
 from phaselens.sim.kvpool import KvPool
+from phaselens.sim.records import STEP_RECORD
 from phaselens.sim.seq import Seq, Sink
 
 
@@ -72,10 +72,8 @@ class EngineState:
         self.prefix_query_tokens = 0
         self.preemptions = 0
         self.decode_admits: list[Seq] = []  # P/D decode engine: handed-off sequences to admit
-        # per-step log, flat typed arrays (two extends a step instead of ten appends):
-        # ints t0, t1, prefill tokens, decoding seqs, KV tokens, running, waiting, preemptions
-        self.ilog = array("q")
-        self.flog = array("d")  # FLOPs, bytes
+        self.log = bytearray()  # one STEP_RECORD per step (records.py)
+        self.pack = STEP_RECORD.pack
 
     # ---- queue -------------------------------------------------------------------------------
     def enqueue(self, seq: Seq, now_ns: int) -> None:
@@ -355,19 +353,18 @@ class EngineState:
             self.pending_first = [(q, q.epoch) for q in started]
         if self.request_level:
             self.batch_k += 1
-        self.ilog.extend(
-            (
-                t0_ns,
-                t1_ns,
-                prefill_tokens,
-                self.cur_dec,
-                self.kv.used * self.bs,
-                len(running),
-                len(self.waiting),
-                self.cur_preempt,
-            )
+        self.log += self.pack(
+            t0_ns,
+            t1_ns,
+            prefill_tokens,
+            self.cur_dec,
+            self.kv.used * self.bs,
+            len(running),
+            len(self.waiting),
+            self.cur_preempt,
+            cost.flops,
+            cost.bytes,
         )
-        self.flog.extend((cost.flops, cost.bytes))
         self.step_idx = s + 1
 
     def next_wake_ns(self) -> int | None:

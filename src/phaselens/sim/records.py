@@ -10,6 +10,7 @@ over as numpy views, without a copy.
 
 from __future__ import annotations
 
+import struct
 from array import array
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -22,8 +23,12 @@ if TYPE_CHECKING:
 
 ST_OK, ST_REJECTED = 0, 1
 NO_TIME = -1
-STEP_INTS = 8  # an engine's step log: t0, t1, prefill tokens, decoding seqs, KV tokens,
-# running, waiting, preemptions (ints); FLOPs, bytes (floats)
+# An engine's step log: one packed record per step, appended to a bytearray (one C call a step,
+# a third of the cost of extending typed arrays) and read back as a numpy structured view.
+STEP_FIELDS = ("t0", "t1", "prefill", "dec", "kv", "running", "waiting", "preempt")
+STEP_DTYPE = np.dtype([*((f, "<i8") for f in STEP_FIELDS), ("flops", "<f8"), ("bytes", "<f8")])
+STEP_RECORD = struct.Struct("<8q2d")  # the same layout
+SEGMENT = struct.Struct("<4q")  # a token segment: rid, engine, a, b
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,25 +47,13 @@ class StepLog:
     bytes: np.ndarray
 
 
-def step_log(ilog: array[int], flog: array[float]) -> StepLog:
+def step_log(log: bytearray) -> StepLog:
     """An engine's step log as numpy columns, viewing the log's memory without a copy.
 
     Call it once the simulation is over: while the views live, the log cannot grow.
     """
-    i = np.frombuffer(ilog, dtype=np.int64).reshape(-1, STEP_INTS)
-    f = np.frombuffer(flog, dtype=np.float64).reshape(-1, 2)
-    return StepLog(
-        t0=i[:, 0],
-        t1=i[:, 1],
-        prefill=i[:, 2],
-        dec=i[:, 3],
-        kv=i[:, 4],
-        running=i[:, 5],
-        waiting=i[:, 6],
-        preempt=i[:, 7],
-        flops=f[:, 0],
-        bytes=f[:, 1],
-    )
+    a = np.frombuffer(log, dtype=STEP_DTYPE)
+    return StepLog(*(a[f] for f in (*STEP_FIELDS, "flops", "bytes")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +117,7 @@ class Records:
         self.status = np.zeros(n, dtype=np.int8)
         self.errors: dict[int, str] = {}
         self.engine_of = engine_of.copy()  # (P/D: the decode engine once handed off)
-        self.segs = array("q")  # token segments: (rid, engine, a, b) flat, one extend each
+        self.segs = bytearray()  # token segments, packed by SEGMENT
 
     @classmethod
     def empty(cls) -> Records:
@@ -136,7 +129,7 @@ class Records:
         self.end_ns[k] = now
 
     def result(self, engines: list[EngineState], events: int) -> ClusterResult:
-        segs = _view(self.segs).reshape(-1, 4)
+        segs = np.frombuffer(self.segs, dtype=np.int64).reshape(-1, 4)
         return ClusterResult(
             scheduled_ns=self.scheduled_ns,
             sent_ns=_view(self.sent_ns),
@@ -153,6 +146,6 @@ class Records:
             seg_a=segs[:, 2],
             seg_b=segs[:, 3],
             engines=tuple(engines),
-            logs=tuple(step_log(st.ilog, st.flog) for st in engines),
+            logs=tuple(step_log(st.log) for st in engines),
             events=events,
         )

@@ -20,6 +20,7 @@ import numpy as np
 from phaselens.sim.cost import StepCost
 from phaselens.sim.engine import EngineState
 from phaselens.sim.loop import SEND, WAKE
+from phaselens.sim.records import STEP_DTYPE
 
 if TYPE_CHECKING:
     from phaselens.sim.cluster import Cluster
@@ -96,53 +97,62 @@ def stretch_limit(st: EngineState) -> int:
     ):
         return 0
     heap = st.fin_heap
-    return max(0, heap[0][0] - st.step_idx) if heap else 0
+    k = heap[0][0] - st.step_idx if heap else 0
+    return k if k > 0 else 0
 
 
 def commit_stretch(
     st: EngineState,
-    ends: list[int],
+    ends: np.ndarray,
     t0: int,
-    flops: list[float],
-    nbytes: list[float],
-    needs: list[int],
+    flops: np.ndarray,
+    nbytes: np.ndarray,
+    needs: np.ndarray,
 ) -> None:
-    """Apply b decode-only steps at once; `ends[j]` is step j's end.
+    """Apply b decode-only steps at once; `ends[j]` is step j's end (numpy columns).
 
     Equivalent to b rounds of plan_step/end_step with nothing admitted and nothing finishing:
-    Σp grows by n per step, each step allocates its boundary-crossing blocks, and every
-    decoding sequence gets one token per step (its segment already covers these steps).
+    Σp grows by n per step, each step allocates its boundary-crossing blocks (logged after
+    the step), and every decoding sequence gets one token per step (its segment already
+    covers these steps).
     """
-    b = len(ends)
+    b = ends.shape[0]
     n = st.n_dec
-    bs = st.bs
-    running, waiting = len(st.running), len(st.waiting)
-    ilog, flog = st.ilog, st.flog
-    kv = st.kv.used
-    start = t0
-    for j in range(b):
-        end = ends[j]
-        ilog.extend((start, end, 0, n, kv * bs, running, waiting, 0))
-        flog.extend((flops[j], nbytes[j]))
-        start = end
-        kv += needs[j]
+    kv0 = st.kv.used
+    cum = np.cumsum(needs)
+    rows = np.empty(b, dtype=STEP_DTYPE)
+    rows["t0"][0] = t0
+    rows["t0"][1:] = ends[:-1]
+    rows["t1"] = ends
+    rows["prefill"] = 0
+    rows["dec"] = n
+    rows["kv"][0] = kv0 * st.bs
+    rows["kv"][1:] = (kv0 + cum[:-1]) * st.bs
+    rows["running"] = len(st.running)
+    rows["waiting"] = len(st.waiting)
+    rows["preempt"] = 0
+    rows["flops"] = flops
+    rows["bytes"] = nbytes
+    st.log += rows.tobytes()
     st.sum_p += b * n
-    st.kv.used = kv
+    st.kv.used = kv0 + int(cum[-1])
     st.step_idx += b
 
 
 def stretch_scalar(
     st: EngineState, k: int, t0: int, t_next: int, cost: StepCost
 ) -> tuple[int, StepCost, int]:
-    """`stretch` for short stretches: the same arithmetic, one step at a time, no events."""
+    """`stretch` for short stretches: the same arithmetic, one step at a time, no events; each
+    step is logged as it is accepted (what `commit_stretch` does for a batch of them)."""
     n, sp, s, bs, ph = st.n_dec, st.sum_p, st.step_idx, st.bs, st.phase
-    free = st.kv.free()
+    kv = st.kv
+    used = kv.used
+    free = kv.total - used - kv.evictable  # kv.free()
     step = st.cost.decode_step_fn(n, len(st.waiting))
+    running, waiting = len(st.running), len(st.waiting)
+    log, pack = st.log, st.pack
     t = t0
-    ends: list[int] = []
-    flops: list[float] = []
-    nbytes: list[float] = []
-    needs: list[int] = []
+    done = 0
     sec, fl, by = cost
     for j in range(k - 1):
         d = round(sec * 1e9)
@@ -151,17 +161,18 @@ def stretch_scalar(
         if end >= t_next or need > free:
             break
         free -= need
-        ends.append(end)
-        flops.append(fl)
-        nbytes.append(by)
-        needs.append(need)
+        log += pack(t, end, 0, n, used * bs, running, waiting, 0, fl, by)
+        used += need
         t = end
         sp += n
         sec, fl, by = step(sp)
-    if not ends:
+        done += 1
+    if not done:
         return t0, cost, 0
-    commit_stretch(st, ends, t0, flops, nbytes, needs)
-    return t, StepCost(sec, fl, by), len(ends)
+    st.sum_p = sp
+    kv.used = used
+    st.step_idx = s + done
+    return t, StepCost(sec, fl, by), done
 
 
 def stretch(
@@ -188,13 +199,6 @@ def stretch(
     b = min(b, fit)
     if b == 0:
         return t0, cost, 0
-    commit_stretch(
-        st,
-        ends[:b].tolist(),
-        t0,
-        flops[:b].tolist(),
-        nbytes[:b].tolist(),
-        needs[:b].tolist(),
-    )
+    commit_stretch(st, ends[:b], t0, flops[:b], nbytes[:b], needs[:b])
     # the step in flight is now step b of the stretch; its own blocks were counted above
     return int(ends[b - 1]), StepCost(float(sec[b]), float(flops[b]), float(nbytes[b])), b
