@@ -197,7 +197,7 @@ class EngineState:
         kv = self.kv
         phase, bs = self.phase, self.bs
         need = phase[s % bs]
-        if need and not kv.ensure_free(need):
+        if need and kv.total - kv.used - kv.evictable < need and not kv.ensure_free(need):
             while not kv.ensure_free(phase[s % bs]):
                 if not self._preempt_one(s):
                     break
@@ -208,9 +208,11 @@ class EngineState:
             self._admit_handoffs(s)
         if self.pending_first:  # sequences whose prefill ended last step, unless preempted
             run = self.running
-            self.cur_first += sum(
-                1 for q, ep in self.pending_first if q.epoch == ep and q.rid in run
-            )
+            first = self.cur_first
+            for q, ep in self.pending_first:
+                if q.epoch == ep and q.rid in run:
+                    first += 1
+            self.cur_first = first
             self.pending_first = []
         # 3. partial prefills continue, then the policy admits waiting requests
         budget = self.max_batched - self.n_dec
@@ -353,6 +355,7 @@ class EngineState:
             self.pending_first = [(q, q.epoch) for q in started]
         if self.request_level:
             self.batch_k += 1
+        sec, flops, nbytes = cost
         self.log += self.pack(
             t0_ns,
             t1_ns,
@@ -362,8 +365,8 @@ class EngineState:
             len(running),
             len(self.waiting),
             self.cur_preempt,
-            cost.flops,
-            cost.bytes,
+            flops,
+            nbytes,
         )
         self.step_idx = s + 1
 
