@@ -355,7 +355,7 @@ class EngineState:
             self.pending_first = [(q, q.epoch) for q in started]
         if self.request_level:
             self.batch_k += 1
-        sec, flops, nbytes = cost
+        _, flops, nbytes = cost
         self.log += self.pack(
             t0_ns,
             t1_ns,
