@@ -85,6 +85,7 @@ class Cluster:
         self.cur_engine = 0
         self.client = Client(LoadShape(), 0)
         self.coupled = False  # a request's end may send another (closed loop, --max-inflight)
+        self.closed = False  # closed loop: a sent request's scheduled instant is its send
         self.to_send: list[int] = []  # rows let out by requests that ended now, not yet sent
         self.overhead_ns = round(deploy.request_overhead_s * 1e9)  # send -> at the engine
 
@@ -235,7 +236,7 @@ class Cluster:
         now = self.now
         rec = self.rec
         rec.sent_ns[k] = now
-        if self.client.closed:
+        if self.closed:
             rec.scheduled_ns[k] = now  # a user's next request has no planned instant
         i = self.eng_l[k]
         p, o = self.inp[k], self.out[k]
@@ -328,6 +329,7 @@ class Cluster:
         shape = shape or LoadShape()
         n = len(schedule)
         self.client = Client(shape, n)
+        self.closed = self.client.closed
         self.coupled = shape.coupled
         self.kv_limit = kv_limit
         self.pending: dict[int, tuple[Seq, int]] = {}

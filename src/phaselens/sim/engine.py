@@ -16,6 +16,7 @@ stretches are committed in bulk by `stretch.py`; the step log's columns are `rec
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 from phaselens.sim.admission import ADMIT
 from phaselens.sim.cost import EngineCost, StepCost, prefill_attn_units
@@ -73,6 +74,7 @@ class EngineState:
         self.preemptions = 0
         self.decode_admits: list[Seq] = []  # P/D decode engine: handed-off sequences to admit
         self.log = bytearray()  # one STEP_RECORD per step (records.py)
+        self.step_fns: dict[tuple[int, int], Callable[[int], tuple[float, float, float]]] = {}
         self.pack = STEP_RECORD.pack
 
     # ---- queue -------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 MIN_STRETCH = 2
 NUMPY_STRETCH = 48  # longer stretches are computed with numpy, shorter ones in a loop
 MAX_STRETCH = 4096
+MAX_STEP_FNS = 4096  # cached decode-step functions per engine (`stretch_scalar`)
 
 
 def run_ahead(cl: Cluster, i: int, st: EngineState, cost: StepCost) -> tuple[int, StepCost] | None:
@@ -46,7 +47,7 @@ def run_ahead(cl: Cluster, i: int, st: EngineState, cost: StepCost) -> tuple[int
         dur = d if d > 1 else 1
         if t0 + dur >= t_next:
             break
-        k = stretch_limit(st)
+        k = 0 if st.cur_chunks else stretch_limit(st)  # (a prefill step never is one)
         if k >= MIN_STRETCH:
             # steps only get longer within a stretch: this one bounds how many fit
             k = min(k, (t_next - t0) // dur + 2, MAX_STRETCH)
@@ -148,8 +149,14 @@ def stretch_scalar(
     kv = st.kv
     used = kv.used
     free = kv.total - used - kv.evictable  # kv.free()
-    step = st.cost.decode_step_fn(n, len(st.waiting))
     running, waiting = len(st.running), len(st.waiting)
+    # the engine's cost never changes during a run: one step function per (batch, queue)
+    fns = st.step_fns
+    step = fns.get((n, waiting))
+    if step is None:
+        if len(fns) >= MAX_STEP_FNS:
+            fns.clear()
+        step = fns[n, waiting] = st.cost.decode_step_fn(n, waiting)
     log, pack = st.log, st.pack
     t = t0
     done = 0
