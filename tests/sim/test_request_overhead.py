@@ -81,3 +81,21 @@ def test_deploy_file_field_in_ms_and_bad_value_is_one_line() -> None:
     with pytest.raises(InputError, match="request_overhead_ms") as e:
         parse_deployment({**base, "request_overhead_ms": -1}, "<d>")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("shape", [LoadShape(concurrency=3), LoadShape(max_inflight=5)])
+def test_fast_forward_is_bit_identical_with_the_overhead(shape: LoadShape) -> None:
+    """Arrivals after the overhead are events: an engine's run-ahead must stop at them."""
+    rng = np.random.default_rng(5)
+    n = 120
+    s = make_schedule(
+        np.sort(rng.uniform(0, 2, n)), rng.integers(10, 2000, n), rng.integers(1, 300, n)
+    )
+    d = replace(one_engine(), request_overhead_s=0.0017)
+    slow, fast = simulate(s, d, False, shape), simulate(s, d, shape=shape)
+    assert fast.manifest_extra["sim"]["fast_forward_steps"] > 0
+    assert slow.requests.equals(fast.requests)
+    assert slow.steps.equals(fast.steps)
+    j = fast.requests.select("id", "sent_ns").join(fast.phases, on="id")
+    assert j.height == n
+    assert (j["prefill_start_ns"] >= j["sent_ns"] + 1_700_000).all()
