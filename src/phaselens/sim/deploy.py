@@ -1,3 +1,4 @@
+# One job, ~440 lines: the deployment file, from its schema through resolution to the checks.
 """Deployment file: GPUs, engines (model, TP, policy, sharing), optional P/D split.
 
 Why pydantic only here: the YAML is user input and every mistake must become one line naming the
