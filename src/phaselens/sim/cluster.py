@@ -358,6 +358,7 @@ class Cluster:
             self._start_engines(self._release_sends())
         heap = loop.heap
         pop = heapq.heappop
+        stepping = self.stepping
         plain = not self.coupled  # no request's end sends another: no client decisions
         while True:
             t_ev = heap[0][0] if heap else None
@@ -372,7 +373,7 @@ class Cluster:
                 self.next_arrival_ns = t_arr[j] if j < n else _INF
                 if plain and j == k + 1:  # one request, sent at its instant
                     i = self._send(k)
-                    if i >= 0:
+                    if i >= 0 and not stepping[i]:
                         self._try_start(i)
                 else:
                     self.to_send = self.client.arrive(range(k, j))

@@ -314,7 +314,7 @@ class EngineState:
         prefill_tokens = 0
         # decoding sequences advance one token
         self.sum_p += self.n_dec
-        started: list[Seq] = []
+        started: list[tuple[Seq, int]] = []  # (seq, epoch): first decode step next
         for seq, chunk in self.cur_chunks if self.cur_chunks else ():
             prefill_tokens += chunk
             seq.computed += chunk
@@ -335,7 +335,10 @@ class EngineState:
                     self.kv.release(seq, seq.computed)
                     sink.finished(seq.rid, seq.gen)
                 else:
-                    started.append(seq)
+                    # the token sampled at the end of the prefill opens the segment at this
+                    # step (it finishes after this step: nothing below pops it)
+                    self._start_decode(seq, s, s + 1)
+                    started.append((seq, seq.epoch))
         heap = self.fin_heap
         running = self.running
         while heap and heap[0][0] <= s:  # (a heap entry of a preempted epoch is dropped)
@@ -350,11 +353,8 @@ class EngineState:
             seq_f.gen = seq_f.out
             sink.segment(rid, self.index, seq_f.s0, s)
             sink.finished(rid, seq_f.out)
-        for seq in started:
-            # the token sampled at the end of the prefill opens the segment at this step
-            self._start_decode(seq, s, s + 1)
         if started:
-            self.pending_first = [(q, q.epoch) for q in started]
+            self.pending_first = started
         if self.request_level:
             self.batch_k += 1
         _, flops, nbytes = cost
