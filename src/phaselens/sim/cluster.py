@@ -1,58 +1,30 @@
-# One job, ~490 lines: the Cluster state machine (routing, GPU arbitration, P/D hand-off, the
-# simulated client's sends, loop); the stretches are in stretch.py, the client's rules in client.py.
-"""The whole deployment in motion: routing, GPU arbitration, P/D hand-off, and the loop driver.
+"""The whole deployment in motion: routing, GPU arbitration, P/D hand-off, the loop driver.
 
 Why one place: routing a request to its engine, deciding which engine may use a shared GPU, and
 moving KV caches between prefill and decode pools are all cross-engine decisions; engines
-themselves only know their own queue. Results are written into plain arrays indexed by request
-id, which `run.py` turns into frames.
+themselves only know their own queue. What happens to each request is written into
+`records.Records` (arrays indexed by request id), which `run.py` turns into frames; the
+fast-forward is `stretch.py`, the shared-GPU rules `device.py`, the client's `client.py`.
 """
 
 from __future__ import annotations
 
-from array import array
-from dataclasses import dataclass
+import heapq
 
 import numpy as np
 
 from phaselens.sim.client import Client, LoadShape
 from phaselens.sim.cost import EngineCost, StepCost
 from phaselens.sim.deploy import Deployment
-from phaselens.sim.device import DeviceState, turn_order
-from phaselens.sim.engine import EngineState, StepLog
-from phaselens.sim.loop import KV_DONE, SEND, STEP_END, WAKE, EventLoop
+from phaselens.sim.device import DeviceState, gpus_free, release_gpus, take_gpus, turn_order
+from phaselens.sim.engine import EngineState
+from phaselens.sim.loop import ARRIVE, KV_DONE, SEND, STEP_END, WAKE, EventLoop
+from phaselens.sim.records import NO_TIME, SEGMENT, ClusterResult, Records
 from phaselens.sim.seq import Seq, Sink
-from phaselens.sim.stretch import stretch, stretch_scalar
+from phaselens.sim.stretch import run_ahead
 from phaselens.types import Schedule
 
-ST_OK, ST_REJECTED = 0, 1
-NO_TIME = -1
 _INF = 2**62
-_MIN_STRETCH = 2
-_NUMPY_STRETCH = 48  # longer stretches are computed with numpy, shorter ones in a loop
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterResult:
-    """Per-request arrays (index = request id), token segments and the engines' step logs."""
-
-    scheduled_ns: np.ndarray
-    sent_ns: np.ndarray
-    first_token_ns: np.ndarray
-    end_ns: np.ndarray
-    prefill_start_ns: np.ndarray
-    prefill_end_ns: np.ndarray
-    engine_of: np.ndarray
-    delivered: np.ndarray
-    status: np.ndarray
-    errors: dict[int, str]
-    seg_rid: np.ndarray
-    seg_eng: np.ndarray  # engine index, or -1 for an explicit time held in seg_a
-    seg_a: np.ndarray
-    seg_b: np.ndarray
-    engines: tuple[EngineState, ...]
-    logs: tuple[StepLog, ...]
-    events: int
 
 
 class Cluster:
@@ -60,6 +32,7 @@ class Cluster:
 
     def __init__(self, deploy: Deployment) -> None:
         self.deploy = deploy
+        self.rec = Records.empty()  # (`run` makes the schedule's)
         self.loop = EventLoop()
         self.now = 0
         self.devices: dict[str, DeviceState] = {}
@@ -82,7 +55,9 @@ class Cluster:
                 link_bandwidth=min(s.link_gbs for s in specs) * 1e9,
             )
             self.engines.append(
-                EngineState(i, e.policy, cost, e.kv_capacity_tokens, e.role, self._sink(i))
+                EngineState(
+                    i, e.policy, cost, e.kv_capacity_tokens, e.role, self._sink(i, self.rec)
+                )
             )
             for m in e.serves:
                 self.route[m] = i
@@ -110,27 +85,29 @@ class Cluster:
         self.cur_engine = 0
         self.client = Client(LoadShape(), 0)
         self.coupled = False  # a request's end may send another (closed loop, --max-inflight)
+        self.closed = False  # closed loop: a sent request's scheduled instant is its send
         self.to_send: list[int] = []  # rows let out by requests that ended now, not yet sent
+        self.overhead_ns = round(deploy.request_overhead_s * 1e9)  # send -> at the engine
 
     # ---- sink: engines report here ----------------------------------------------------------
-    def _sink(self, i: int) -> Sink:
+    def _sink(self, i: int, rec: Records) -> Sink:
+        segs, first, p_start = rec.segs, rec.first_token_ns, rec.prefill_start_ns
+        pack = SEGMENT.pack
+        p_end, end, delivered = rec.prefill_end_ns, rec.end_ns, rec.delivered
+
         def segment(rid: int, eng: int, a: int, b: int) -> None:
-            self.seg_rid.append(rid)
-            self.seg_eng.append(eng)
-            self.seg_a.append(a)
-            self.seg_b.append(b)
+            segs.extend(pack(rid, eng, a, b))
 
         def first_token(rid: int) -> None:
-            self.first_token_ns[rid] = self.now
-            self.prefill_end_ns[rid] = self.now
+            first[rid] = p_end[rid] = self.now
 
         def prefill_start(rid: int) -> None:
-            if self.prefill_start_ns[rid] == NO_TIME:
-                self.prefill_start_ns[rid] = self.now
+            if p_start[rid] == NO_TIME:
+                p_start[rid] = self.now
 
         def finished(rid: int, tokens: int) -> None:
-            self.end_ns[rid] = self.now
-            self.delivered[rid] = tokens
+            end[rid] = self.now
+            delivered[rid] = tokens
             if self.coupled:
                 self._done()
 
@@ -139,14 +116,7 @@ class Cluster:
 
         return Sink(segment, first_token, prefill_start, finished, handoff)
 
-    # ---- GPU arbitration ----------------------------------------------------------------------
-    def _gpus_free(self, i: int) -> bool:
-        for g in self.deploy.engines[i].gpus:
-            d = self.devices[g]
-            if d.mode == "time_slice" and d.holder is not None and d.holder != i:
-                return False
-        return True
-
+    # ---- starting steps (GPU arbitration in device.py, the run-ahead in stretch.py) ----------
     def _try_start(self, i: int, ahead: bool = True) -> None:
         """Start engine i's next step now if it has work and its GPUs are free; `ahead=False`:
         put its step end on the heap even where it could run ahead (`_start_engines`)."""
@@ -156,7 +126,7 @@ class Cluster:
         if not (st.running or st.waiting or st.decode_admits):
             return
         exclusive = self.exclusive[i]
-        if not exclusive and not self._gpus_free(i):
+        if not exclusive and not gpus_free(self.devices, self.deploy.engines[i].gpus, i):
             if i not in self.ready:
                 self.ready.append(i)
             return
@@ -172,7 +142,7 @@ class Cluster:
         if not exclusive:
             cost, extra = self._share(i, st, cost)
         elif self.fast_forward and ahead:
-            left = self._run_ahead(i, st, cost)
+            left = run_ahead(self, i, st, cost)
             if left is None:
                 return
             t0, cost = left
@@ -180,66 +150,13 @@ class Cluster:
         self.step_t0[i] = t0
         self.step_cost[i] = cost
         self.last_start[i] = t0
-        self.loop.push(t0 + max(1, round((cost.seconds + extra) * 1e9)), STEP_END, i)
-
-    def _run_ahead(self, i: int, st: EngineState, cost: StepCost) -> tuple[int, StepCost] | None:
-        """An engine alone on its GPUs runs, without events, every step that ends before the next
-        event anywhere (arrival, hand-off, another engine's step end): nothing can change its
-        inputs meanwhile, so the result is the step-by-step run. Decode-only stretches are
-        committed in bulk. Returns the step left in flight, or None when the engine went idle.
-        """
-        now0 = self.now
-        t0 = now0
-        loop = self.loop
-        while True:
-            t_ev = loop.peek_time()
-            t_next = self.next_arrival_ns if t_ev is None else min(t_ev, self.next_arrival_ns)
-            dur = max(1, round(cost.seconds * 1e9))
-            if t0 + dur >= t_next:
-                break
-            k = st.stretch_limit()
-            if k >= _MIN_STRETCH:
-                # steps only get longer within a stretch: this one bounds how many fit
-                k = min(k, (t_next - t0) // dur + 2, 4096)
-                if k >= _MIN_STRETCH:
-                    fn = stretch if k > _NUMPY_STRETCH else stretch_scalar
-                    t1, cost1, done = fn(st, k, t0, t_next, cost)
-                    self.stretch_steps += done
-                    if t1 != t0:
-                        t0, cost = t1, cost1
-                        continue
-            # one ordinary step, inline: what STEP_END then _try_start would do
-            end = t0 + dur
-            self.now = end
-            st.end_step(t0, end, cost)
-            t0 = end
-            if self.to_send:
-                # a request ended and let another out: that is an event (`_on_send`)
-                loop.push(end, SEND, i)
-                self.now = now0
-                return None
-            if not (st.running or st.waiting or st.decode_admits) or not st.plan_step(end):
-                wake = st.next_wake_ns()
-                if wake is not None and wake > end and self.wake_at[i] != wake:
-                    self.wake_at[i] = wake
-                    loop.push(wake, WAKE, i)
-                self.now = now0
-                return None
-            cost = st.step_cost()
-        self.now = now0
-        return t0, cost
+        d = round((cost.seconds + extra) * 1e9)
+        self.loop.push(t0 + (d if d > 1 else 1), STEP_END, i)
 
     def _share(self, i: int, st: EngineState, cost: StepCost) -> tuple[StepCost, float]:
         """A shared GPU: hold the time slice (paying a switch) or get a bandwidth share."""
         e = self.deploy.engines[i]
-        extra = 0.0
-        for g in e.gpus:
-            d = self.devices[g]
-            if d.mode == "time_slice":
-                if d.last_engine is not None and d.last_engine != i:
-                    extra = self.deploy.cost.switch_overhead_s
-                d.holder = i
-                d.last_engine = i
+        extra = take_gpus(self.devices, e.gpus, i, self.deploy.cost.switch_overhead_s)
         if e.share_mode == "spatial":
             want = cost.bytes / e.tp / cost.seconds
             bw = min(self.devices[g].bandwidth_share(i, want) for g in e.gpus)
@@ -261,15 +178,7 @@ class Cluster:
             else:
                 self._try_start(i)
             return
-        e = self.deploy.engines[i]
-        sliced = False
-        for g in e.gpus:
-            d = self.devices[g]
-            if d.mode == "time_slice":
-                d.holder = None
-                sliced = True
-            else:
-                d.demand.pop(i, None)
+        sliced = release_gpus(self.devices, self.deploy.engines[i].gpus, i)
         if sliced and (self.ready or touched):
             # fair turns: the engines waiting for the GPU (or given a request now), then this
             # one, by turn order
@@ -322,25 +231,48 @@ class Cluster:
         return touched
 
     def _send(self, k: int) -> int:
-        """Request k leaves the client now: queued at its engine (returned), or refused (-1)."""
+        """Request k leaves the client now: queued at its engine (returned), refused, or on
+        its way through the server's request overhead (an ARRIVE event; both -1)."""
         now = self.now
-        self.sent_ns[k] = now
-        if self.client.closed:
-            self.scheduled_ns[k] = now  # a user's next request has no planned instant
+        rec = self.rec
+        rec.sent_ns[k] = now
+        if self.closed:
+            rec.scheduled_ns[k] = now  # a user's next request has no planned instant
         i = self.eng_l[k]
-        p, o = max(1, self.inp[k]), max(1, self.out[k])
+        p, o = self.inp[k], self.out[k]
+        p, o = p if p > 1 else 1, o if o > 1 else 1  # (at least one token each)
         lim = self.kv_limit[i]
         if p + o > lim:
-            self.status[k] = ST_REJECTED
-            self.errors[k] = f"request of {p}+{o} tokens exceeds the engine's context limit {lim}"
-            self.end_ns[k] = now
+            rec.reject(
+                k, now, f"request of {p}+{o} tokens exceeds the engine's context limit {lim}"
+            )
             if self.coupled:
                 self._done()
             return -1
+        if self.overhead_ns:
+            self.loop.push_first(now + self.overhead_ns, ARRIVE, k)
+            return -1
+        return self._enqueue(k, i, p, o)
+
+    def _enqueue(self, k: int, i: int, p: int, o: int) -> int:
         s = self.sched[i]
         key0 = self.prio[k] if s == "priority" else p if s == "short_first" else 0
-        self.engines[i].enqueue(Seq(k, p, o, (key0, k), self.grp[k], self.pre[k]), now)
+        self.engines[i].enqueue(Seq(k, p, o, (key0, k), self.grp[k], self.pre[k]), self.now)
         return i
+
+    def _arrive(self, k: int) -> None:
+        """ARRIVE: request k (and every other arriving at this instant) reaches its engine;
+        all are queued before any engine plans a step."""
+        heap, t = self.loop.heap, self.now
+        rows = [k]
+        while heap and heap[0][0] == t and heap[0][2] == ARRIVE:
+            rows.append(heapq.heappop(heap)[3])
+        touched: list[int] = []
+        for r in rows:
+            i = self._enqueue(r, self.eng_l[r], max(1, self.inp[r]), max(1, self.out[r]))
+            if i not in touched:
+                touched.append(i)
+        self._start_engines(touched)
 
     # ---- P/D -----------------------------------------------------------------------------------
     def _handoff(self, i: int, seq: Seq) -> None:
@@ -357,17 +289,18 @@ class Cluster:
         seq, src = self.pending.pop(rid)
         p = self.engines[src]
         p.kv.release(seq, seq.computed)
-        self.first_token_ns[rid] = self.now
+        rec = self.rec
+        rec.first_token_ns[rid] = self.now
         self.segment_explicit(rid, self.now)
         if seq.gen >= seq.out:
-            self.end_ns[rid] = self.now
-            self.delivered[rid] = seq.gen
+            rec.end_ns[rid] = self.now
+            rec.delivered[rid] = seq.gen
             if self.coupled:
                 self._done()
         else:
             dst = self.handoff_to[src]
             seq.group = -1
-            self.engine_of[rid] = dst
+            rec.engine_of[rid] = dst
             self.engines[dst].decode_admits.append(seq)
         # the source first: its next step end must be on the heap before the decode engine
         # decides how far it may run ahead
@@ -380,10 +313,7 @@ class Cluster:
             self._try_start(self.handoff_to[src])
 
     def segment_explicit(self, rid: int, t_ns: int) -> None:
-        self.seg_rid.append(rid)
-        self.seg_eng.append(-1)
-        self.seg_a.append(t_ns)
-        self.seg_b.append(t_ns)
+        self.rec.segs.extend(SEGMENT.pack(rid, -1, t_ns, t_ns))
 
     # ---- main loop -----------------------------------------------------------------------------
     def run(
@@ -399,25 +329,15 @@ class Cluster:
         shape = shape or LoadShape()
         n = len(schedule)
         self.client = Client(shape, n)
+        self.closed = self.client.closed
         self.coupled = shape.coupled
         self.kv_limit = kv_limit
-        self.scheduled_ns = schedule.t_ns.astype(np.int64)  # (a copy: closed loop rewrites it)
-        self.sent_ns = np.full(n, NO_TIME, dtype=np.int64)
-        self.first_token_ns = np.full(n, NO_TIME, dtype=np.int64)
-        self.end_ns = np.full(n, NO_TIME, dtype=np.int64)
-        self.prefill_start_ns = np.full(n, NO_TIME, dtype=np.int64)
-        self.prefill_end_ns = np.full(n, NO_TIME, dtype=np.int64)
-        self.delivered = np.zeros(n, dtype=np.int64)
-        self.status = np.zeros(n, dtype=np.int8)
-        self.errors: dict[int, str] = {}
-        self.seg_rid = array("q")
-        self.seg_eng = array("q")
-        self.seg_a = array("q")
-        self.seg_b = array("q")
         self.pending: dict[int, tuple[Seq, int]] = {}
         route_by_idx = np.array([self.route[m] for m in schedule.models], dtype=np.int64)
         eng_of = route_by_idx[schedule.model_idx] if n else np.zeros(0, dtype=np.int64)
-        self.engine_of = eng_of.copy()
+        self.rec = Records(schedule.t_ns, eng_of)
+        for i, st in enumerate(self.engines):
+            st.sink = self._sink(i, self.rec)
         t_arr = schedule.t_ns.tolist()
         self.eng_l: list[int] = eng_of.tolist()
         self.inp: list[int] = schedule.input_tokens.tolist()
@@ -436,8 +356,12 @@ class Cluster:
             self.to_send = self.client.start()
             events += len(self.to_send)
             self._start_engines(self._release_sends())
+        heap = loop.heap
+        pop = heapq.heappop
+        stepping = self.stepping
+        plain = not self.coupled  # no request's end sends another: no client decisions
         while True:
-            t_ev = loop.peek_time()
+            t_ev = heap[0][0] if heap else None
             if k < n and (t_ev is None or t_arr[k] <= t_ev):
                 # arrivals first at equal times, so the step starting now sees them: all of
                 # this instant's arrivals are queued before any engine plans a step
@@ -447,14 +371,19 @@ class Cluster:
                 while j < n and t_arr[j] == t:
                     j += 1
                 self.next_arrival_ns = t_arr[j] if j < n else _INF
-                self.to_send = self.client.arrive(range(k, j))
-                self._start_engines(self._release_sends())
+                if plain and j == k + 1:  # one request, sent at its instant
+                    i = self._send(k)
+                    if i >= 0 and not stepping[i]:
+                        self._try_start(i)
+                else:
+                    self.to_send = self.client.arrive(range(k, j))
+                    self._start_engines(self._release_sends())
                 events += j - k
                 k = j
                 continue
             if t_ev is None:
                 break
-            t, kind, arg = loop.pop()
+            t, _, kind, arg = pop(heap)
             self.now = t
             self.next_arrival_ns = t_arr[k] if k < n else _INF
             events += 1
@@ -466,24 +395,8 @@ class Cluster:
                     self._try_start(arg)
             elif kind == SEND:
                 self._on_send(arg)
+            elif kind == ARRIVE:
+                self._arrive(arg)
             else:
                 self._kv_done(arg)
-        return ClusterResult(
-            scheduled_ns=self.scheduled_ns,
-            sent_ns=self.sent_ns,
-            first_token_ns=self.first_token_ns,
-            end_ns=self.end_ns,
-            prefill_start_ns=self.prefill_start_ns,
-            prefill_end_ns=self.prefill_end_ns,
-            engine_of=self.engine_of,
-            delivered=self.delivered,
-            status=self.status,
-            errors=self.errors,
-            seg_rid=np.asarray(self.seg_rid, dtype=np.int64),
-            seg_eng=np.asarray(self.seg_eng, dtype=np.int64),
-            seg_a=np.asarray(self.seg_a, dtype=np.int64),
-            seg_b=np.asarray(self.seg_b, dtype=np.int64),
-            engines=tuple(engines),
-            logs=tuple(st.step_log() for st in engines),
-            events=events,
-        )
+        return self.rec.result(engines, events)

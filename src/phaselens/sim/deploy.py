@@ -1,3 +1,4 @@
+# One job, ~440 lines: the deployment file, from its schema through resolution to the checks.
 """Deployment file: GPUs, engines (model, TP, policy, sharing), optional P/D split.
 
 Why pydantic only here: the YAML is user input and every mistake must become one line naming the
@@ -105,6 +106,9 @@ class DeploymentIn(_Strict):
     gpus: list[GpuIn] = Field(min_length=1, max_length=MAX_GPUS)
     engines: list[EngineIn] = Field(min_length=1, max_length=MAX_ENGINES)
     cost: dict[str, CostValue] = Field(default_factory=dict)
+    # time in the server outside the engine (HTTP, parsing, tokenization), per request:
+    # `calibrate`'s request overhead r; a request reaches its engine this long after it is sent
+    request_overhead_ms: Ms = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +170,7 @@ class Deployment:
     engines: tuple[Engine, ...]
     cost: CostParams = field(default_factory=CostParams)
     source: str = "<default>"
+    request_overhead_s: float = 0.0  # outside the engine (`DeploymentIn.request_overhead_ms`)
 
     def gpu(self, name: str) -> Gpu:
         return next(g for g in self.gpus if g.name == name)
@@ -388,7 +393,7 @@ def _resolve(d: DeploymentIn, source: str) -> Deployment:
                     f"{source}: model {s!r} is served by both {served[s]} and {eng.name}"
                 )
             served[s] = eng.name
-    return Deployment(gpus, tuple(engines), cost, source)
+    return Deployment(gpus, tuple(engines), cost, source, d.request_overhead_ms / 1e3)
 
 
 def default_model(name: str) -> str:

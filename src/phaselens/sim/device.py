@@ -36,3 +36,42 @@ class DeviceState:
 def turn_order(priority: int, last_start_ns: int, index: int) -> tuple[int, int, int]:
     """Time slicing: a lower share priority first, then the engine that ran least recently."""
     return (priority, last_start_ns, index)
+
+
+def gpus_free(devices: dict[str, DeviceState], gpus: tuple[str, ...], engine: int) -> bool:
+    """May engine `engine` start a step now: no other engine holds a time slice of its GPUs?"""
+    for g in gpus:
+        d = devices[g]
+        if d.mode == "time_slice" and d.holder is not None and d.holder != engine:
+            return False
+    return True
+
+
+def take_gpus(
+    devices: dict[str, DeviceState], gpus: tuple[str, ...], engine: int, switch_s: float
+) -> float:
+    """Engine `engine` starts a step: it holds the time slices of its GPUs; returns the
+    switch overhead (seconds) it pays when another engine ran last on one of them."""
+    extra = 0.0
+    for g in gpus:
+        d = devices[g]
+        if d.mode == "time_slice":
+            if d.last_engine is not None and d.last_engine != engine:
+                extra = switch_s
+            d.holder = engine
+            d.last_engine = engine
+    return extra
+
+
+def release_gpus(devices: dict[str, DeviceState], gpus: tuple[str, ...], engine: int) -> bool:
+    """Engine `engine`'s step ended: its time slices and bandwidth demand are given back;
+    True when one of its GPUs is time-sliced (others may be waiting for it)."""
+    sliced = False
+    for g in gpus:
+        d = devices[g]
+        if d.mode == "time_slice":
+            d.holder = None
+            sliced = True
+        else:
+            d.demand.pop(engine, None)
+    return sliced

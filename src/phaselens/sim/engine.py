@@ -1,4 +1,3 @@
-# One job, ~460 lines: one state machine (plan, price, apply, fast-forward, preempt).
 """The step loop of one serving engine: plan a step, price it, apply it (no timing here).
 
 Why this shape: the engine's mechanics — a waiting queue, running sequences, decode aggregates,
@@ -10,38 +9,21 @@ Speed: decoding sequences are never visited one by one. Each decoding sequence a
 one token per step, so the engine keeps only aggregates (count, Σ context, and how many
 sequences cross a KV block boundary at each step modulo the block size) and a heap of the step
 at which each sequence finishes. A step therefore costs O(1) plus its prefill chunks, and token
-times are stored as step-index ranges (segments) and expanded once at the end.
+times are stored as step-index ranges (segments) and expanded once at the end. Decode-only
+stretches are committed in bulk by `stretch.py`; the step log's columns are `records.py`'s.
 """
 
 from __future__ import annotations
 
 import heapq
-from array import array
-from dataclasses import dataclass
-
-import numpy as np
+from collections.abc import Callable
 
 from phaselens.sim.admission import ADMIT
 from phaselens.sim.cost import EngineCost, StepCost, prefill_attn_units
 from phaselens.sim.deploy import Policy
 from phaselens.sim.kvpool import KvPool
+from phaselens.sim.records import STEP_RECORD
 from phaselens.sim.seq import Seq, Sink
-
-
-@dataclass(frozen=True, slots=True)
-class StepLog:
-    """One engine's steps as columns (what `steps.parquet` and the telemetry are built from)."""
-
-    t0: np.ndarray
-    t1: np.ndarray
-    prefill: np.ndarray
-    dec: np.ndarray
-    kv: np.ndarray
-    running: np.ndarray
-    waiting: np.ndarray
-    preempt: np.ndarray
-    flops: np.ndarray
-    bytes: np.ndarray
 
 
 class EngineState:
@@ -81,16 +63,19 @@ class EngineState:
         self.batch_slots = 0
         self.batch_k = 0
         self.request_level = policy.type != "continuous"
+        self.admit = ADMIT[policy.type]
+        self.max_batched = policy.max_num_batched_tokens
+        self.chunked = policy.chunked_prefill
+        self.step_bw = cost.step_bw
         self.queue_kv = policy.kv_full == "queue"  # admit only what can finish unpreempted
         # statistics
         self.prefix_hit_tokens = 0
         self.prefix_query_tokens = 0
         self.preemptions = 0
         self.decode_admits: list[Seq] = []  # P/D decode engine: handed-off sequences to admit
-        # per-step log, flat typed arrays (two extends a step instead of ten appends):
-        # ints t0, t1, prefill tokens, decoding seqs, KV tokens, running, waiting, preemptions
-        self.ilog = array("q")
-        self.flog = array("d")  # FLOPs, bytes
+        self.log = bytearray()  # one STEP_RECORD per step (records.py)
+        self.step_fns: dict[tuple[int, int], Callable[[int], tuple[float, float, float]]] = {}
+        self.pack = STEP_RECORD.pack
 
     # ---- queue -------------------------------------------------------------------------------
     def enqueue(self, seq: Seq, now_ns: int) -> None:
@@ -103,34 +88,34 @@ class EngineState:
         """The next request of the waiting queue (not removed)."""
         return self.waiting_seqs[self.waiting[0][1]]
 
-    def _pop_waiting(self) -> Seq:
-        _, rid = heapq.heappop(self.waiting)
-        seq = self.waiting_seqs.pop(rid)
-        self.waiting_tokens -= seq.target
-        del self.oldest_wait_ns[rid]
-        return seq
-
     def admit_head(self, budget: int | None) -> int | None:
         """Admit the head of the waiting queue with (part of) its prefill; returns the chunk,
         or None when its KV does not fit (a prefix reference taken is given back). What
         policies admit through."""
-        seq = self.head()
+        seq = self.waiting_seqs[self.waiting[0][1]]  # (self.head(), inline)
         fresh = seq.gen == 0 and seq.epoch == 0
         kv = self.kv
-        kv.prefix_hit(seq)
+        if seq.group >= 0:  # (no prefix group: no hit)
+            kv.prefix_hit(seq)
         remaining = seq.target - seq.computed
-        chunk = remaining if budget is None else min(remaining, budget)
+        chunk = remaining if budget is None or remaining <= budget else budget
         bs = self.bs
         blocks = (seq.computed + chunk + bs - 1) // bs - seq.shared
-        whole = self._whole_blocks(seq) - seq.shared if self.queue_kv else 0
-        if (self.queue_kv and not kv.fits_whole(whole)) or not kv.ensure_free(blocks):
+        queue_kv = self.queue_kv
+        whole = self._whole_blocks(seq) - seq.shared if queue_kv else 0
+        if (queue_kv and not kv.fits_whole(whole)) or (
+            kv.total - kv.used - kv.evictable < blocks and not kv.ensure_free(blocks)
+        ):
             if seq.shared:  # undo the prefix reference taken above
                 kv.release(seq, seq.shared * bs)
                 seq.computed = 0
             return None
-        if self.queue_kv:
+        if queue_kv:
             kv.commit(seq.rid, whole)
-        self._pop_waiting()
+        rid = heapq.heappop(self.waiting)[1]  # off the waiting queue
+        del self.waiting_seqs[rid]
+        self.waiting_tokens -= seq.target
+        del self.oldest_wait_ns[rid]
         if fresh:
             self.cur_new += 1
             self.sink.prefill_start(seq.rid)
@@ -205,52 +190,61 @@ class EngineState:
     def plan_step(self, now_ns: int) -> bool:
         """Choose this step's work; False when there is nothing to run now."""
         s = self.step_idx
-        self.cur_chunks = []
+        chunks: list[tuple[Seq, int]] = []
+        self.cur_chunks = chunks
         self.cur_preempt = 0
         self.cur_new = 0
         self.cur_first = 0
         # 1. new KV blocks for decoding sequences crossing a block boundary this step
         kv = self.kv
-        need = self.phase[s % self.bs]
-        if need and not kv.ensure_free(need):
-            while not kv.ensure_free(self.phase[s % self.bs]):
+        phase, bs = self.phase, self.bs
+        need = phase[s % bs]
+        if need and kv.total - kv.used - kv.evictable < need and not kv.ensure_free(need):
+            while not kv.ensure_free(phase[s % bs]):
                 if not self._preempt_one(s):
                     break
-            need = self.phase[s % self.bs]
+            need = phase[s % bs]
         kv.used += need
         # 2. handed-off sequences (P/D decode engine) join decoding directly
         if self.decode_admits:
             self._admit_handoffs(s)
         if self.pending_first:  # sequences whose prefill ended last step, unless preempted
             run = self.running
-            self.cur_first += sum(
-                1 for q, ep in self.pending_first if q.epoch == ep and q.rid in run
-            )
+            first = self.cur_first
+            for q, ep in self.pending_first:
+                if q.epoch == ep and q.rid in run:
+                    first += 1
+            self.cur_first = first
             self.pending_first = []
         # 3. partial prefills continue, then the policy admits waiting requests
-        budget = self.policy.max_num_batched_tokens - self.n_dec
-        for seq in list(self.prefilling) if self.prefilling else ():
-            if budget <= 0:
-                break
-            chunk = seq.target - seq.computed
-            if self.policy.chunked_prefill:
-                chunk = min(chunk, budget)
-            bs = self.bs
-            new_blocks = (seq.computed + chunk + bs - 1) // bs - (seq.computed + bs - 1) // bs
-            protect = {q.rid for q, _ in self.cur_chunks}
-            protect.add(seq.rid)
-            while not kv.ensure_free(new_blocks):
-                if not self._preempt_one(s, protect):
+        budget = self.max_batched - self.n_dec
+        if self.prefilling:
+            for seq in list(self.prefilling):
+                if budget <= 0:
                     break
-            if seq.rid not in self.running or not kv.ensure_free(new_blocks):
-                continue
-            kv.used += new_blocks
-            self.cur_chunks.append((seq, chunk))
-            budget -= chunk
-        if not self.cur_preempt:
-            ADMIT[self.policy.type](self, now_ns, budget)
+                chunk = seq.target - seq.computed
+                if self.chunked and budget < chunk:
+                    chunk = budget
+                new_blocks = (seq.computed + chunk + bs - 1) // bs - (seq.computed + bs - 1) // bs
+                if not kv.ensure_free(new_blocks):
+                    protect = {q.rid for q, _ in chunks}
+                    protect.add(seq.rid)
+                    while not kv.ensure_free(new_blocks):
+                        if not self._preempt_one(s, protect):
+                            break
+                    if not kv.ensure_free(new_blocks):
+                        continue
+                if seq.rid not in self.running:  # preempted for an earlier one's chunk
+                    continue
+                kv.used += new_blocks
+                chunks.append((seq, chunk))
+                budget -= chunk
+        # (continuous batching with an empty queue admits nothing; request-level batching
+        # also decides the padding of a running batch, so it is always asked)
+        if not self.cur_preempt and (self.waiting or self.request_level):
+            self.admit(self, now_ns, budget)
         self.cur_dec = self.n_dec
-        return bool(self.cur_chunks or self.cur_dec)
+        return bool(chunks or self.cur_dec)
 
     def _admit_handoffs(self, s: int) -> None:
         keep: list[Seq] = []
@@ -279,15 +273,17 @@ class EngineState:
         n_dec = self.cur_dec
         tokens = n_dec
         sampled = n_dec
-        attn = float(self.sum_p + n_dec)
-        kv_read = float(self.sum_p)
+        sum_p = self.sum_p
+        attn = float(sum_p + n_dec)
+        kv_read = float(sum_p)
         seqs = n_dec
         for seq, chunk in self.cur_chunks:
             tokens += chunk
-            attn += prefill_attn_units(chunk, seq.computed)
-            kv_read += seq.computed
+            c = seq.computed
+            attn += float(chunk) * c + chunk * (chunk + 1) / 2.0  # prefill_attn_units(chunk, c)
+            kv_read += c
             seqs += 1
-            if seq.computed + chunk >= seq.target:
+            if c + chunk >= seq.target:
                 sampled += 1
         if self.cur_pad:  # static batching: padded rows compute like real ones
             slots = self.batch_slots
@@ -299,14 +295,13 @@ class EngineState:
                 ctx = self.batch_pmax + self.batch_k - 1
                 tokens, attn, kv_read = slots, float(slots * (ctx + 1)), float(slots * ctx)
             sampled = seqs = slots
-        bw = self.cost.bandwidth if bandwidth is None else bandwidth
-        return self.cost.step_bw(
+        return self.step_bw(
             tokens,
             sampled,
             attn,
             kv_read,
             seqs,
-            bw,
+            self.cost.bandwidth if bandwidth is None else bandwidth,
             self.cur_new,
             self.cur_first,
             len(self.waiting),
@@ -319,8 +314,8 @@ class EngineState:
         prefill_tokens = 0
         # decoding sequences advance one token
         self.sum_p += self.n_dec
-        started: list[Seq] = []
-        for seq, chunk in self.cur_chunks:
+        started: list[tuple[Seq, int]] = []  # (seq, epoch): first decode step next
+        for seq, chunk in self.cur_chunks if self.cur_chunks else ():
             prefill_tokens += chunk
             seq.computed += chunk
             if seq.computed >= seq.target:
@@ -340,10 +335,13 @@ class EngineState:
                     self.kv.release(seq, seq.computed)
                     sink.finished(seq.rid, seq.gen)
                 else:
-                    started.append(seq)
+                    # the token sampled at the end of the prefill opens the segment at this
+                    # step (it finishes after this step: nothing below pops it)
+                    self._start_decode(seq, s, s + 1)
+                    started.append((seq, seq.epoch))
         heap = self.fin_heap
         running = self.running
-        while heap and heap[0][0] <= s:
+        while heap and heap[0][0] <= s:  # (a heap entry of a preempted epoch is dropped)
             _, rid, epoch = heapq.heappop(heap)
             seq_f = running.get(rid)
             if seq_f is None or seq_f.epoch != epoch:
@@ -355,98 +353,24 @@ class EngineState:
             seq_f.gen = seq_f.out
             sink.segment(rid, self.index, seq_f.s0, s)
             sink.finished(rid, seq_f.out)
-        for seq in started:
-            # the token sampled at the end of the prefill opens the segment at this step
-            self._start_decode(seq, s, s + 1)
         if started:
-            self.pending_first = [(q, q.epoch) for q in started]
+            self.pending_first = started
         if self.request_level:
             self.batch_k += 1
-        self.ilog.extend(
-            (
-                t0_ns,
-                t1_ns,
-                prefill_tokens,
-                self.cur_dec,
-                self.kv.used * self.bs,
-                len(running),
-                len(self.waiting),
-                self.cur_preempt,
-            )
+        _, flops, nbytes = cost
+        self.log += self.pack(
+            t0_ns,
+            t1_ns,
+            prefill_tokens,
+            self.cur_dec,
+            self.kv.used * self.bs,
+            len(running),
+            len(self.waiting),
+            self.cur_preempt,
+            flops,
+            nbytes,
         )
-        self.flog.extend((cost.flops, cost.bytes))
         self.step_idx = s + 1
-
-    def stretch_limit(self) -> int:
-        """How many steps from now are surely decode-only with the same batch (0: none).
-
-        True when this step is decode-only, nothing waiting can join before a sequence finishes
-        (empty queue, or the batch is at `max_num_seqs`), and no hand-off is pending; the
-        stretch ends before the first finishing step.
-        """
-        if (
-            self.policy.type != "continuous"
-            or self.cur_chunks
-            or self.cur_preempt
-            or self.cur_first
-            or self.decode_admits
-            or not self.n_dec
-            or (self.waiting and len(self.running) < self.policy.max_num_seqs)
-        ):
-            return 0
-        return max(0, self.fin_heap[0][0] - self.step_idx) if self.fin_heap else 0
-
-    def block_needs(self, k: int) -> np.ndarray:
-        """New KV blocks needed at the start of each of the next k steps after this one."""
-        s, bs = self.step_idx, self.bs
-        ph = np.asarray(self.phase, dtype=np.int64)
-        return ph[(s + 1 + np.arange(k, dtype=np.int64)) % bs]
-
-    def commit_stretch(
-        self, ends: list[int], t0: int, flops: list[float], nbytes: list[float], needs: list[int]
-    ) -> None:
-        """Apply b decode-only steps at once (the fast-forward); `ends[j]` is step j's end.
-
-        Equivalent to b rounds of plan_step/end_step with nothing admitted and nothing finishing:
-        Σp grows by n per step, each step allocates its boundary-crossing blocks, and every
-        decoding sequence gets one token per step (its segment already covers these steps).
-        """
-        b = len(ends)
-        n = self.n_dec
-        bs = self.bs
-        running, waiting = len(self.running), len(self.waiting)
-        ilog, flog = self.ilog, self.flog
-        kv = self.kv.used
-        start = t0
-        for j in range(b):
-            end = ends[j]
-            ilog.extend((start, end, 0, n, kv * bs, running, waiting, 0))
-            flog.extend((flops[j], nbytes[j]))
-            start = end
-            kv += needs[j]
-        self.sum_p += b * n
-        self.kv.used += sum(needs)
-        self.step_idx += b
-
-    def step_log(self) -> StepLog:
-        """The per-step log as numpy columns, viewing the log's memory without a copy.
-
-        Call it once the simulation is over: while the views live, the log cannot grow.
-        """
-        i = np.frombuffer(self.ilog, dtype=np.int64).reshape(-1, 8)
-        f = np.frombuffer(self.flog, dtype=np.float64).reshape(-1, 2)
-        return StepLog(
-            t0=i[:, 0],
-            t1=i[:, 1],
-            prefill=i[:, 2],
-            dec=i[:, 3],
-            kv=i[:, 4],
-            running=i[:, 5],
-            waiting=i[:, 6],
-            preempt=i[:, 7],
-            flops=f[:, 0],
-            bytes=f[:, 1],
-        )
 
     def next_wake_ns(self) -> int | None:
         """Request-level batching: when the oldest waiting request times out (None: no timer)."""

@@ -14,27 +14,33 @@ STEP_END = 0
 WAKE = 1
 KV_DONE = 2
 SEND = 3  # requests a request's end let out (closed loop, --max-inflight), then the engine
+ARRIVE = 4  # a sent request reaches its engine (after the deployment's request overhead)
 
 
 class EventLoop:
     """A min-heap of pending events; `kind` is one of the module constants."""
 
-    __slots__ = ("_heap", "_seq")
+    __slots__ = ("_seq", "heap")
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, int, int, int]] = []
+        self.heap: list[tuple[int, int, int, int]] = []  # read directly by the run-ahead
         self._seq = 0
 
     def push(self, t_ns: int, kind: int, arg: int) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (t_ns, self._seq, kind, arg))
+        heapq.heappush(self.heap, (t_ns, self._seq, kind, arg))
+
+    def push_first(self, t_ns: int, kind: int, arg: int) -> None:
+        """An event that runs before every other event at its instant (among its kind: by
+        `arg`); arrivals are first at equal times, so a step starting then sees them."""
+        heapq.heappush(self.heap, (t_ns, -1, kind, arg))
 
     def peek_time(self) -> int | None:
-        return self._heap[0][0] if self._heap else None
+        return self.heap[0][0] if self.heap else None
 
     def pop(self) -> tuple[int, int, int]:
-        t, _, kind, arg = heapq.heappop(self._heap)
+        t, _, kind, arg = heapq.heappop(self.heap)
         return t, kind, arg
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self.heap)

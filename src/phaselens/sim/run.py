@@ -19,9 +19,10 @@ import polars as pl
 from phaselens.errors import InputError
 from phaselens.sim.binning import IDLE_GAP_BINS, IDLE_TAIL_BINS, active_bins, telemetry_bins
 from phaselens.sim.client import LoadShape
-from phaselens.sim.cluster import NO_TIME, ST_OK, Cluster, ClusterResult
+from phaselens.sim.cluster import Cluster
 from phaselens.sim.cost import fp8_gemms
 from phaselens.sim.deploy import Deployment, default_deployment, load_deployment
+from phaselens.sim.records import NO_TIME, ST_OK, ClusterResult
 from phaselens.store import (
     PHASES,
     PHASES_SCHEMA,
@@ -91,6 +92,7 @@ def simulate(
         "cost_params": asdict(deploy.cost),
         "events": res.events,
         "fast_forward_steps": cluster.stretch_steps,
+        "request_overhead_s": deploy.request_overhead_s,
         "engines": {
             deploy.engines[st.index].name: {
                 "steps": st.step_idx,

@@ -1,0 +1,232 @@
+"""The simulator's closed loop against the real driver's, on llama.cpp (issue 17, done-when).
+
+What it checks: the same spec, driven closed-loop (`--concurrency` N users) by phaselens' driver
+against a real llama-server and by the simulated client on the simulator target with a
+deployment calibrated on a real run, gives the same TTFT and TPOT: p50 and p90 within the
+errors docs/validation.md states (ERR_PCT below; a closed loop of N users on an engine with at
+least N slots never queues, so every request is in the light regime).
+
+The protocol is the validation experiment's (docs/validation.md, sixth series), small: one
+llama-server with 4 slots on the `tiny` model; on two or more cores the engine gets core 0 (one
+thread, no spin-waiting) and the driver core 1. Calibration: `calibrate` (client timings) on a
+staged open-loop run (0.3 -> 0.7 -> 1.0 x 40 r/s, 10 s each: lone requests, batches of up to
+four, a short queue). Then closed loops of 1, 2 and 4 users over ~150 requests each, each run
+with its own prompt seed (no prompt-cache hits across runs). The simulator target replays each
+real closed loop's requests (the prompt lengths the server counted) with as many simulated
+users, on the calibrated deployment written as a deploy file, with calibrate's request overhead
+r as its `request_overhead_ms`.
+
+As in tests/whatif/test_validation_e2e.py, accuracy is asserted only when the driver's own
+self-check calls every real run VALID (its send and event-loop lags below the engine's step
+time): on a CPU shared with other work the client's timestamps are late and an accuracy bound
+would test the neighbours. On an INVALID run the test still checks what must hold anyway: one
+record per planned request, the closed loop's shape on both sides (never more than N in flight,
+each user's next request sent the instant its previous one ended) and finite predictions.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pytest
+import yaml
+
+from phaselens.driver.options import DriverOptions
+from phaselens.execute import HttpTarget, Options, RunInfo, SimTarget, execute
+from phaselens.spec import parse_spec
+from phaselens.store import Run, load_run
+from phaselens.whatif.calibfile import Calibration, with_cost
+from phaselens.whatif.calibrate import calibrate
+from phaselens.whatif.predict import per_request
+from phaselens.whatif.replay import schedule_from_run
+from phaselens.workload.plan import build_schedule
+
+from .helpers import max_overlap
+
+pytestmark = pytest.mark.e2e
+
+SLOTS = 4  # llama-server -np: at least the largest concurrency, so nothing queues
+USERS = (1, 2, 4)
+CAL_RATE = 40.0  # r/s at the staged calibration run's last stage
+CLOSED_REQUESTS = 150  # about: a Poisson spec of 15 s at 10 r/s
+# Allowed |error| (%): docs/validation.md "Closed loop on the simulator", three repeats of this
+# test on a quiet machine: TTFT p50 -1..+23%, p90 +0..+42% (the engine's bias found there: a lone
+# request at an idle llama-server pays ~2 ms more fixed time than one sent back to back, and
+# calibration learns that fixed time from lone requests); TPOT p50 -20..+8%, p90 -12..+6%, as
+# the sixth series' light regime (p50 misses to -18%, p90 to -29%).
+ERR_PCT = {"ttft_p50": 30.0, "ttft_p90": 50.0, "tpot_p50": 25.0, "tpot_p90": 30.0}
+
+
+def _spec(rate: float, duration_s: float, seed: int, name: str) -> Any:
+    from scripts.validation import experiment as ex
+
+    data = ex.spec_for(rate, duration_s, seed)
+    data["name"] = name
+    return parse_spec(data, "e2e-closed-loop", Path("."))
+
+
+def _staged_spec() -> Any:
+    """The calibration run: open loop, 0.3 -> 0.7 -> 1.0 x 40 r/s, 10 s each (lone requests,
+    batches up to the slots, a short queue): docs/validation.md's staged calibration run."""
+    from scripts.validation import experiment as ex
+
+    data = ex.spec_for(CAL_RATE, 0.0, 45, [(0.3, 10.0), (0.7, 10.0), (1.0, 10.0)])
+    data["name"] = "calib-staged"
+    return parse_spec(data, "e2e-closed-loop", Path("."))
+
+
+def _drive(url: str, ws: Any, out: Path, users: int | None) -> Run:
+    """One real run; its prompts are seeded by the spec's seed, so no run on the shared engine
+    meets another's prompts in llama.cpp's prompt cache (the default `prompt_seed` gives
+    request id k the same text in every run: the closed loops then reused 60-90% of each
+    prompt from the calibration run's and measured a prefill 2-3x shorter)."""
+    opts = Options(
+        driver=DriverOptions(
+            endpoint="chat",
+            timeout_s=120,
+            idle_timeout_s=60,
+            concurrency=users,
+            prompt_seed=ws.seed,
+        ),
+        quiet=True,
+        telemetry="none",
+        handle_sigint=False,
+    )
+    info = RunInfo(ws.name, ws.model_dump(mode="json"), ws.slo_dict)
+    res = execute(build_schedule(ws), HttpTarget({"*": url}), opts, out, info)
+    assert res.status == "complete", res
+    return load_run(res.path)
+
+
+def _simulate(real: Run, deploy_file: Path, out: Path, users: int) -> Run:
+    """The real run's requests (`schedule_from_run`: the prompt lengths the server counted,
+    which on the tiny model's tokenizer are ~3x the planned ones, and the tokens received)
+    sent closed-loop by `users` simulated users, in the order the real users sent them."""
+    opts = Options(driver=DriverOptions(concurrency=users), quiet=True, handle_sigint=False)
+    info = RunInfo(f"closed-c{users}-sim", real.manifest["spec"])
+    sched = schedule_from_run(real)
+    res = execute(sched, SimTarget(f"sim:{deploy_file}"), opts, out, info)
+    assert res.status == "complete", res
+    return load_run(res.path)
+
+
+def _pcts(run: Run) -> dict[str, float]:
+    m = per_request(run.requests).filter(pl.col("ok"))
+    out = {}
+    for metric in ("ttft_ms", "tpot_ms"):
+        v = m[metric].drop_nulls().to_numpy().astype(np.float64)
+        for p in (50, 90):
+            out[f"{metric[:-3]}_p{p}"] = float(np.percentile(v, p))
+    return out
+
+
+@pytest.fixture(scope="module")
+def closed_loop(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    if os.environ.get("PHASELENS_SKIP_E2E") == "1":
+        pytest.skip("PHASELENS_SKIP_E2E=1")
+    from scripts.validation import experiment as ex
+
+    eng_mod = ex._engines()
+    gone = eng_mod.missing(("llamacpp",), ex.SIZE)
+    if gone:
+        pytest.fail(f"real engines are not installed: {'; '.join(gone)}; run `make engines`")
+    tmp = tmp_path_factory.mktemp("closed_loop")
+    cpus = os.sched_getaffinity(0)
+    pin = {0, 1} <= cpus
+    threads = 1 if pin else 2
+    eng = eng_mod.start(
+        "llamacpp",
+        model=ex.MODEL,
+        size=ex.SIZE,
+        parallel=SLOTS,
+        ctx=ex.CTX,
+        threads=threads,
+        timeout_s=300.0,
+        log_dir=tmp,
+        extra_args=ex._engine_args("llamacpp", threads, 0 if pin else None),
+        cpus="0" if pin else None,
+    )
+    real: dict[int, Run] = {}
+    specs: dict[int, Any] = {}
+    try:
+        if pin:
+            os.sched_setaffinity(0, {1})  # the driver runs in this process
+        cal_run = _drive(eng.url, _staged_spec(), tmp, None)
+        for users, seed in zip(USERS, (44, 42, 43), strict=True):
+            # arrival times do not matter in a closed loop: the spec fixes the requests
+            specs[users] = _spec(10.0, CLOSED_REQUESTS / 10.0, seed, f"closed-c{users}")
+            real[users] = _drive(eng.url, specs[users], tmp, users)
+    finally:
+        if pin:
+            os.sched_setaffinity(0, cpus)
+        eng.stop()
+    dmap = ex.deployment(SLOTS, 0.157, 20.0)
+    src = tmp / "deploy.yaml"
+    src.write_text(yaml.safe_dump(dmap, sort_keys=False))
+    c = calibrate(cal_run, dmap, str(src), allow_invalid=True)
+    deploy_file = _calibrated_deploy_file(c, tmp / "deploy-calibrated.yaml")
+    sim = {u: _simulate(real[u], deploy_file, tmp, u) for u in USERS}
+    figures = {u: {"measured": _pcts(real[u]), "simulated": _pcts(sim[u])} for u in USERS}
+    print("\ncalibration:", c.to_dict()["cost"], "request overhead", c.request_overhead_s)
+    for u in USERS:
+        print(f"c={u}", figures[u], real[u].manifest.get("valid"))
+    runs = [cal_run, *real.values()]
+    return {
+        "cal": c,
+        "real": real,
+        "sim": sim,
+        "figures": figures,
+        "planned": {u: len(build_schedule(specs[u])) for u in USERS},
+        "valid": all(r.manifest.get("valid") is not False for r in runs),
+        "invalid": [r.manifest.get("invalid_reasons") for r in runs],
+    }
+
+
+def _calibrated_deploy_file(c: Calibration, path: Path) -> Path:
+    """The deployment with the fitted constants as a deploy file (`--target sim:FILE`): the
+    engine constants, and the request overhead r outside the engine, which in a closed loop
+    the simulated client must wait too (there are no planned arrivals to shift by it)."""
+    d = with_cost(c.deployment, c.cost)
+    d["request_overhead_ms"] = c.request_overhead_s * 1e3
+    path.write_text(yaml.safe_dump(d, sort_keys=False))
+    return path
+
+
+def _spans(run: Run) -> list[tuple[int, int]]:
+    r = run.requests.filter(pl.col("status") == "ok")
+    return list(zip(r["sent_ns"].to_list(), r["end_ns"].to_list(), strict=True))
+
+
+@pytest.mark.parametrize("users", USERS)
+def test_closed_loop_shape_real_and_simulated(closed_loop: dict[str, Any], users: int) -> None:
+    """Both sides ran a closed loop of `users`: one record per planned request, all ok, never
+    more than `users` on the wire and exactly `users` most of the time."""
+    for run in (closed_loop["real"][users], closed_loop["sim"][users]):
+        assert run.manifest["driver"]["loop"] == "closed", run.manifest["driver"]
+        assert run.manifest["driver"]["concurrency"] == users
+        req = run.requests
+        assert req.height == closed_loop["planned"][users]
+        assert req.filter(pl.col("status") != "ok").height == 0
+        assert max_overlap(_spans(run)) == users
+    # The simulated users send the next request the instant the previous one ends, so the
+    # sends after the first `users` are exactly the ends of earlier requests.
+    s = closed_loop["sim"][users].requests.sort("sent_ns")
+    ends = set(s["end_ns"].to_list())
+    assert all(t in ends for t in s["sent_ns"].to_list()[users:])
+
+
+@pytest.mark.parametrize("users", USERS)
+def test_simulated_closed_loop_agrees_with_real(closed_loop: dict[str, Any], users: int) -> None:
+    fig = closed_loop["figures"][users]
+    meas, pred = fig["measured"], fig["simulated"]
+    for v in pred.values():
+        assert np.isfinite(v) and v > 0, pred
+    if not closed_loop["valid"]:
+        pytest.skip(f"a real run was self-check INVALID: {closed_loop['invalid']}; {fig}")
+    for key, m in meas.items():
+        err = 100.0 * (pred[key] - m) / m
+        assert abs(err) <= ERR_PCT[key], (users, key, m, pred[key], fig)

@@ -1,0 +1,188 @@
+"""Speed work must not change a single simulated number: fixed-seed runs hashed against main.
+
+Why a hash: the simulator's hot paths (cluster.py, engine.py, stretch.py, ...) are rewritten for
+speed, and "the same records" is the one contract such a rewrite must keep. Each scenario below
+exercises one mechanism (preemption, chunked prefill, prefix cache, request-level batching,
+P/D hand-off, shared GPUs, priority, kv_full queue, the closed loop and --max-inflight); the
+digest covers every column of the requests, steps, telemetry and phases frames and the
+manifest's event, step and preemption counts.
+
+The expected digests were computed on main (8e46514) before the speed work. They change when
+the *physics* changes on purpose (sim/cost.py, hardware.py, a policy): then recompute them with
+`PYTHONPATH=src python -m tests.sim.test_records_hash` and say why in the commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pytest
+
+from phaselens.sim.client import LoadShape
+from phaselens.sim.deploy import Deployment, parse_deployment
+from phaselens.sim.models import MODELS
+from phaselens.sim.run import SimResult, simulate
+from phaselens.types import Schedule
+
+from .helpers import make_schedule
+
+EXPECTED = {
+    "closed3_tight": "00e47fe95be9db23c4d0bd32f411e52335110d0e21cafb8d3dfb2d7137951a8c",
+    "closed4_overheads": "19d3efabcf36eaa86a1d4fd3dfb7c81c094ce4a3b931d84f831b7962600838fc",
+    "closed8": "ecddef4400072095991b460ca6d1c57a2944423afb2f78f103097fe327f76eb0",
+    "continuous": "118f0d80f7d645c40e8198c88e942c74e95dc0344477d5f421a0385ff4fc26ad",
+    "dynamic": "a875371402c6487d6ac06e5aa2ff650d5130aecfec0d49e4d35bf1a79fdd1cd2",
+    "inflight4": "c54673e9fc9f0ddbea3ac14ba2190c14ad0f1c8aa5b7ccfd232aeb6d9e33765b",
+    "overheads": "a074fe39a66d74c905480b85e704cedf90c1dfd0db9f644a196d3db009939f6b",
+    "pd": "49b554001c39bcecd6467c34af3e74b5be4552a85e6de10840363c2cac234605",
+    "prefix_chunked": "8286573e0b6d318dcb2e24998048118d05262bd7ee53a06f5660907e80d32ed3",
+    "priority_queue_kv": "b6ee298b6ecd17fbd810affc5dfeb0bc0c66f2d7dbd8e23c560c653b992e5b71",
+    "spatial": "efc0ec1d4bc9f192f43905f564142e94b74216c4b64266757c032ff5a469d423",
+    "static": "949b4b5bd2ea7500477635e2421a2b2357bfab92e2b93e9ae83b4d8c79fb3b14",
+    "tight_kv": "387c98c60a558ce2dc8582f35d7556d18ae2303c71e0f801c186570733f7da5d",
+    "time_slice": "f35d808a9115149d5710e0f0813754d2a8b80b1140fa6ad106b4576f4a268cca",
+}
+
+
+def _engine(name: str, serves: list[str], gpus: list[str], **kw: Any) -> dict[str, Any]:
+    return {"name": name, "model": "llama-3-8b", "serves": serves, "gpus": gpus, **kw}
+
+
+def _deploy(
+    engines: list[dict[str, Any]], gpus: list[dict[str, Any]], cost: dict[str, float] | None = None
+) -> Deployment:
+    d: dict[str, Any] = {"gpus": gpus, "engines": engines}
+    if cost:
+        d["cost"] = cost
+    return parse_deployment(d, "<hash>")
+
+
+# every fittable overhead on, as a calibration on a real engine leaves them (docs/whatif.md)
+OVERHEADS = {
+    "step_overhead_s": 0.0005,
+    "per_seq_overhead_s": 0.0002,
+    "per_request_overhead_s": 0.003,
+    "first_decode_overhead_s": 0.0004,
+    "extra_seq_overhead_s": 0.0001,
+    "wait_overhead_s": 0.00001,
+    "queue_overhead_s": 0.00004,
+    "wait_token_overhead_s": 0.000006,
+}
+
+
+def _tight_gpu(tokens: int) -> dict[str, Any]:
+    m = MODELS["llama-3-8b"]
+    mem = (m.weight_total_bytes + 1.5e9 + tokens * m.kv_bytes_per_token) / 0.9 / 1e9
+    return {"name": "g", "tflops": 989, "bandwidth_gbs": 3350, "memory_gb": mem}
+
+
+H100 = [{"name": "g", "type": "H100-SXM"}]
+
+
+def _sched(seed: int, n: int, secs: float, models: int = 1, prefix: bool = False) -> Schedule:
+    rng = np.random.default_rng(seed)
+    t = np.sort(rng.uniform(0, secs, n))
+    t[5:9] = t[4]  # a burst of simultaneous arrivals
+    pg = rng.integers(0, 3, n) if prefix else None
+    pt = np.full(n, 300) if prefix else None
+    return make_schedule(
+        t,
+        rng.integers(10, 2500, n),
+        rng.integers(1, 400, n),
+        models=tuple("ab"[:models]),
+        model_idx=rng.integers(0, models, n),
+        prefix_group=pg,
+        prefix_tokens=pt,
+        priority=rng.integers(0, 3, n),
+    )
+
+
+def _scenario(name: str) -> tuple[Schedule, Deployment, LoadShape | None]:
+    one = [_engine("e", ["a"], ["g"])]
+    if name == "continuous":
+        return _sched(1, 300, 6.0), _deploy(one, H100), None
+    if name == "tight_kv":
+        return _sched(2, 200, 3.0), _deploy(one, [_tight_gpu(15000)]), None
+    if name == "prefix_chunked":
+        pol = {"chunked_prefill": True, "max_num_batched_tokens": 512, "prefix_cache": True}
+        return (
+            _sched(3, 200, 4.0, prefix=True),
+            _deploy([_engine("e", ["a"], ["g"], policy=pol)], H100),
+            None,
+        )
+    if name in ("dynamic", "static"):
+        pol = {"type": name, "max_num_seqs": 8, "max_wait_ms": 20}
+        return _sched(4, 120, 6.0), _deploy([_engine("e", ["a"], ["g"], policy=pol)], H100), None
+    if name == "pd":
+        eng = [
+            _engine("p", ["a"], ["g1"], role="prefill", handoff={"to": "d", "link_gbs": 50}),
+            {"name": "d", "model": "llama-3-8b", "role": "decode", "gpus": ["g2"]},
+        ]
+        gpus = [{"name": "g1", "type": "H100-SXM"}, {"name": "g2", "type": "H100-SXM"}]
+        return _sched(5, 200, 4.0), _deploy(eng, gpus), None
+    if name in ("time_slice", "spatial"):
+        share: dict[str, Any] = {"mode": name}
+        if name == "spatial":
+            share["sm_fraction"] = 0.5
+        eng = [_engine(x, [x], ["g"], share=share) for x in "ab"]
+        return _sched(6, 200, 4.0, models=2), _deploy(eng, [{"name": "g", "type": "H200"}]), None
+    if name == "priority_queue_kv":
+        pol = {"scheduling": "priority", "kv_full": "queue"}
+        eng = [_engine("e", ["a"], ["g"], policy=pol)]
+        return _sched(7, 200, 3.0), _deploy(eng, [_tight_gpu(15000)]), None
+    if name == "closed8":
+        return _sched(8, 200, 1.0), _deploy(one, H100), LoadShape(concurrency=8)
+    if name == "inflight4":
+        return _sched(9, 200, 2.0), _deploy(one, H100), LoadShape(max_inflight=4)
+    if name == "closed3_tight":
+        sched, dep = _sched(10, 150, 1.0), _deploy(one, [_tight_gpu(6000)])
+        inp = sched.input_tokens.copy()
+        inp[[10, 11, 60]] = 7000  # over the context: refused, and the user sends the next
+        sched = replace(sched, input_tokens=inp)
+        return sched, dep, LoadShape(concurrency=3)
+    if name == "overheads":
+        eng = [_engine("e", ["a"], ["g"], policy={"max_num_seqs": 8})]
+        return _sched(11, 300, 3.0), _deploy(eng, H100, OVERHEADS), None
+    if name == "closed4_overheads":
+        return _sched(12, 200, 1.0), _deploy(one, H100, OVERHEADS), LoadShape(concurrency=4)
+    raise KeyError(name)
+
+
+def _frame_digest(h: Any, df: pl.DataFrame) -> None:
+    h.update(repr(df.schema).encode())
+    for col in df.columns:
+        h.update(col.encode())
+        h.update(repr(df[col].to_list()).encode())
+
+
+def digest(res: SimResult) -> str:
+    """SHA-256 of every frame's schema and values, and of the run's counts."""
+    h = hashlib.sha256()
+    for df in (res.requests, res.steps, res.telemetry, res.phases):
+        _frame_digest(h, df)
+    sim = res.manifest_extra["sim"]
+    # (not `fast_forward_steps`: how many steps took the shortcut is the speed work's to change)
+    h.update(repr((sim["events"], sim["engines"])).encode())
+    return h.hexdigest()
+
+
+def run_scenario(name: str) -> str:
+    sched, dep, shape = _scenario(name)
+    return digest(simulate(sched, dep, shape=shape))
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_records_identical_to_main(name: str) -> None:
+    assert run_scenario(name) == EXPECTED[name], (
+        f"{name}: simulated records differ from main's (a speed change must not move them; "
+        "a deliberate physics change recomputes EXPECTED, see the module doc)"
+    )
+
+
+if __name__ == "__main__":
+    for k in sorted(EXPECTED):
+        print(f'    "{k}": "{run_scenario(k)}",')
