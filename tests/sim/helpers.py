@@ -7,8 +7,24 @@ from collections.abc import Sequence
 import numpy as np
 from tests.builders import schedule
 
+from phaselens.sim.cost import CostParams
 from phaselens.sim.deploy import Deployment, parse_deployment
 from phaselens.types import Schedule
+
+# Everything off but what a test switches on: efficiencies 1, no fixed cost, no padding.
+BARE = CostParams(
+    eta_linear=1.0,
+    eta_attention=1.0,
+    eta_memory=1.0,
+    step_overhead_s=0.0,
+    per_seq_overhead_s=0.0,
+    per_layer_overhead_s=0.0,
+    gemm_m_half=0.0,
+    fp8_gemm_ratio=1.0,
+    kv_bandwidth_ratio=1.0,
+    allreduce_latency_s=0.0,
+    allreduce_efficiency=1.0,
+)
 
 
 def make_schedule(

@@ -18,22 +18,10 @@ from phaselens.sim.deploy import parse_deployment
 from phaselens.sim.hardware import GPUS
 from phaselens.sim.models import MODELS
 
+from .helpers import BARE
+
 M8 = MODELS["llama-3-8b"]
 H100 = GPUS["H100-SXM"]
-# Everything off but what a test switches on: efficiencies 1, no fixed cost, no padding.
-BARE = CostParams(
-    eta_linear=1.0,
-    eta_attention=1.0,
-    eta_memory=1.0,
-    step_overhead_s=0.0,
-    per_seq_overhead_s=0.0,
-    per_layer_overhead_s=0.0,
-    gemm_m_half=0.0,
-    fp8_gemm_ratio=1.0,
-    kv_bandwidth_ratio=1.0,
-    allreduce_latency_s=0.0,
-    allreduce_efficiency=1.0,
-)
 
 
 def _cost(p: CostParams, model: Any = M8, tp: int = 1, gpu: Any = H100) -> EngineCost:

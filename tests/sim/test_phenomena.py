@@ -39,7 +39,7 @@ def test_1_70b_on_a100_prefill_compute_bound_decode_bandwidth_bound() -> None:
     """Llama-3-70B (FP8 weights and KV, so it fits one A100-80G), two bursts of 8 requests of
     1024 prompt tokens and 48 output tokens, 6 s apart. Prefill-dominated bins (busy, >= 100
     prefill tokens per decode token: chunked prefill mixes a few decodes in) show SM >= 60 %;
-    decode-only bins show SM <= 30 % and DRAM bandwidth >= 55 %."""
+    decode-only bins show SM <= 30 % and DRAM bandwidth >= 45 %."""
     d = parse_deployment(
         {
             "gpus": [{"name": "a", "type": "A100-80G"}],
@@ -64,12 +64,13 @@ def test_1_70b_on_a100_prefill_compute_bound_decode_bandwidth_bound() -> None:
     prefill_bins = (pre > 0) & (pre >= 100 * dec) & (busy > 99.9)
     decode_bins = (pre == 0) & (dec > 0) & (busy > 99.9)
     assert prefill_bins.sum() >= 20 and decode_bins.sum() >= 20
-    # bounded by η_lin·M/(M + M½) = 0.72·2048/2112 = 70 % of peak for 2048-token chunks
+    # bounded by η_lin·M/(M + M½) = 0.72·2048/2144 = 69 % of peak for 2048-token chunks
     assert sm[prefill_bins].min() >= 60.0
     assert sm[decode_bins].max() <= 30.0
-    # batch-8 decode: the per-layer kernel cost holds it at 55-70 % of HBM bandwidth, as real
-    # engines at batch 1-8 (45-66 %, docs/validation-gpu.md), not at η_mem
-    assert bw[decode_bins].min() >= 55.0
+    # batch-8 decode: the per-layer kernel cost and the padded small-M GEMMs (M½; on an A100
+    # the FP8 weights run 16-bit GEMMs) hold it at 45-70 % of HBM bandwidth, as real engines at
+    # batch 1-8 (45-66 %, docs/validation-gpu.md), not at η_mem
+    assert bw[decode_bins].min() >= 45.0
     assert bw[prefill_bins].max() < 30.0  # prefill barely touches HBM bandwidth
 
 

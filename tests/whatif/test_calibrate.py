@@ -117,13 +117,17 @@ def test_errors_are_reported_only_for_regimes_the_run_contains(light: Run) -> No
 def test_heavy_run_without_lone_requests_fits_one_common_scale(tmp_path: Path) -> None:
     """Every constant 1.5x slower than the deployment's defaults, and no request ever alone:
     the fit must say it could not identify each constant, and find the common scale."""
-    d0 = parse_deployment(deploy_map(), "t").cost
+    # M½ pinned at the value this regime was written under: with 96 (the GPU table's fit) the
+    # L4's decode batches turn compute-bound, the run overloads further and the one-scale
+    # search lands 5.6 % off (1.58); the search, not the physics, is what is tested here
+    shape = {"gemm_m_half": 64.0}
+    d0 = parse_deployment(deploy_map(cost=shape), "t").cost
     v = coefficients(d0) * 1.5
     slow = with_coefficients(d0, v)
-    cost = {k: getattr(slow, k) for k in TRUE}
+    cost = {k: getattr(slow, k) for k in TRUE} | shape
     run = truth_run(tmp_path, rate=2.0, duration_s=40, cost=cost, steps=False)
     assert lone_requests(run.requests).shape[0] < 8
-    c = calibrate(run, deploy_map(), "deploy.yaml")
+    c = calibrate(run, deploy_map(cost=shape), "deploy.yaml")
     assert c.fit["common_scale"] == pytest.approx(1.5, rel=0.05)
     assert not any(c.identified.values())
     assert any("common time" in n for n in c.notes)

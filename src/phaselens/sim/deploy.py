@@ -100,6 +100,9 @@ class EngineIn(_Strict):
     quant: QuantIn | None = None
     role: Literal["both", "prefill", "decode"] = "both"
     handoff: HandoffIn | None = None
+    # decode attention kernel: `grouped` reads each KV head once for its query-head group;
+    # `per_head` once per query head (TensorRT-LLM <= 0.7 masked MHA on GQA models)
+    decode_attention: Literal["grouped", "per_head"] = "grouped"
 
 
 class DeploymentIn(_Strict):
@@ -301,6 +304,15 @@ def gemm_scale(m: ModelSpec, specs: Sequence[GPUSpec]) -> float:
     return min(s.fp8_scale for s in specs)
 
 
+def kv_read_scale(m: ModelSpec, decode_attention: str, reread: float) -> float:
+    """HBM reads of each cached KV element per decode step: 1 for a `grouped` kernel; for a
+    `per_head` one, 1 + ε·(g − 1) with g query heads per KV head and ε the share of the
+    group's re-reads that miss the L2 cache (`CostParams.per_head_kv_reread`)."""
+    if decode_attention != "per_head":
+        return 1.0
+    return 1.0 + reread * (m.heads / m.kv_heads - 1.0)
+
+
 def _resolve(d: DeploymentIn, source: str) -> Deployment:
     gpus = tuple(_resolve_gpu(g, i, source) for i, g in enumerate(d.gpus))
     names = [g.name for g in gpus]
@@ -334,6 +346,9 @@ def _resolve(d: DeploymentIn, source: str) -> Deployment:
         scale = gemm_scale(m, [gpus[names.index(g)].spec for g in e.gpus])
         if scale != m.gemm_peak_scale:
             m = replace(m, gemm_peak_scale=scale)
+        reads = kv_read_scale(m, e.decode_attention, cost.per_head_kv_reread)
+        if reads != m.kv_read_scale:
+            m = replace(m, kv_read_scale=reads)
         models.append(m)
         if e.role == "prefill" and e.handoff is None:
             raise InputError(f"{where}.handoff: a prefill engine needs `handoff: {{to: ...}}`")

@@ -40,6 +40,12 @@ class ModelSpec:
     # (16-bit weights, or weights dequantized on GPUs without FP8 tensor cores, e.g. A100).
     # Set by the deployment (`deploy.gemm_scale`), never read from a config.json.
     gemm_peak_scale: float = 1.0
+    # How many times the decode attention kernel reads each cached KV element: 1 when one
+    # thread block serves a KV head's whole query-head group (FlashAttention, FlashInfer,
+    # TensorRT-LLM's XQA), heads/kv_heads when each query head's block reads its KV head again
+    # (TensorRT-LLM's masked MHA kernel: "a single CUDA thread-block per head"). Set by the
+    # deployment (`engines[].decode_attention`, `kv_read_scale`), never read from a config.json.
+    kv_read_scale: float = 1.0
 
     @property
     def params_layer(self) -> int:
@@ -69,6 +75,11 @@ class ModelSpec:
     @property
     def kv_bytes_per_token(self) -> float:
         return 2.0 * self.layers * self.kv_heads * self.head_dim * self.kv_bytes
+
+    @property
+    def kv_read_bytes_per_token(self) -> float:
+        """HBM bytes the attention kernel reads per cached token (`kv_read_scale` passes)."""
+        return self.kv_bytes_per_token * self.kv_read_scale
 
     def quantized(self, weight_bytes: float | None, kv_bytes: float | None) -> ModelSpec:
         return replace(

@@ -156,7 +156,7 @@ def step_features(
     f_lin = 2.0 * m.params_nonembed * tokens + 2.0 * m.vocab * m.hidden * sampled
     f_lin = f_lin + 2.0 * m.params_nonembed * hw.m_half  # small-M GEMM inefficiency (M½)
     f_att = 4.0 * m.layers * m.heads * m.head_dim * attn_units
-    b_att = m.kv_bytes_per_token * (kv_read + tokens)
+    b_att = m.kv_read_bytes_per_token * kv_read + m.kv_bytes_per_token * tokens
     fixed = np.zeros_like(tokens, dtype=np.float64)
     if tp > 1:
         size = tokens * m.hidden * 2.0

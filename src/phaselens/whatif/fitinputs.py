@@ -119,7 +119,9 @@ def steps_basis(run: Run, deploy: Deployment) -> tuple[Steps, F64]:
         f_att = np.maximum(g["flops"].to_numpy() - f_lin, 0.0)
         units = f_att / (4.0 * m.layers * m.heads * m.head_dim)
         b_att = np.maximum(g["bytes"].to_numpy() - m.weight_read_bytes, 0.0)
-        kv_read = np.maximum(b_att / m.kv_bytes_per_token - tokens, 0.0)
+        kv_read = np.maximum(
+            (b_att - m.kv_bytes_per_token * tokens) / m.kv_read_bytes_per_token, 0.0
+        )
         parts.append(
             step_features(
                 e,
