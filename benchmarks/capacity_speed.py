@@ -27,7 +27,9 @@ probe-seconds = the sum over a tool's probes of first send → last response (it
 durations), excluding process start-up; wall-seconds include everything.
 
     nice -n 19 python benchmarks/capacity_speed.py [--tools grid,vllm,guidellm,phaselens]
-                                                   [--json out.json]
+                                                   [--json out.json] [--pass-rates]
+(--pass-rates: no tools; how often one probe passes near the knee, by M/D/k simulation, for the
+warm-up handling phaselens uses and the ones it measured and did not adopt.)
 Peers: the engines cache's vLLM CPU venv (scripts/engines/install.sh vllm) and
 `bash benchmarks/install_peers.sh guidellm`.
 """
@@ -95,6 +97,78 @@ def true_capacity(n: int = 400_000, seed: int = 16) -> float:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if mdk_ttft_p90_ms(mid, gaps) <= SLO_TTFT_P90_MS else (lo, mid)
     return lo
+
+
+def mdk_probe(rate: float, rng: np.random.Generator, pre_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """One PROBE_S probe of the M/D/k queue: (arrival s, TTFT ms) of the requests scheduled
+    after WARMUP_S; `pre_s` > 0 starts it from the queue left by pre_s seconds of the same load
+    (a steady-state start), 0 from an empty server."""
+    n = int(rng.poisson(rate * (PROBE_S + pre_s) * 1.3)) + 50
+    a = np.cumsum(rng.exponential(1 / rate, n)) - pre_s
+    a = a[a < PROBE_S]
+    free = [-pre_s] * SLOTS
+    w = np.empty(a.size)
+    for i, x in enumerate(a.tolist()):
+        f = heapq.heappop(free)
+        start = max(x, f)
+        w[i] = start - x
+        heapq.heappush(free, start + SERVICE_S)
+    keep = a >= WARMUP_S
+    return a[keep], 1000.0 * (w[keep] + PREFILL_S)
+
+
+def pass_rates(truth: float, draws: int = 300, seed: int = 16) -> None:
+    """How often one probe passes (the verdict's 95% p90 interval inside the SLO) at loads
+    around the knee, by exact M/D/k simulation: empty start (what phaselens does), a
+    steady-state start, the one-sided MSER-5 cut (phaselens' rule), the two-sided cut, and a
+    sequential decision at 4 looks (6, 8, 10, 12 s, each at alpha/4: error <= alpha by the
+    union bound, for independent values) with the cut."""
+    from phaselens.capacity.transient import mser_cut
+    from phaselens.capacity.verdict import ALPHA, percentile_interval
+
+    def verdict(x: np.ndarray, alpha: float = ALPHA) -> str:
+        lo, hi = percentile_interval(x, 90.0, alpha=alpha)
+        if hi is not None and hi <= SLO_TTFT_P90_MS:
+            return "pass"
+        return "fail" if lo is not None and lo > SLO_TTFT_P90_MS else "uncertain"
+
+    def one_sided(x: np.ndarray, alpha: float = ALPHA) -> str:
+        c = mser_cut(x)
+        kept = x[c.values :]
+        v = verdict(kept, alpha)
+        rise = float(kept.mean() - x[: c.values].mean()) if c.values else 0.0
+        rising = not c.settled and float(np.quantile(kept, 0.9)) + rise > SLO_TTFT_P90_MS
+        return "uncertain" if v == "pass" and rising else v  # (probe.still_rising)
+
+    rng = np.random.default_rng(seed)
+    looks = (6.0, 8.0, 10.0)
+    print(f"pass rate of one {PROBE_S:g} s probe ({WARMUP_S:g} s warm-up), {draws} draws a load")
+    print("  load/knee  req/s  empty  steady  one-sided  two-sided  sequential (mean s)  cut")
+    for f in (0.8, 0.9, 0.95, 1.0, 1.007, 1.107, 1.25):
+        rate = f * truth
+        n = {k: 0 for k in ("empty", "steady", "one", "two", "seq")}
+        secs, cuts = 0.0, 0
+        for _ in range(draws):
+            a, x = mdk_probe(rate, rng, 0.0)
+            n["empty"] += verdict(x) == "pass"
+            n["one"] += one_sided(x) == "pass"
+            n["two"] += verdict(x[mser_cut(x, one_sided=False).values :]) == "pass"
+            cuts += mser_cut(x).values
+            v, t = one_sided(x, ALPHA / (len(looks) + 1)), PROBE_S  # Bonferroni: ≤ ALPHA
+            for look in looks:
+                early = one_sided(x[a < look], ALPHA / (len(looks) + 1))
+                if early != "uncertain":
+                    v, t = early, look
+                    break
+            n["seq"] += v == "pass"
+            secs += t
+            n["steady"] += verdict(mdk_probe(rate, rng, 300.0)[1]) == "pass"
+        r = {k: v / draws for k, v in n.items()}
+        print(
+            f"  {f:9.3f} {rate:6.2f}  {r['empty']:5.2f}  {r['steady']:6.2f}  {r['one']:9.2f}"
+            f"  {r['two']:9.2f}  {r['seq']:10.2f} ({secs / draws:4.1f})  {cuts / draws:4.1f}",
+            flush=True,
+        )
 
 
 # --------------------------------------------------------------------------- plumbing
@@ -481,6 +555,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tools", default=",".join(TOOLS))
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--pass-rates",
+        action="store_true",
+        help="print how often one probe passes near the knee (M/D/k simulation) and exit",
+    )
     a = ap.parse_args()
     t = time.monotonic()
     truth = true_capacity()
@@ -491,6 +570,9 @@ def main() -> None:
         f" (M/D/k): {truth:.2f} req/s  [{time.monotonic() - t:.1f} s]",
         flush=True,
     )
+    if a.pass_rates:
+        pass_rates(truth)
+        return
     results = []
     for name in a.tools.split(","):
         with tempfile.TemporaryDirectory(prefix=f"capspeed-{name}-") as d:

@@ -57,6 +57,24 @@ def test_an_upper_edge_failing_far_over_is_not_repeated(fail_lo: float, repeated
     assert s.next_scale() == (2.2 if repeated else None)
 
 
+@pytest.mark.parametrize(
+    ("repeats", "verdict", "repeated"),
+    [(2, "uncertain", False), (3, "uncertain", True), (2, "fail", True)],
+)
+def test_an_upper_edge_is_repeated_only_while_it_can_turn_bistable(
+    repeats: int, verdict: str, repeated: bool
+) -> None:
+    # bracket [2.0, 2.2] within the precision, 2.2 is also the 1.1x stability probe, the lower
+    # edge has its repeats. An uncertain upper edge with one repeat left stays the upper edge
+    # whatever that repeat gives (uncertain + pass or + fail is uncertain, not bistable); with
+    # two left (uncertain, pass, fail) it can; a fail that a repeat could pass, too
+    lo = [_probe(2.0, "pass", 200, 280, repeat=k) for k in range(repeats)]
+    s = _search(_probe(1.0, "pass", 100, 150), *lo, _probe(2.2, verdict, 250, 330))
+    s.cfg = SearchConfig(repeats=repeats)
+    assert s.may_turn_bistable(2.2) is repeated
+    assert s.next_scale() == (2.2 if repeated else None)
+
+
 def test_the_first_step_from_a_passing_predicted_knee_is_one_precision_step() -> None:
     s = _search(_probe(1.0, "pass", 100, 150), _probe(3.0, "pass", 200, 280), knee=3.0)
     assert s.next_scale() == pytest.approx(3.0 * 1.10)

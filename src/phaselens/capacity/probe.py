@@ -21,6 +21,7 @@ import polars as pl
 from phaselens.analysis.latency import describe_metric, request_table, slo_block, throughput
 from phaselens.analysis.stats import fnum
 from phaselens.capacity.scale import base_rate, model_rate, scaled_spec
+from phaselens.capacity.transient import mser_cut
 from phaselens.capacity.verdict import (
     TargetVerdict,
     backlog_series,
@@ -83,6 +84,7 @@ class ProbeResult:
     attainment: float | None = None  # share of judged requests that attain every SLO metric
     attainment_ci: tuple[float, float] | None = None
     goodput_ci_rps: tuple[float, float] | None = None
+    truncation: Mapping[str, Any] | None = None  # the warm-up cut (`warmup_cut`)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -111,6 +113,7 @@ class ProbeResult:
             "attainment": fnum(self.attainment, 4),
             "attainment_ci": _pair(self.attainment_ci, 4),
             "goodput_ci_rps": _pair(self.goodput_ci_rps),
+            "truncation": dict(self.truncation) if self.truncation else None,
         }
 
 
@@ -240,12 +243,13 @@ def judge(
     repeat: int = 0,
     interrupted: bool = False,
 ) -> ProbeResult:
-    """The verdict on the requests scheduled at or after the warm-up (docs/capacity.md): fail
+    """The verdict on the requests scheduled at or after the warm-up cut (`warmup_cut`: the
+    configured warm-up, then MSER-5 on the TTFT series; docs/capacity.md): fail
     when stopped early, when more requests failed than the SLO's tail allows, or when any
     target fails (all requests, or one model's); pass when every target over all requests
     holds and the queue does not grow; else uncertain. (A model's own target that is only
     uncertain — a small model has few requests in a probe — is reported, not decisive.)"""
-    judged = requests.filter(pl.col("scheduled_ns") >= int(ps.warmup_s * NS))
+    judged, cut = warmup_cut(requests, ps.warmup_s)
     rt = request_table(judged)
     targets = tuple(judge_slo(rt, ps.slo))
     n = judged.height
@@ -267,12 +271,24 @@ def judge(
     w0 = int(ps.warmup_s)
     window = backlog[w0:] if backlog.shape[0] > w0 else backlog
     growing = bool(queue_grows(window))
+    rising = still_rising(targets, cut)
     if reasons:
         verdict = "fail"
-    elif n == 0 or any(t.verdict == "uncertain" and t.model == "*" for t in targets) or growing:
+    elif (
+        n == 0
+        or any(t.verdict == "uncertain" and t.model == "*" for t in targets)
+        or growing
+        or rising
+    ):
         verdict = "uncertain"
         if growing:
             reasons.append("the queue grows through the probe")
+        if rising:
+            reasons.append(
+                "the TTFT series did not settle in the first half of the judged window "
+                f"(MSER-5 cut {cut['cut_values']} values at the bound) and rose "
+                f"{cut['rise_ms']:.4g} ms, more than a TTFT target's margin to its threshold"
+            )
         reasons += [
             f"{t.model} {t.metric} {t.stat} uncertain: interval {_ms(t.lo_ms)}–{_ms(t.hi_ms)} ms "
             f"around {t.threshold_ms:g} ms"
@@ -319,6 +335,53 @@ def judge(
         attainment=attain,
         attainment_ci=wilson,
         goodput_ci_rps=gci,
+        truncation=cut,
+    )
+
+
+def warmup_cut(requests: pl.DataFrame, warmup_s: float) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """The judged requests and how they were chosen: those scheduled at or after `warmup_s`,
+    then from the first TTFT MSER-5 keeps (`transient.mser_cut` on the successful requests'
+    TTFTs in arrival order; every request scheduled before that one is dropped too)."""
+    base = requests.filter(pl.col("scheduled_ns") >= int(warmup_s * NS))
+    f = (
+        request_table(base)
+        .frame.filter(pl.col("ok") & pl.col("ttft_ms").is_not_null())
+        .sort("scheduled_ns", maintain_order=True)
+    )
+    x = f["ttft_ms"].to_numpy().astype(np.float64)
+    c = mser_cut(x)
+    judged, start_s, rise = base, warmup_s, 0.0
+    if c.values > 0:
+        t_cut = int(f["scheduled_ns"][c.values])
+        judged, start_s = base.filter(pl.col("scheduled_ns") >= t_cut), t_cut / NS
+        rise = float(x[c.values :].mean() - x[: c.values].mean())
+    return judged, {
+        "rule": "mser-5 one-sided",
+        "series": "ttft_ms",
+        "warmup_s": warmup_s,
+        "judged_from_s": round(start_s, 3),
+        "cut_s": round(start_s - warmup_s, 3),
+        "cut_requests": base.height - judged.height,
+        "cut_values": c.values,
+        "rise_ms": round(rise, 3),
+        **{k: v for k, v in c.to_json().items() if k != "values"},
+    }
+
+
+def still_rising(targets: tuple[TargetVerdict, ...], cut: Mapping[str, Any]) -> bool:
+    """A series that did not settle (`cut["settled"]` false) and rose from the cut values to
+    the kept ones (`rise_ms`) by more than an all-requests TTFT target's margin (threshold −
+    observed): as long again, the probe would likely read that target over its threshold."""
+    if cut.get("settled", True):
+        return False
+    rise = float(cut.get("rise_ms") or 0.0)
+    return any(
+        t.model == "*"
+        and t.metric == "ttft_ms"
+        and t.observed_ms is not None
+        and t.observed_ms + rise > t.threshold_ms
+        for t in targets
     )
 
 

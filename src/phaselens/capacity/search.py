@@ -157,6 +157,16 @@ class _Search:
         """Stopped early, or failed far outside the spread repeats show near a knee."""
         return any(p.stopped_early or _far_over(p) for p in self.at(s))
 
+    def may_turn_bistable(self, s: float) -> bool:
+        """Whether the repeats left at the upper edge `s` can still make it bistable (a pass
+        and a fail): it has a pass or a fail and one repeat is left, or two are left. An edge
+        that did not pass stays the upper edge whatever its repeats give, so a repeat that
+        cannot make it bistable changes nothing the search reports but the spread."""
+        ps = self.at(s)
+        left = self.cfg.repeats - len(ps)
+        decided = any(p.verdict in ("pass", "fail") for p in ps)
+        return left >= 2 or (left >= 1 and decided)
+
     def next_scale(self) -> float | None:
         """The next load to probe, or None when the search is done."""
         lo, hi = bracket(self.probes)
@@ -178,7 +188,9 @@ class _Search:
                 return hi / self.step if lo == self.light else lo * self.step
             return math.sqrt(lo * hi)
         for s in (lo, hi):
-            if len(self.at(s)) < self.cfg.repeats and not (s == hi and self.plainly_over(s)):
+            if len(self.at(s)) < self.cfg.repeats and not (
+                s == hi and (self.plainly_over(s) or not self.may_turn_bistable(s))
+            ):
                 return s
         over = lo * STABILITY
         if not any(math.isclose(s, over, rel_tol=0.01) for s in self.scales()):
