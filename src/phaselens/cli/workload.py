@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -24,6 +26,45 @@ from phaselens.cliargs import (
 )
 from phaselens.errors import InputError
 
+if TYPE_CHECKING:
+    from phaselens.spec import WorkloadSpec
+    from phaselens.types import Schedule
+
+
+def plan_real(
+    ws: WorkloadSpec,
+    tokenizer: str | None = None,
+    urls: Mapping[str, str] | None = None,
+    model_map: Mapping[str, str] | None = None,
+) -> tuple[Schedule, dict[str, Any]]:
+    """Plan `ws`; real text is counted by the local tokenizer, else by the server's
+    `/tokenize` (`urls`: a run's targets), else estimated. Returns the manifest entry saying
+    which (`prompt_lengths`; empty without real text)."""
+    from phaselens.workload.plan import build_schedule
+    from phaselens.workload.tokens import ESTIMATE, Counter, tokenizer_counter
+
+    real = [m for m in ws.models if m.prompts is not None or m.is_log]
+    if not real:
+        return build_schedule(ws), {}
+    counter: Counter | None = tokenizer_counter(tokenizer) if tokenizer else None
+    if counter is None and urls:
+        from phaselens.driver.tokenize import server_counter
+
+        name = real[0].name
+        url = urls.get(name, urls.get("*"))
+        if url is not None:
+            counter = server_counter(url, (model_map or {}).get(name, name))
+    counter = counter or ESTIMATE
+    entry = {"counted_by": counter.how, "source": counter.source}
+    schedule = build_schedule(ws, counter)
+    if counter.how == "estimated":
+        print(
+            "phaselens: note: prompt lengths of real text are estimated (~4 characters a token); "
+            "give --tokenizer for exact ones",
+            file=sys.stderr,
+        )
+    return schedule, {"prompt_lengths": entry}
+
 
 @app.command()
 def plan(
@@ -39,13 +80,16 @@ def plan(
         Optional[list[str]],  # noqa: UP045
         typer.Option("--set", help="Override a spec field: --set 'models[0].rate=4' (repeatable)."),
     ] = None,
+    tokenizer: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--tokenizer", help="Local tokenizer.json to count real prompt text."),
+    ] = None,
 ) -> None:
     """Plan a workload and summarize it per model and stage (nothing is sent)."""
     import json
     import warnings
 
     from phaselens.spec import load_spec
-    from phaselens.workload.plan import build_schedule
     from phaselens.workload.views import schedule_frame, summarize, summary_table
 
     if out is not None:
@@ -53,7 +97,7 @@ def plan(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ws = load_spec(spec, set_ or [])
-        schedule = build_schedule(ws)
+        schedule, extra = plan_real(ws, tokenizer)
     for w in caught:
         print(f"phaselens: warning: {w.message}", file=sys.stderr)
     summary = summarize(schedule)
@@ -65,7 +109,7 @@ def plan(
         except OSError as e:
             raise InputError(f"{out}: cannot write ({e.strerror or e})") from None
     if as_json:
-        typer.echo(json.dumps({"name": ws.name, **summary}))
+        typer.echo(json.dumps({"name": ws.name, **summary, **extra}))
         return
     from rich.console import Console
 
@@ -238,7 +282,6 @@ def run(
     from phaselens.driver.options import DriverOptions
     from phaselens.execute import HttpTarget, Options, RunInfo, SimTarget, execute, target_of
     from phaselens.spec import load_spec
-    from phaselens.workload.plan import build_schedule
 
     if endpoint not in ("completions", "chat"):
         raise InputError(f"--endpoint: expected completions or chat, got {endpoint!r}")
@@ -246,7 +289,9 @@ def run(
         raise InputError(f"--loop: expected {', '.join(LOOPS)}, got {loop!r}")
     tgt = target_of(target)
     ws = load_spec(spec, set_ or [])
-    schedule = build_schedule(ws)
+    mapping = _parse_pairs(model_map or [], "--model-map", "=")
+    urls = tgt.urls if isinstance(tgt, HttpTarget) else None
+    schedule, extra = plan_real(ws, tokenizer, urls, mapping)
     check_out_dir(out, "--out")
     api_key = None
     if api_key_env and isinstance(tgt, HttpTarget):
@@ -255,7 +300,7 @@ def run(
             raise InputError(f"--api-key-env: environment variable {api_key_env} is not set")
     driver = DriverOptions(
         endpoint="chat" if endpoint == "chat" else "completions",
-        model_map=_parse_pairs(model_map or [], "--model-map", "="),
+        model_map=mapping,
         headers=_parse_pairs(header or [], "--header", ":"),
         api_key=api_key,
         max_inflight=max_inflight,
@@ -276,7 +321,8 @@ def run(
         quiet=quiet or not sys.stdout.isatty(),
         asked=_asked(ctx),
     )
-    res = execute(schedule, tgt, options, out, RunInfo.of(ws))
+    info = RunInfo.of(ws)
+    res = execute(schedule, tgt, options, out, dataclasses.replace(info, extra=extra))
     if isinstance(tgt, SimTarget):
         typer.echo(str(res.path))
         _headline_line(res.path)

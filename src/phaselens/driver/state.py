@@ -118,6 +118,17 @@ class RunState:
         return int(ids[row]) if ids is not None else row
 
     def body(self, i: int, optional: bool) -> bytes:
+        p = self.s.prompts
+        if p is not None and p.row[i] >= 0:  # real text (a dataset row or a logged request)
+            return build_body(
+                self.o.endpoint,
+                self.served[int(self.s.model_idx[i])],
+                "",
+                int(self.s.output_tokens[i]),
+                optional=optional,
+                extra=self.o.extra_body,
+                messages=p.messages(i),
+            )
         req = self.s[i]
         return build_body(
             self.o.endpoint,
