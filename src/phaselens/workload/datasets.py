@@ -74,8 +74,9 @@ def _where(p: Path, line: int) -> str:
     return f"{p}: line {line}"
 
 
-def _jsonl_rows(p: Path) -> Iterator[tuple[int, Any]]:
-    """(line, decoded object) of each non-blank line, read one at a time."""
+def jsonl_rows(p: Path, bad: list[str] | None = None) -> Iterator[tuple[int, Any]]:
+    """(line, decoded object) of each non-blank line, read one at a time; with `bad`, a line
+    that is not JSON (or too long) is noted there and skipped instead of refused."""
     try:
         f = open(p, encoding="utf-8")  # noqa: SIM115
     except OSError as e:
@@ -90,13 +91,22 @@ def _jsonl_rows(p: Path) -> Iterator[tuple[int, Any]]:
             if not line:
                 return
             n += 1
-            if len(line) > DATASET_LINE_BYTES and not line.endswith("\n"):
-                raise InputError(
-                    f"{_where(p, n)}: longer than {DATASET_LINE_BYTES:,} characters "
-                    "(PHASELENS_LIMIT_DATASET_LINE_BYTES)"
-                )
+            try:
+                if len(line) > DATASET_LINE_BYTES and not line.endswith("\n"):
+                    raise InputError(
+                        f"{_where(p, n)}: longer than {DATASET_LINE_BYTES:,} characters "
+                        "(PHASELENS_LIMIT_DATASET_LINE_BYTES)"
+                    )
+                obj = _decode(line, p, n) if line.strip() else None
+            except InputError as e:
+                if bad is None:
+                    raise
+                bad.append(str(e))
+                while line and not line.endswith("\n"):  # the rest of a too-long line
+                    line = f.readline(DATASET_LINE_BYTES + 1)
+                continue
             if line.strip():
-                yield n, _decode(line, p, n)
+                yield n, obj
 
 
 def _decode(text: str, p: Path, line: int) -> Any:
@@ -157,10 +167,10 @@ def _objects(p: Path) -> Iterator[tuple[int, Any]]:
     """Rows of a JSON array file or of a JSONL file, whichever it is."""
     with open(p, encoding="utf-8", errors="replace") as f:
         head = f.read(4096).lstrip("\ufeff \t\r\n")
-    return _array_rows(p) if head.startswith("[") else _jsonl_rows(p)
+    return _array_rows(p) if head.startswith("[") else jsonl_rows(p)
 
 
-def _text(v: Any, p: Path, line: int, field: str) -> str:
+def text_of(v: Any, p: Path, line: int, field: str) -> str:
     if isinstance(v, str):
         return v
     if isinstance(v, list):  # OpenAI content parts: [{"type": "text", "text": "..."}]
@@ -175,7 +185,7 @@ def _text(v: Any, p: Path, line: int, field: str) -> str:
     raise InputError(f"{_where(p, line)}: {field}: expected a string, got {show(v)}")
 
 
-def _messages(
+def parse_messages(
     obj: Any, p: Path, line: int, key: str, role_key: str, text_key: str, roles: dict[str, str]
 ) -> Conversation:
     if not isinstance(obj, dict):
@@ -198,11 +208,11 @@ def _messages(
                 f"{_where(p, line)}: {here}.{role_key}: expected one of "
                 f"{', '.join(sorted(set(roles)))}, got {show(m.get(role_key))}"
             )
-        out.append((role, _text(m.get(text_key), p, line, f"{here}.{text_key}")))
+        out.append((role, text_of(m.get(text_key), p, line, f"{here}.{text_key}")))
     return tuple(out)
 
 
-def _usable(conv: Conversation) -> Conversation | None:
+def usable_turns(conv: Conversation) -> Conversation | None:
     """Leading assistant messages dropped; None without a non-empty user message."""
     k = 0
     while k < len(conv) and conv[k][0] == "assistant":
@@ -275,17 +285,17 @@ def read_dataset(
     )
     for line, obj in it:
         if format == "sharegpt":
-            conv = _messages(obj, p, line, "conversations", "from", "value", _SHAREGPT_ROLES)
+            conv = parse_messages(obj, p, line, "conversations", "from", "value", _SHAREGPT_ROLES)
         elif format == "openai-chat":
-            conv = _messages(obj, p, line, "messages", "role", "content", _CHAT_ROLES)
+            conv = parse_messages(obj, p, line, "messages", "role", "content", _CHAT_ROLES)
         else:
             if not isinstance(obj, dict):
                 raise InputError(f"{_where(p, line)}: expected a JSON object with {column!r}")
             if column not in obj:
                 raise InputError(f"{_where(p, line)}: missing key {clip(column, 60)!r}")
-            conv = (("user", _text(obj[column], p, line, column)),)
+            conv = (("user", text_of(obj[column], p, line, column)),)
         ref = _ref(obj, p, line, output_column)
-        usable = _usable(conv)
+        usable = usable_turns(conv)
         if usable is None:
             dropped += 1
             continue

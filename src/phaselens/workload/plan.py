@@ -12,6 +12,7 @@ Same spec + same seed => byte-identical arrays.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,7 @@ from phaselens.spec import (
 from phaselens.types import F64, I32, I64, Schedule, StageInfo
 from phaselens.workload.arrivals import arrival_times
 from phaselens.workload.datasets import read_dataset
+from phaselens.workload.gatewaylog import NO_LOG_OPTIONS, LogOptions, read_log
 from phaselens.workload.guard import check_size, check_window
 from phaselens.workload.lengths import sample_lengths
 from phaselens.workload.prompted import (
@@ -41,6 +43,7 @@ from phaselens.workload.prompted import (
     count_turns,
     draw_requests,
     draw_sessions,
+    log_rows,
     merge_rows,
 )
 from phaselens.workload.tokens import ESTIMATE, Counter
@@ -171,17 +174,7 @@ def _trace_times(spec: WorkloadSpec, i: int, m: ModelSpec, tr: Trace) -> Trace:
         factor = ((t.size - 1) / span) / target
     else:
         factor = a.time_scale
-    return Trace(
-        tr.path,
-        tr.format,
-        t * factor,
-        tr.input_tokens,
-        tr.output_tokens,
-        tr.model_names,
-        tr.model_idx,
-        tr.prefix_group,
-        tr.prefix_tokens,
-    )
+    return dataclasses.replace(tr, t_s=t * factor)
 
 
 def _traced(
@@ -253,6 +246,8 @@ def _traced(
             lengths["output_tokens"][sel],
             pg[sel],
             pt[sel],
+            None if tr.text_row is None else log_rows(tr.text_row[sel], tr.pool, tr.t_s[sel]),
+            tr.pool,
         )
         for name, sel in groups
     ]
@@ -290,7 +285,9 @@ def _horizon(spec: WorkloadSpec, traces: Mapping[int, Trace]) -> float:
     return trace_end
 
 
-def build_schedule(spec: WorkloadSpec, counter: Counter = ESTIMATE) -> Schedule:
+def build_schedule(
+    spec: WorkloadSpec, counter: Counter = ESTIMATE, log: LogOptions = NO_LOG_OPTIONS
+) -> Schedule:
     """Plan every request: model, stage, send time, lengths, prefix group, priority; and for
     dataset models the row (and session turn) whose real text it sends, its lengths counted
     by `counter`."""
@@ -300,7 +297,10 @@ def build_schedule(spec: WorkloadSpec, counter: Counter = ESTIMATE) -> Schedule:
     for i, m in enumerate(spec.models):
         if isinstance(m.arrival, TraceArrival):
             a = m.arrival
-            tr = read_trace(a.path, a.format, a.columns, a.time_unit)
+            if a.format == "openai-log":
+                tr = read_log(a.path, a.time_unit, log, counter)
+            else:
+                tr = read_trace(a.path, a.format, a.columns, a.time_unit)
             traces[i] = _trace_times(spec, i, m, tr)
     check_size(spec, estimate_requests(spec) + sum(len(t) for t in traces.values()), field)
     turns: dict[int, Turns] = {}

@@ -238,6 +238,17 @@ def draw_sessions(
     )
 
 
+def log_rows(rows: I64, pool: Pool, t_s: F64) -> Drawn:
+    """Logged requests: each sends its messages up to its last user message."""
+    last = np.fromiter(
+        (sum(r == "user" for r, _ in pool[int(i)]) - 1 for i in rows), np.int32, rows.size
+    )
+    none = np.full(rows.size, -1, np.int64)
+    return Drawn(
+        t_s, none.astype(np.int32), none, none, rows, last, none, none.astype(np.int32), none * 0
+    )
+
+
 def merge_rows(parts: Sequence[tuple[int, Drawn | None, Pool]]) -> PromptRows | None:
     """The parts' real text and sessions in one pool (unsorted rows; None: all synthetic).
     Parts split from one log share its pool; session ids are numbered across models."""
