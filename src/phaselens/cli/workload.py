@@ -375,6 +375,7 @@ def run(
         event_loop=loop,
         tokenizer=tokenizer,
         prompt_seed=ws.seed,
+        session_headers={m.name: m.sessions.header for m in ws.models if m.sessions},
     )
     options = Options(
         driver=driver,
