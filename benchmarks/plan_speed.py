@@ -57,7 +57,7 @@ def main() -> None:
             print(f"dataset of 100k conversations ({mb:.0f} MB), {out}")
 
 
-WORDS = "the of and to in is was for on that with as by at from his he it an were are".split()
+WORDS = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by"]
 
 
 def _dataset(path: Path, n: int) -> None:
