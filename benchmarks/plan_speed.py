@@ -1,10 +1,19 @@
-"""Planner speed and schedule size: the seed workload scaled to ~1.2M requests, and a full
-replay of both Azure traces. Run: .venv/bin/python benchmarks/plan_speed.py"""
+"""Planner speed and schedule size: the seed workload scaled to ~1.2M requests, a full
+replay of both Azure traces, and ~1M requests (single-turn, and as sessions) drawn from a
+made-up ShareGPT dataset of 100k conversations (issue 18's target: <= 10 s and <= 2 GB).
+Run: .venv/bin/python benchmarks/plan_speed.py"""
 
 from __future__ import annotations
 
+import json
+import resource
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 from phaselens.spec import load_spec
 from phaselens.workload.plan import build_schedule
@@ -33,7 +42,59 @@ def main() -> None:
     t0 = time.perf_counter()
     a = build_schedule(azure)
     print(f"azure full replay: {len(a):,} requests, plan {time.perf_counter() - t0:.2f} s")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "conv.jsonl"
+        _dataset(path, 100_000)
+        mb = path.stat().st_size / 1e6
+        for sessions in (False, True):
+            # a fresh process per case: its peak RSS is the planner's, not this one's
+            out = subprocess.run(
+                [sys.executable, __file__, "--dataset", str(path), str(int(sessions))],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            print(f"dataset of 100k conversations ({mb:.0f} MB), {out}")
+
+
+WORDS = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by"]
+
+
+def _dataset(path: Path, n: int) -> None:
+    """ShareGPT JSONL: 1-8 turns a conversation, messages of 20-400 characters."""
+    rng = np.random.default_rng(0)
+    words = np.asarray(WORDS)
+    with open(path, "w", encoding="utf-8") as f:
+        for c in range(n):
+            conv = []
+            for _ in range(int(rng.integers(1, 9))):
+                for who in ("human", "gpt"):
+                    k = int(rng.integers(4, 80))
+                    conv.append({"from": who, "value": f"{c} " + " ".join(rng.choice(words, k))})
+            f.write(json.dumps({"conversations": conv}) + "\n")
+
+
+def _plan_dataset(path: str, sessions: bool) -> None:
+    model: dict[str, object] = {
+        "name": "chat",
+        "rate": 1000.0 if not sessions else 222.0,
+        "prompts": {"type": "dataset", "path": path, "format": "sharegpt"},
+    }
+    if sessions:
+        model["sessions"] = {"think_time_s": {"type": "exponential", "mean": 2.0}}
+    from phaselens.spec import parse_spec
+
+    spec = parse_spec({"duration_s": 1000, "models": [model]}, "bench", Path(path).parent)
+    t0 = time.perf_counter()
+    s = build_schedule(spec)
+    dt = time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB -> GB (Linux)
+    kind = "sessions" if sessions else "single-turn"
+    print(f"{kind}: {len(s):,} requests, plan {dt:.2f} s, peak RSS {rss:.2f} GB")
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 4 and sys.argv[1] == "--dataset":
+        _plan_dataset(sys.argv[2], sys.argv[3] == "1")
+    else:
+        main()

@@ -36,7 +36,8 @@ if TYPE_CHECKING:  # (imported where used: a simulated run loads no driver modul
 
 # Every option a target may or may not honour, by the CLI flag a user wrote it with.
 # (`quiet`, `handle_sigint` and `preflight` are about the caller's process, not the load: every
-# target accepts them; `driver.prompt_seed` is the spec's seed, not a user's option.)
+# target accepts them; `driver.prompt_seed` and `driver.session_headers` come from the spec,
+# they are not a user's options.)
 OPTION_FLAGS: Mapping[str, str] = {
     "endpoint": "--endpoint",
     "model_map": "--model-map",

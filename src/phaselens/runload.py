@@ -208,7 +208,34 @@ def load_run(path: Path | str) -> Run:
             else:
                 frames[key] = empty_frame(_SCHEMAS[key])
     phases = _read_phases(p, frames["requests"])
-    return Run(p, manifest, frames["requests"], frames["telemetry"], frames["steps"], phases)
+    requests = _with_sessions(p, frames["requests"])
+    return Run(p, manifest, requests, frames["telemetry"], frames["steps"], phases)
+
+
+SESSION_COLUMNS: dict[str, pl.DataType] = {"session_id": pl.Int64(), "turn": pl.Int32()}
+
+
+def _with_sessions(p: Path, requests: pl.DataFrame) -> pl.DataFrame:
+    """The requests with `session_id` and `turn` (null outside sessions) when the plan had
+    sessions: they are fixed by the plan, so they are read from schedule.parquet by id, not
+    written twice (docs/run-format.md)."""
+    f = p / SCHEDULE
+    if not f.is_file():
+        return requests
+    try:
+        cols = pl.read_parquet_schema(f)
+    except Exception:  # a broken schedule: recovery and its own checks say so elsewhere
+        return requests
+    if any(c not in cols for c in SESSION_COLUMNS):
+        return requests
+    sched = read_frame(f, {"id": pl.Int64(), **SESSION_COLUMNS})
+    if not (sched["session_id"] >= 0).any():
+        return requests
+    sched = sched.with_columns(
+        pl.when(pl.col("session_id") >= 0).then(pl.col(c)).otherwise(None).alias(c)
+        for c in SESSION_COLUMNS
+    )
+    return requests.join(sched, on="id", how="left", maintain_order="left")
 
 
 def _read_phases(p: Path, requests: pl.DataFrame) -> pl.DataFrame | None:

@@ -1,4 +1,4 @@
-# One job, 527 lines: the workload spec; 3/4 of it the declarative pydantic schema, read together.
+# One job, ~640 lines: the workload spec; 3/4 of it the declarative pydantic schema, read together.
 """The workload spec: what traffic to generate, validated at the edge.
 
 Why pydantic here and nowhere else inside: a spec is user input, so every field is checked once,
@@ -10,7 +10,7 @@ the work a spec can ask for (docs/workload.md, "Limits").
 The shape (see docs/workload.md):
 
     name, seed, duration_s | requests, stages | ramp, slo, models: [{name, rate, arrival,
-    input_tokens, output_tokens, prefix, priority}]
+    input_tokens, output_tokens, prefix, priority, prompts, sessions}]
 
 Relative paths (traces, empirical length files) resolve against the spec file's folder and are
 stored absolute, so a resolved spec (e.g. in a run manifest) can be planned again as it is.
@@ -64,7 +64,8 @@ Rate = Annotated[float, Field(gt=0, le=MAX_RATE, allow_inf_nan=False)]
 Scale = Annotated[float, Field(ge=1e-6, le=1e6, allow_inf_nan=False)]
 TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
 
-TRACE_FORMATS = ("auto", "azure", "mooncake", "burstgpt", "csv", "jsonl")
+TRACE_FORMATS = ("auto", "azure", "mooncake", "burstgpt", "csv", "jsonl", "openai-log")
+DATASET_FORMATS = ("sharegpt", "openai-chat", "jsonl", "csv")
 TRACE_FIELDS = ("timestamp", "input_tokens", "output_tokens", "model", "hash_ids")
 TIME_UNITS: dict[str, float] = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
@@ -209,7 +210,7 @@ class TraceArrival(_Strict):
 
     type: Literal["trace"]
     path: str
-    format: Literal["auto", "azure", "mooncake", "burstgpt", "csv", "jsonl"] = "auto"
+    format: Literal["auto", "azure", "mooncake", "burstgpt", "csv", "jsonl", "openai-log"] = "auto"
     columns: dict[str, str] | None = None  # field -> column (or JSON key) in the file
     time_unit: Literal["s", "ms", "us", "ns"] | None = None  # numeric timestamps (generic)
     time_scale: Scale = 1.0  # multiplies the trace's time offsets (0.5 = twice as fast)
@@ -239,6 +240,92 @@ class TraceArrival(_Strict):
         return self
 
 
+# ---------------------------------------------------------------- real prompts and sessions
+class DatasetPrompts(_Strict):
+    """Real prompt text: rows of a dataset file drawn with replacement (seeded).
+
+    `column` / `output_column` name the prompt text and the reference output length (tokens)
+    of a jsonl/csv row; sharegpt and openai-chat rows take their reference output length from
+    the assistant reply that follows the prompt. `min_tokens`/`max_tokens` keep rows by prompt
+    length; `match: true` draws a length from the model's `input_tokens` per request and takes
+    a row whose prompt length is the nearest.
+    """
+
+    type: Literal["dataset"]
+    path: str
+    format: Literal["sharegpt", "openai-chat", "jsonl", "csv"]
+    column: str = Field("prompt", min_length=1, max_length=MAX_NAME)
+    output_column: str | None = Field(None, min_length=1, max_length=MAX_NAME)
+    min_tokens: TokenCount | None = None
+    max_tokens: TokenCount | None = None
+    match: bool = False
+
+    @model_validator(mode="after")
+    def _bounds(self) -> DatasetPrompts:
+        lo, hi = self.min_tokens, self.max_tokens
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"min_tokens: {lo} is greater than max_tokens {hi}")
+        if self.output_column is not None and self.format not in ("jsonl", "csv"):
+            raise ValueError(
+                "output_column: only for jsonl and csv (sharegpt and openai-chat rows use the "
+                "assistant reply)"
+            )
+        return self
+
+
+ThinkSeconds = Annotated[float, Field(ge=0, le=86_400, allow_inf_nan=False)]
+
+
+class FixedSeconds(_Strict):
+    type: Literal["fixed"]
+    value: ThinkSeconds
+
+
+class UniformSeconds(_Strict):
+    type: Literal["uniform"]
+    min: ThinkSeconds
+    max: ThinkSeconds
+
+    @model_validator(mode="after")
+    def _order(self) -> UniformSeconds:
+        if self.min > self.max:
+            raise ValueError(f"min: {self.min:g} is greater than max {self.max:g}")
+        return self
+
+
+class ExponentialSeconds(_Strict):
+    type: Literal["exponential"]
+    mean: ThinkSeconds
+
+
+class LognormalSeconds(_Strict):
+    type: Literal["lognormal"]
+    median: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)]
+    sigma: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False)]
+
+
+SecondsDist = Annotated[
+    FixedSeconds | UniformSeconds | ExponentialSeconds | LognormalSeconds,
+    Field(discriminator="type"),
+]
+
+
+class SessionSpec(_Strict):
+    """Multi-turn sessions: sessions arrive by the model's arrival process; turn k+1 is sent
+    `think_time_s` after turn k's last token, carrying the whole history and the real reply."""
+
+    turns: Literal["dataset"] | LengthDist = "dataset"
+    think_time_s: SecondsDist = Field(default_factory=lambda: FixedSeconds(type="fixed", value=0))
+    header: str = Field("X-Session-Id", min_length=1, max_length=MAX_NAME)  # "" sends none
+
+    @field_validator("header")
+    @classmethod
+    def _token(cls, v: str) -> str:
+        if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", v):
+            raise ValueError(f"{show(v)} is not an HTTP header name")
+        return v
+
+
 Arrival = Annotated[
     ConstantArrival | PoissonArrival | GammaArrival | OnOffArrival | TraceArrival,
     Field(discriminator="type"),
@@ -262,13 +349,21 @@ class ModelSpec(_Strict):
     output_tokens: LengthDist | None = None
     prefix: PrefixSpec | None = None
     priority: Int32 = 0  # lower is served first (vLLM's convention)
+    prompts: DatasetPrompts | None = None
+    sessions: SessionSpec | None = None
 
     @property
     def is_trace(self) -> bool:
         return isinstance(self.arrival, TraceArrival)
 
+    @property
+    def is_log(self) -> bool:
+        """Arrivals, prompts and lengths from a request log (`format: openai-log`)."""
+        return isinstance(self.arrival, TraceArrival) and self.arrival.format == "openai-log"
+
     @model_validator(mode="after")
     def _complete(self) -> ModelSpec:
+        self._check_prompts()
         if isinstance(self.arrival, TraceArrival):
             if (
                 self.rate is not None
@@ -282,9 +377,38 @@ class ModelSpec(_Strict):
         if self.rate is None:
             raise ValueError(f"rate: required for {self.arrival.type} arrivals (requests/s)")
         for key in ("input_tokens", "output_tokens"):
-            if getattr(self, key) is None:
+            if getattr(self, key) is not None:
+                continue
+            if self.prompts is None:
                 raise ValueError(f"{key}: required unless arrivals come from a trace")
+            if key == "input_tokens" and self.prompts.match:
+                raise ValueError(
+                    "input_tokens: prompts.match draws rows to match this distribution; give one"
+                )
         return self
+
+    def _check_prompts(self) -> None:
+        p = self.prompts
+        if self.is_log:
+            if p is not None:
+                raise ValueError("prompts: an openai-log trace brings its own prompts")
+            if self.sessions is not None:
+                raise ValueError(
+                    "sessions: not for an openai-log trace (its requests are replayed)"
+                )
+            return
+        if p is not None and not p.match and self.input_tokens is not None:
+            raise ValueError(
+                "input_tokens: the prompts' lengths come from the dataset; drop input_tokens, or "
+                "set prompts.match: true to draw rows matching it"
+            )
+        if self.sessions is not None:
+            if p is None and self.sessions.turns == "dataset":
+                raise ValueError("sessions.turns: 'dataset' needs prompts (a conversation dataset)")
+            if p is not None and p.match:
+                raise ValueError("prompts.match: not with sessions (a session's turns are its own)")
+            if self.is_trace:
+                raise ValueError("sessions: sessions arrive by a rate, not from a trace")
 
 
 class StageSpec(_Strict):
@@ -458,6 +582,10 @@ def _resolve_paths(spec: WorkloadSpec, source: str, base_dir: Path) -> WorkloadS
             upd["arrival"] = m.arrival.model_copy(
                 update={"path": fix(m.arrival.path, f"models[{i}].arrival.path")}
             )
+        if m.prompts is not None:
+            upd["prompts"] = m.prompts.model_copy(
+                update={"path": fix(m.prompts.path, f"models[{i}].prompts.path")}
+            )
         for key in ("input_tokens", "output_tokens"):
             d = getattr(m, key)
             if d is not None:
@@ -467,7 +595,7 @@ def _resolve_paths(spec: WorkloadSpec, source: str, base_dir: Path) -> WorkloadS
 
 
 _TAGS = frozenset(
-    {"constant", "poisson", "gamma", "onoff", "trace"}
+    {"constant", "poisson", "gamma", "onoff", "trace", "exponential"}
     | {"fixed", "uniform", "normal", "lognormal", "empirical", "mixture"}
 )
 
@@ -479,6 +607,10 @@ def _loc(parts: Sequence[int | str]) -> str:
 def _expected_for(loc: str) -> str:
     if loc.endswith("arrival.type"):
         return "constant, poisson, gamma, onoff, trace"
+    if "think_time_s" in loc:
+        return "fixed, uniform, exponential, lognormal"
+    if loc.endswith("prompts.type"):
+        return "dataset"
     return "fixed, uniform, normal, lognormal, empirical, mixture"
 
 

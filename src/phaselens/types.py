@@ -55,6 +55,54 @@ class PlannedRequest:
     prefix_group: int = -1  # -1: no shared prefix
     prefix_tokens: int = 0  # leading tokens shared with the rest of its group
     priority: int = 0  # lower value is served first (vLLM's convention)
+    # real text and sessions (issue 18; PromptRows): -1 / 0 when the text is synthesized
+    prompt_row: int = -1  # conversation in the schedule's PromptRows
+    prompt_turn: int = 0  # the prompt ends with this user turn of the conversation
+    session_id: int = -1  # -1: not part of a session
+    turn: int = -1  # turn index within its session
+    think_ns: int = 0  # think time after the previous turn's last token
+
+
+Message = tuple[str, str]  # (role, content), role: system | user | assistant
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PromptRows:
+    """Real prompt text and sessions of a schedule's rows (arrays aligned with the rows).
+
+    `conversations` is the pool (every dataset row in use, or every logged request); a row's
+    prompt is conversation `row[i]` up to and including its user turn `prompt_turn[i]`. The
+    pool is rebuilt from the spec's files (their sha256 is in the spec hash), so a run's
+    schedule.parquet stores the row index, not the text.
+    """
+
+    conversations: tuple[tuple[Message, ...], ...]
+    row: I64
+    prompt_turn: I32
+    session_id: I64
+    turn: I32
+    think_ns: I64
+
+    def take(self, idx: npt.NDArray[np.intp] | npt.NDArray[np.int64]) -> PromptRows:
+        return PromptRows(
+            self.conversations,
+            self.row[idx],
+            self.prompt_turn[idx],
+            self.session_id[idx],
+            self.turn[idx],
+            self.think_ns[idx],
+        )
+
+    def messages(self, i: int) -> tuple[Message, ...]:
+        """Row i's prompt: its conversation up to and including its user turn."""
+        conv = self.conversations[int(self.row[i])]
+        k, want = 0, int(self.prompt_turn[i])
+        for j, (role, _) in enumerate(conv):
+            if role == "user":
+                if k == want:
+                    return conv[: j + 1]
+                k += 1
+        return conv
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +137,24 @@ class Schedule:
     spec_hash: str
     duration_ns: int
     ids: I64 | None = None  # original request ids of a shard (plan.subset); None: row i is id i
+    prompts: PromptRows | None = None  # real text and sessions; None: synthesized text
 
     def __len__(self) -> int:
         return int(self.t_ns.shape[0])
 
     def __getitem__(self, i: int) -> PlannedRequest:
+        p = self.prompts
+        real = (
+            {}
+            if p is None
+            else {
+                "prompt_row": int(p.row[i]),
+                "prompt_turn": int(p.prompt_turn[i]),
+                "session_id": int(p.session_id[i]),
+                "turn": int(p.turn[i]),
+                "think_ns": int(p.think_ns[i]),
+            }
+        )
         return PlannedRequest(
             id=int(self.ids[i]) if self.ids is not None else int(i),
             model=self.models[int(self.model_idx[i])],
@@ -104,6 +165,7 @@ class Schedule:
             prefix_group=int(self.prefix_group[i]),
             prefix_tokens=int(self.prefix_tokens[i]),
             priority=int(self.priority[i]),
+            **real,
         )
 
     def __iter__(self) -> Iterator[PlannedRequest]:

@@ -110,6 +110,7 @@ class Seen:
     body: dict[str, Any]
     finished: bool = False  # the caller called finish()
     aborted: bool = False
+    head: bytes = b""  # the request head as written (headers)
 
 
 class ScriptedResponse:
@@ -188,7 +189,7 @@ class ScriptedTransport:
             for line in head.split(b"\r\n")
             if line.lower().startswith(b"x-request-id:")
         )
-        seen = Seen(rid, json.loads(body))
+        seen = Seen(rid, json.loads(body), head=head)
         self.seen.append(seen)
         return seen, self.scripts[rid].pop(0)
 

@@ -104,7 +104,8 @@ def test_default_options_ask_for_nothing_and_the_seed_is_not_an_option() -> None
     assert Options().asked_names() == frozenset()
     assert Options(driver=DriverOptions(prompt_seed=7), quiet=False).asked_names() == frozenset()
     # every field a user can set on the driver has a flag to name in the refusal
-    settable = {f for f in DriverOptions.__dataclass_fields__ if f != "prompt_seed"}
+    from_spec = ("prompt_seed", "session_headers")  # the spec's seed and sessions.header
+    settable = {f for f in DriverOptions.__dataclass_fields__ if f not in from_spec}
     assert settable <= set(OPTION_FLAGS)
 
 

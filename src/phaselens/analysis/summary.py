@@ -29,6 +29,7 @@ from phaselens.analysis.latency import (
 from phaselens.analysis.phase_summary import phase_summary
 from phaselens.analysis.phases import build_timeline
 from phaselens.analysis.roofline import roofline
+from phaselens.analysis.sessions import session_block
 from phaselens.analysis.stats import fnum
 from phaselens.store import Run
 from phaselens.types import Finding
@@ -109,6 +110,9 @@ def compute(run: Run, gpu_cost_per_hour: float | None = None) -> tuple[Analysis,
         "findings": [finding_dict(f) for f in findings],
         "not_evaluated": missing,
     }
+    sessions = session_block(run.requests, rt)
+    if sessions is not None:
+        out["sessions"] = sessions
     return a, out
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import io
 import os
 import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -24,6 +27,77 @@ from phaselens.cliargs import (
 )
 from phaselens.errors import InputError
 
+if TYPE_CHECKING:
+    from phaselens.spec import WorkloadSpec
+    from phaselens.types import Schedule
+    from phaselens.workload.gatewaylog import LogOptions
+
+
+@contextlib.contextmanager
+def warnings_printed() -> Iterator[None]:
+    """Warnings raised inside (a trace repaired, log lines skipped) as `phaselens: warning:`
+    lines on stderr, not Python's warning format."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            for w in caught:
+                print(f"phaselens: warning: {w.message}", file=sys.stderr)
+
+
+SKIP_BAD_LINES = typer.Option(
+    "--skip-bad-lines", help="Request logs: run the good lines, count the bad ones (else exit 2)."
+)
+ANONYMIZE = typer.Option(
+    "--anonymize", help="Request logs: same-length synthetic text, shared prefixes kept."
+)
+
+
+def plan_real(
+    ws: WorkloadSpec,
+    tokenizer: str | None = None,
+    urls: Mapping[str, str] | None = None,
+    model_map: Mapping[str, str] | None = None,
+    log: LogOptions | None = None,
+) -> tuple[Schedule, dict[str, Any]]:
+    """Plan `ws`; real text is counted by the local tokenizer, else by the server's
+    `/tokenize` (`urls`: a run's targets), else estimated. Returns the manifest entries saying
+    which (`prompt_lengths`) and how logs were read (`log_replay`); empty without real text."""
+    from phaselens.workload.gatewaylog import LogOptions
+    from phaselens.workload.plan import build_schedule
+    from phaselens.workload.tokens import ESTIMATE, Counter, tokenizer_counter
+
+    log = log or LogOptions()
+    real = [m for m in ws.models if m.prompts is not None or m.is_log]
+    if not real:
+        if log.skip_bad_lines or log.anonymize:
+            raise InputError("--skip-bad-lines/--anonymize: the spec replays no request log")
+        return build_schedule(ws), {}
+    counter: Counter | None = tokenizer_counter(tokenizer) if tokenizer else None
+    if counter is None and urls:
+        from phaselens.driver.tokenize import server_counter
+
+        name = real[0].name
+        url = urls.get(name, urls.get("*"))
+        if url is not None:
+            counter = server_counter(url, (model_map or {}).get(name, name))
+    counter = counter or ESTIMATE
+    entry = {"counted_by": counter.how, "source": counter.source}
+    schedule = build_schedule(ws, counter, log)
+    if counter.how == "estimated":
+        print(
+            "phaselens: note: prompt lengths of real text are estimated (~4 characters a token); "
+            "give --tokenizer for exact ones",
+            file=sys.stderr,
+        )
+    extra: dict[str, Any] = {"prompt_lengths": entry}
+    if any(m.is_log for m in ws.models):
+        extra["log_replay"] = {"skip_bad_lines": log.skip_bad_lines, "anonymized": log.anonymize}
+    return schedule, extra
+
 
 @app.command()
 def plan(
@@ -39,23 +113,25 @@ def plan(
         Optional[list[str]],  # noqa: UP045
         typer.Option("--set", help="Override a spec field: --set 'models[0].rate=4' (repeatable)."),
     ] = None,
+    tokenizer: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--tokenizer", help="Local tokenizer.json to count real prompt text."),
+    ] = None,
+    skip_bad_lines: Annotated[bool, SKIP_BAD_LINES] = False,
+    anonymize: Annotated[bool, ANONYMIZE] = False,
 ) -> None:
     """Plan a workload and summarize it per model and stage (nothing is sent)."""
     import json
-    import warnings
 
     from phaselens.spec import load_spec
-    from phaselens.workload.plan import build_schedule
+    from phaselens.workload.gatewaylog import LogOptions
     from phaselens.workload.views import schedule_frame, summarize, summary_table
 
     if out is not None:
         check_out_file(out, "--out")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with warnings_printed():
         ws = load_spec(spec, set_ or [])
-        schedule = build_schedule(ws)
-    for w in caught:
-        print(f"phaselens: warning: {w.message}", file=sys.stderr)
+        schedule, extra = plan_real(ws, tokenizer, log=LogOptions(skip_bad_lines, anonymize))
     summary = summarize(schedule)
     if out is not None:
         buf = io.BytesIO()  # polars reports a failed file write as ComputeError, Python as OSError
@@ -65,7 +141,7 @@ def plan(
         except OSError as e:
             raise InputError(f"{out}: cannot write ({e.strerror or e})") from None
     if as_json:
-        typer.echo(json.dumps({"name": ws.name, **summary}))
+        typer.echo(json.dumps({"name": ws.name, **summary, **extra}))
         return
     from rich.console import Console
 
@@ -74,6 +150,31 @@ def plan(
     console.print(summary_table(summary, title=title))
     if out is not None:
         console.print(f"schedule written to {out}")
+
+
+@app.command()
+def anonymize(
+    log: Annotated[Path, typer.Argument(help="OpenAI-style JSONL request log.")],
+    out: Annotated[Path, typer.Option("--out", help="The anonymized log (JSONL) to write.")],
+    time_unit: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--time-unit", help="s, ms, us or ns for numeric times (default: by size)."),
+    ] = None,
+    skip_bad_lines: Annotated[bool, SKIP_BAD_LINES] = False,
+) -> None:
+    """Rewrite a request log with same-length synthetic text, shared prefixes kept, so that it
+    can leave the building (replay it with `arrival: {type: trace, format: openai-log}`)."""
+    from phaselens.spec import TIME_UNITS
+    from phaselens.workload.gatewaylog import LogOptions, write_anonymized
+
+    if time_unit is not None and time_unit not in TIME_UNITS:
+        raise InputError(f"--time-unit: expected s, ms, us or ns, got {time_unit!r}")
+    check_out_file(out, "--out")
+    if out.resolve() == log.resolve():
+        raise InputError(f"--out: {out} is the log itself; give another file")
+    with warnings_printed():
+        n, chars = write_anonymized(log, out, time_unit, LogOptions(skip_bad_lines, True))
+    typer.echo(f"{out}: {n:,} requests, {chars:,} characters of text replaced")
 
 
 # ---------------------------------------------------------------- run (driver; issue 3)
@@ -232,13 +333,15 @@ def run(
         Optional[list[str]],  # noqa: UP045
         typer.Option("--set", help="Override a spec field: --set 'models[0].rate=4' (repeatable)."),
     ] = None,
+    skip_bad_lines: Annotated[bool, SKIP_BAD_LINES] = False,
+    anonymize: Annotated[bool, ANONYMIZE] = False,
 ) -> None:
     """Run a workload against a server (or the simulator) and write a run directory."""
     from phaselens.driver.eventloop import LOOPS
     from phaselens.driver.options import DriverOptions
     from phaselens.execute import HttpTarget, Options, RunInfo, SimTarget, execute, target_of
     from phaselens.spec import load_spec
-    from phaselens.workload.plan import build_schedule
+    from phaselens.workload.gatewaylog import LogOptions
 
     if endpoint not in ("completions", "chat"):
         raise InputError(f"--endpoint: expected completions or chat, got {endpoint!r}")
@@ -246,7 +349,12 @@ def run(
         raise InputError(f"--loop: expected {', '.join(LOOPS)}, got {loop!r}")
     tgt = target_of(target)
     ws = load_spec(spec, set_ or [])
-    schedule = build_schedule(ws)
+    mapping = _parse_pairs(model_map or [], "--model-map", "=")
+    urls = tgt.urls if isinstance(tgt, HttpTarget) else None
+    with warnings_printed():
+        schedule, extra = plan_real(
+            ws, tokenizer, urls, mapping, LogOptions(skip_bad_lines, anonymize)
+        )
     check_out_dir(out, "--out")
     api_key = None
     if api_key_env and isinstance(tgt, HttpTarget):
@@ -255,7 +363,7 @@ def run(
             raise InputError(f"--api-key-env: environment variable {api_key_env} is not set")
     driver = DriverOptions(
         endpoint="chat" if endpoint == "chat" else "completions",
-        model_map=_parse_pairs(model_map or [], "--model-map", "="),
+        model_map=mapping,
         headers=_parse_pairs(header or [], "--header", ":"),
         api_key=api_key,
         max_inflight=max_inflight,
@@ -267,6 +375,7 @@ def run(
         event_loop=loop,
         tokenizer=tokenizer,
         prompt_seed=ws.seed,
+        session_headers={m.name: m.sessions.header for m in ws.models if m.sessions},
     )
     options = Options(
         driver=driver,
@@ -276,7 +385,8 @@ def run(
         quiet=quiet or not sys.stdout.isatty(),
         asked=_asked(ctx),
     )
-    res = execute(schedule, tgt, options, out, RunInfo.of(ws))
+    info = RunInfo.of(ws)
+    res = execute(schedule, tgt, options, out, dataclasses.replace(info, extra=extra))
     if isinstance(tgt, SimTarget):
         typer.echo(str(res.path))
         _headline_line(res.path)

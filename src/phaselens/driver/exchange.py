@@ -13,7 +13,6 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from phaselens.driver.openai import StreamParser, error_text
-from phaselens.driver.request import wire
 from phaselens.driver.state import Flight, RunState
 from phaselens.driver.transport import (
     DRAIN,
@@ -86,7 +85,7 @@ def send_now(d: RunState, i: int, body: bytes, optional: bool) -> Started | None
     if optional != d.optional(i, d.urls[m]):
         return None
     ready = time.perf_counter_ns()
-    sent = transport.write_idle(d.targets[m], wire(d.heads[m], d.run_tag, d.rid(i), body))
+    sent = transport.write_idle(d.targets[m], d.wire(i, body))
     if sent is None:
         return None
     return Started(sent[0], sent[1], ready)
@@ -109,7 +108,7 @@ async def run_one(
     url = d.urls[m]
     flight = Flight(asyncio.current_task(), 0)
     sent: int | None = None
-    parser = StreamParser(d.o.max_event_bytes)
+    parser = d.parser(i)
     http_status: int | None = None
     ctype = "?"
     try:
@@ -146,7 +145,7 @@ async def run_one(
                 for attempt in (0, 1):
                     conn, head = await transport.exchange(
                         d.targets[m],
-                        wire(d.heads[m], d.run_tag, d.rid(i), body),
+                        d.wire(i, body),
                         (started.conn, started.head) if started and not attempt else None,
                     )
                     try:
@@ -229,6 +228,7 @@ def _finish(
         end = p.end_ns - t0
     if status == "ok":
         d.methods[p.method] += 1
+        d.keep_reply(i, p)
     if p.notes:  # server values that were ignored (driver/values.py): said in the record
         note = "note: " + "; ".join(p.notes)
         error = f"{error}; {note}" if error else note

@@ -21,7 +21,17 @@ import numpy.typing as npt
 
 from phaselens.driver.exchange import run_one, send_now
 from phaselens.driver.pacer import make_pacer
+from phaselens.driver.sessions import run_session
 from phaselens.driver.state import RunState
+
+
+def first_turns(d: RunState, order: Sequence[int] | npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The rows the loops start: all but a session's later turns (its first turn runs them)."""
+    rows = np.asarray(order, np.int64)
+    p = d.s.prompts
+    if d.next_turn is None or p is None:
+        return rows
+    return rows[p.turn[rows] <= 0]
 
 
 async def watchdog(d: RunState) -> None:
@@ -52,7 +62,7 @@ async def open_loop(d: RunState, order: Sequence[int] | npt.NDArray[np.int64]) -
     tasks: set[asyncio.Task[None]] = set()
     stop = d.stop
     try:
-        for row in order:
+        for row in first_turns(d, order):
             i = int(row)
             sched = int(t_ns[i])
             url = d.urls[int(d.s.model_idx[i])]
@@ -61,7 +71,8 @@ async def open_loop(d: RunState, order: Sequence[int] | npt.NDArray[np.int64]) -
             started = await pacer.until(d.t0 + sched, stop, partial(send_now, d, i, body, optional))
             if stop.is_set() and started is None:
                 break
-            t = loop.create_task(run_one(d, i, sched, body, optional, started))
+            run = run_session if d.in_session(i) else run_one
+            t = loop.create_task(run(d, i, sched, body, optional, started))
             tasks.add(t)
             t.add_done_callback(tasks.discard)
     finally:
@@ -74,7 +85,7 @@ async def closed_loop(
     d: RunState, order: Sequence[int] | npt.NDArray[np.int64], users: int
 ) -> None:
     """`users` virtual users; each sends its next request when its previous one ends."""
-    it = iter(order)
+    it = iter(first_turns(d, order))
     clock = time.perf_counter_ns
 
     async def user() -> None:
@@ -88,7 +99,8 @@ async def closed_loop(
         for i in it:
             if d.stop.is_set():
                 return
-            await run_one(d, int(i), freed - d.t0, None)
+            run = run_session if d.in_session(int(i)) else run_one
+            await run(d, int(i), freed - d.t0, None)
             freed = clock()
 
     await asyncio.gather(*(user() for _ in range(max(1, users))))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from itertools import repeat
 from typing import Any, Literal
 
@@ -60,13 +60,19 @@ def build_body(
     max_tokens: int,
     optional: bool = True,
     extra: Mapping[str, Any] | None = None,
+    messages: Sequence[tuple[str, str]] | None = None,
 ) -> bytes:
-    """The JSON body of one streaming request; `optional=False` leaves out OPTIONAL_FIELDS."""
+    """The JSON body of one streaming request; `optional=False` leaves out OPTIONAL_FIELDS.
+    `messages` (real text: (role, content) pairs) replace `prompt`; the completions endpoint
+    gets their contents joined by blank lines."""
     body: dict[str, Any] = {"model": model}
     if endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": prompt}]
+        if messages is not None:
+            body["messages"] = [{"role": r, "content": c} for r, c in messages]
+        else:
+            body["messages"] = [{"role": "user", "content": prompt}]
     else:
-        body["prompt"] = prompt
+        body["prompt"] = "\n\n".join(c for _, c in messages) if messages is not None else prompt
     body["max_tokens"] = max_tokens
     body["temperature"] = 0
     body["stream"] = True

@@ -41,6 +41,7 @@ class DriverOptions:
     pace_window_ns: int = 1_000_000  # spin: the last stretch before a send spent spinning
     max_event_bytes: int = 64 << 20
     event_loop: str = "auto"  # auto (uvloop when installed) | asyncio | uvloop
+    session_headers: Mapping[str, str] = field(default_factory=dict)  # model -> header name
 
     def validate(self) -> None:
         """Reject impossible values with one clear line (the CLI exits 2)."""

@@ -7,19 +7,21 @@ the usual BPE vocabularies, so the length is close; the server's `usage.prompt_t
 recorded as the truth. With `--tokenizer PATH` (a local `tokenizer.json`, `tokenizers` package)
 the text is adjusted until it encodes to exactly the planned count.
 
+Real text (a prompt dataset, a replayed log: `Schedule.prompts`) does not pass through here:
+the driver sends the row's messages as they are (`state.RunState.body`).
+
 Every random choice comes from a numpy Generator seeded by (seed, purpose, id), so the same
 schedule and seed give the same prompts in any process and in any order.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from phaselens.errors import InputError
 from phaselens.types import PlannedRequest
+from phaselens.workload.tokens import load_tokenizer
 
 # Common words that are single tokens with a leading space in GPT-2/Llama/Qwen style BPEs.
 _WORDS = """
@@ -52,7 +54,7 @@ class PromptMaker:
 
     def __init__(self, seed: int, tokenizer_path: str | None = None) -> None:
         self.seed = seed
-        self._tok: Any = _load_tokenizer(tokenizer_path) if tokenizer_path else None
+        self._tok: Any = load_tokenizer(tokenizer_path) if tokenizer_path else None
         self._pools = {salt: self._pool(salt) for salt in (_SALT_PREFIX, _SALT_UNIQUE)}
         self._prefix_cache: dict[tuple[int, int], str] = {}
 
@@ -144,23 +146,3 @@ class PromptMaker:
         if not cand.startswith(h) or self.count(cand) != n_total:
             return None
         return cand[len(h) :] if h else cand
-
-
-def _load_tokenizer(path: str) -> Any:
-    """A `tokenizers` tokenizer from a local tokenizer.json (or a directory holding one)."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "tokenizer.json"
-    if not p.is_file():
-        raise InputError(f"--tokenizer: {path}: expected a tokenizer.json file or its directory")
-    try:
-        from tokenizers import Tokenizer  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        raise InputError(
-            "--tokenizer: the 'tokenizers' package is not installed "
-            "(pip install 'phaselens[tokenizer]')"
-        ) from None
-    try:
-        return Tokenizer.from_file(str(p))
-    except Exception as e:  # the library raises a bare Exception on a bad file
-        raise InputError(f"{p}: not a tokenizers JSON file ({e})") from None

@@ -61,7 +61,8 @@ def fixed_head(url: str, target: Target, headers: Mapping[str, str], api_key: st
     return request_head(target, h)
 
 
-def wire(head: bytes, run_tag: str, rid: int, body: bytes) -> bytes:
-    """The request's bytes: the target's fixed head, its id and length, the body."""
-    tail = f"X-Request-Id: pl-{run_tag}-{rid}\r\nContent-Length: {len(body)}"
+def wire(head: bytes, run_tag: str, rid: int, body: bytes, extra: str = "") -> bytes:
+    """The request's bytes: the target's fixed head, `extra` header lines (each ending in
+    CRLF: a session id), its id and length, the body."""
+    tail = f"{extra}X-Request-Id: pl-{run_tag}-{rid}\r\nContent-Length: {len(body)}"
     return b"".join((head, tail.encode(), b"\r\n\r\n", body))

@@ -48,9 +48,13 @@ class WorkerResult:
     error: str
 
 
-def split(n: int, workers: int) -> list[np.ndarray]:
-    """Row indices per worker: request i goes to worker i mod `workers`."""
-    return [np.arange(w, n, workers, dtype=np.int64) for w in range(workers)]
+def split(n: int, workers: int, session_id: np.ndarray | None = None) -> list[np.ndarray]:
+    """Row indices per worker: request i goes to worker i mod `workers`; a session's turns
+    all go to the worker of its id (they run one after another)."""
+    key = np.arange(n, dtype=np.int64)
+    if session_id is not None:
+        key = np.where(session_id >= 0, session_id, key)
+    return [np.flatnonzero(key % workers == w).astype(np.int64) for w in range(workers)]
 
 
 PARENT_POLL_S = 0.5  # the watchdog's period where PR_SET_PDEATHSIG is not available
@@ -175,7 +179,8 @@ def run_workers(
     go = ctx.Event()
     mstop = ctx.Event()
     t0 = ctx.Value("q", 0)
-    rows = split(len(schedule), workers)
+    sess = schedule.prompts.session_id if schedule.prompts is not None else None
+    rows = split(len(schedule), workers, sess)
     if options.concurrency:  # closed loop: the users are dealt out too
         per = [
             options.concurrency // workers + (w < options.concurrency % workers)

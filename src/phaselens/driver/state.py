@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from phaselens.driver.openai import build_body
+from phaselens.driver.openai import StreamParser, build_body
 from phaselens.driver.options import DriverOptions, check_targets, route
 from phaselens.driver.prompts import PromptMaker
-from phaselens.driver.request import fixed_head
+from phaselens.driver.request import fixed_head, wire
+from phaselens.driver.sessions import TextParser, next_turns, with_replies
 from phaselens.driver.transport import Response, Target, Transport
 from phaselens.types import RequestRecord, Schedule, Status
 
@@ -107,6 +108,40 @@ class RunState:
         self.stop = asyncio.Event()
         self.transport: Transport | None = None
         self.run_tag = f"{t0 & 0xFFFFFFFF:08x}"
+        # sessions (sessions.py): the next turn's row, the records and real replies it needs
+        self.next_turn = next_turns(schedule)
+        self.outcomes: dict[int, RequestRecord] = {}
+        self.replies: dict[int, dict[int, str]] = {}
+        self.session_header = [options.session_headers.get(m, "") for m in schedule.models]
+
+    def in_session(self, i: int) -> bool:
+        p = self.s.prompts
+        return self.next_turn is not None and p is not None and int(p.session_id[i]) >= 0
+
+    def parser(self, i: int) -> StreamParser:
+        """The stream parser of row i: a session's turns keep their text for the history."""
+        if self.in_session(i):
+            return TextParser(self.o.max_event_bytes)
+        return StreamParser(self.o.max_event_bytes)
+
+    def keep_reply(self, i: int, parser: StreamParser) -> None:
+        """Keep turn i's real reply for its session's later turns (unless length-forced)."""
+        p = self.s.prompts
+        if not isinstance(parser, TextParser) or p is None:
+            return
+        if self.optional(i, self.urls[int(self.s.model_idx[i])]):
+            return  # forced to a length: the later turns keep the dataset's reply
+        self.replies.setdefault(int(p.session_id[i]), {})[int(p.turn[i])] = parser.text()
+
+    def wire(self, i: int, body: bytes) -> bytes:
+        """Request i's bytes, with its session id header when it belongs to a session."""
+        m = int(self.s.model_idx[i])
+        name = self.session_header[m]
+        extra = ""
+        if name and self.in_session(i):
+            assert self.s.prompts is not None
+            extra = f"{name}: pl-{self.run_tag}-s{int(self.s.prompts.session_id[i])}\r\n"
+        return wire(self.heads[m], self.run_tag, self.rid(i), body, extra)
 
     def optional(self, i: int, url: str) -> bool:
         """Send the optional fields with request i? (per model, and per target's answers)"""
@@ -118,6 +153,22 @@ class RunState:
         return int(ids[row]) if ids is not None else row
 
     def body(self, i: int, optional: bool) -> bytes:
+        p = self.s.prompts
+        if p is not None and p.row[i] >= 0:  # real text (a dataset row or a logged request)
+            msgs = p.messages(i)
+            if int(p.turn[i]) > 0:
+                msgs = with_replies(
+                    msgs, self.replies.get(int(p.session_id[i]), {}), int(p.turn[i])
+                )
+            return build_body(
+                self.o.endpoint,
+                self.served[int(self.s.model_idx[i])],
+                "",
+                int(self.s.output_tokens[i]),
+                optional=optional,
+                extra=self.o.extra_body,
+                messages=msgs,
+            )
         req = self.s[i]
         return build_body(
             self.o.endpoint,
@@ -132,6 +183,8 @@ class RunState:
         if self.recorded[row]:
             return  # exactly one record per planned request
         self.recorded[row] = True
+        if self.next_turn is not None and self.in_session(row):
+            self.outcomes[row] = rec  # the session's next turn is timed from it
         self.by_status[rec.status] += 1
         st = self.stats
         st.done += 1

@@ -4,13 +4,15 @@ Why up front (MLPerf LoadGen's lesson): the driver then only has to keep time, i
 measurable (sent - scheduled), and the simulator replays exactly the same requests.
 
 Randomness: `SeedSequence(seed).spawn(n_models)`, then each model's sequence spawns one stream
-per dimension (arrivals, input lengths, output lengths, prefixes, trace thinning). Changing one
+per dimension (arrivals, input lengths, output lengths, prefixes, trace thinning, dataset rows,
+session turns, think times). Changing one
 model's arrivals therefore changes neither another model's draws nor its own lengths' stream.
 Same spec + same seed => byte-identical arrays.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -30,12 +32,27 @@ from phaselens.spec import (
 )
 from phaselens.types import F64, I32, I64, Schedule, StageInfo
 from phaselens.workload.arrivals import arrival_times
+from phaselens.workload.datasets import read_dataset
+from phaselens.workload.gatewaylog import NO_LOG_OPTIONS, LogOptions, read_log
 from phaselens.workload.guard import check_size, check_window
 from phaselens.workload.lengths import sample_lengths
+from phaselens.workload.prompted import (
+    Drawn,
+    Pool,
+    Turns,
+    count_turns,
+    draw_requests,
+    draw_sessions,
+    log_rows,
+    merge_rows,
+)
+from phaselens.workload.tokens import ESTIMATE, Counter
 from phaselens.workload.traces import Trace, read_trace
 from phaselens.yamlio import clip, show
 
-STREAMS = ("arrival", "input", "output", "prefix", "thin")
+# New streams go at the end: a stream's seed depends only on its position, so the draws of
+# existing specs stay the same.
+STREAMS = ("arrival", "input", "output", "prefix", "thin", "prompt", "turns", "think")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +67,8 @@ class _Part:
     output_tokens: I64
     prefix_group: I32
     prefix_tokens: I64
+    drawn: Drawn | None = None  # real text / sessions: rows index `pool`
+    pool: Pool = ()
 
 
 # ---------------------------------------------------------------- windows and estimates
@@ -98,6 +117,8 @@ def _synthetic(
     m: ModelSpec,
     windows: Sequence[tuple[float, float, float]],
     rngs: Mapping[str, np.random.Generator],
+    turns: Turns | None = None,
+    where: tuple[str, int] = ("spec", 0),
 ) -> _Part:
     assert m.rate is not None and not isinstance(m.arrival, TraceArrival)
     times, stages = [], []
@@ -106,6 +127,22 @@ def _synthetic(
         times.append(t)
         stages.append(np.full(t.size, k, np.int32))
     t_s = np.concatenate(times) if times else np.empty(0)
+    if turns is not None:  # arrivals are requests, or sessions expanding into their turns
+        draw = draw_sessions if m.sessions is not None else draw_requests
+        d = draw(m, turns, t_s, np.concatenate(stages), rngs, *where)
+        none = np.full(d.t_s.size, -1, np.int32)
+        return _Part(
+            m.name,
+            m.priority,
+            d.t_s,
+            d.stage,
+            d.input_tokens,
+            d.output_tokens,
+            none,
+            np.zeros(d.t_s.size, np.int64),
+            d,
+            turns.data.rows,
+        )
     n = t_s.size
     assert m.input_tokens is not None and m.output_tokens is not None
     inp = sample_lengths(m.input_tokens, n, rngs["input"])
@@ -137,17 +174,7 @@ def _trace_times(spec: WorkloadSpec, i: int, m: ModelSpec, tr: Trace) -> Trace:
         factor = ((t.size - 1) / span) / target
     else:
         factor = a.time_scale
-    return Trace(
-        tr.path,
-        tr.format,
-        t * factor,
-        tr.input_tokens,
-        tr.output_tokens,
-        tr.model_names,
-        tr.model_idx,
-        tr.prefix_group,
-        tr.prefix_tokens,
-    )
+    return dataclasses.replace(tr, t_s=t * factor)
 
 
 def _traced(
@@ -219,6 +246,8 @@ def _traced(
             lengths["output_tokens"][sel],
             pg[sel],
             pt[sel],
+            None if tr.text_row is None else log_rows(tr.text_row[sel], tr.pool, tr.t_s[sel]),
+            tr.pool,
         )
         for name, sel in groups
     ]
@@ -226,7 +255,10 @@ def _traced(
 
 # ---------------------------------------------------------------- build
 def _parts(
-    spec: WorkloadSpec, traces: Mapping[int, Trace], horizon_s: float
+    spec: WorkloadSpec,
+    traces: Mapping[int, Trace],
+    horizon_s: float,
+    turns: Mapping[int, Turns] | None = None,
 ) -> tuple[list[_Part], list[tuple[float, float, float]]]:
     windows = _stage_windows(spec, horizon_s)
     streams = _streams(spec)
@@ -235,7 +267,8 @@ def _parts(
         if m.is_trace:
             parts.extend(_traced(spec, i, m, traces[i], windows, streams[i]))
         else:
-            parts.append(_synthetic(m, windows, streams[i]))
+            t = (turns or {}).get(i)
+            parts.append(_synthetic(m, windows, streams[i], t, (spec.source, i)))
     return parts, windows
 
 
@@ -252,24 +285,38 @@ def _horizon(spec: WorkloadSpec, traces: Mapping[int, Trace]) -> float:
     return trace_end
 
 
-def build_schedule(spec: WorkloadSpec) -> Schedule:
-    """Plan every request: model, stage, send time, lengths, prefix group, priority."""
+def build_schedule(
+    spec: WorkloadSpec, counter: Counter = ESTIMATE, log: LogOptions = NO_LOG_OPTIONS
+) -> Schedule:
+    """Plan every request: model, stage, send time, lengths, prefix group, priority; and for
+    dataset models the row (and session turn) whose real text it sends, its lengths counted
+    by `counter`."""
     field = "requests" if spec.requests is not None else "duration_s"
     check_size(spec, estimate_requests(spec), field)
     traces: dict[int, Trace] = {}
     for i, m in enumerate(spec.models):
         if isinstance(m.arrival, TraceArrival):
             a = m.arrival
-            tr = read_trace(a.path, a.format, a.columns, a.time_unit)
+            if a.format == "openai-log":
+                tr = read_log(a.path, a.time_unit, log, counter)
+            else:
+                tr = read_trace(a.path, a.format, a.columns, a.time_unit)
             traces[i] = _trace_times(spec, i, m, tr)
     check_size(spec, estimate_requests(spec) + sum(len(t) for t in traces.values()), field)
+    turns: dict[int, Turns] = {}
+    for i, m in enumerate(spec.models):
+        if m.prompts is not None:
+            p = m.prompts
+            turns[i] = count_turns(
+                read_dataset(p.path, p.format, p.column, p.output_column), counter
+            )
 
     horizon = _horizon(spec, traces)
     check_window(spec, horizon, traces)
     open_ended = spec.requests is not None and not spec.stages and spec.duration_s is None
     has_synthetic = any(not m.is_trace for m in spec.models)
     while True:
-        parts, windows = _parts(spec, traces, horizon)
+        parts, windows = _parts(spec, traces, horizon, turns)
         total = sum(p.t_s.size for p in parts)
         if not open_ended or not has_synthetic or total > (spec.requests or 0):
             break
@@ -294,7 +341,11 @@ def _merge(
         return np.concatenate([getattr(p, key) for p in parts]).astype(dtype)
 
     prio = np.asarray([p.priority for p in parts], np.int32)[model_idx]
-    order = np.lexsort((model_idx, t_ns))  # by time, ties by model order (stable)
+    real = merge_rows([(p.t_s.size, p.drawn, p.pool) for p in parts])
+    if real is not None:  # a session's turns stay in turn order when think times are 0
+        order = np.lexsort((real.turn, real.session_id, model_idx, t_ns))
+    else:
+        order = np.lexsort((model_idx, t_ns))  # by time, ties by model order (stable)
     cols = {
         "t_ns": t_ns[order],
         "model_idx": model_idx[order],
@@ -310,6 +361,7 @@ def _merge(
         # The window ends at the first request that is not planned: it holds exactly N.
         duration_ns = int(cols["t_ns"][spec.requests])
         cols = {k: v[: spec.requests] for k, v in cols.items()}
+        order = order[: spec.requests]
     stages = tuple(
         StageInfo(k, float(s), round(a * 1e9), min(round(b * 1e9), duration_ns))
         for k, (a, b, s) in enumerate(windows)
@@ -322,6 +374,7 @@ def _merge(
         seed=spec.seed,
         spec_hash=spec_hash(spec),
         duration_ns=duration_ns,
+        prompts=real.take(order) if real is not None else None,
     )
 
 

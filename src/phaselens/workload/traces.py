@@ -1,4 +1,4 @@
-# One job, ~420 lines: trace readers (four formats) sharing one set of cell checks and one tail.
+# One job, ~440 lines: trace readers (four formats) sharing one set of cell checks and one tail.
 """Readers for real request traces: Azure LLM inference CSV, Mooncake JSONL, BurstGPT CSV, and
 generic CSV/JSONL with a column mapping.
 
@@ -16,6 +16,7 @@ look like. The planned window itself is bounded by the planner (`spec.MAX_DURATI
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections import Counter
 from collections.abc import Mapping
@@ -82,6 +83,8 @@ class Trace:
     model_idx: I32 | None = None  # index into model_names per row
     prefix_group: I32 | None = None  # from Mooncake hash ids; -1 = no shared prefix
     prefix_tokens: I64 | None = None
+    text_row: I64 | None = None  # a request log's real text: the row's conversation in `pool`
+    pool: tuple[tuple[tuple[str, str], ...], ...] = ()
 
     def __len__(self) -> int:
         return int(self.t_s.shape[0])
@@ -102,7 +105,12 @@ class Trace:
             t(self.model_idx),
             t(self.prefix_group),
             t(self.prefix_tokens),
+            t(self.text_row),
+            self.pool,
         )
+
+    def with_prefixes(self, group: I32, tokens: I64) -> Trace:
+        return dataclasses.replace(self, prefix_group=group, prefix_tokens=tokens)
 
 
 def _first_line(path: Path) -> tuple[int, str]:
@@ -154,7 +162,7 @@ def read_trace(
     unit = TIME_UNITS[unit_name]
     is_jsonl = fmt in ("mooncake", "jsonl") or _first_line(p)[1].startswith("{")
     raw = _read_jsonl(p, cols, unit) if is_jsonl else _read_csv(p, fmt, cols, unit)
-    return _finish(p, fmt, raw, unit_name if fmt != "azure" else "")
+    return finish_trace(p, fmt, raw, unit_name if fmt != "azure" else "")
 
 
 # ---------------------------------------------------------------- CSV
@@ -367,7 +375,10 @@ def _check_labels(p: Path, names: tuple[str, ...], labels: list[str], lines: Any
             )
 
 
-def _finish(p: Path, fmt: str, raw: dict[str, Any], unit: str) -> Trace:
+def finish_trace(
+    p: Path, fmt: str, raw: dict[str, Any], unit: str, pool: tuple[Any, ...] = ()
+) -> Trace:
+    """Sorted by time, span checked, lengths checked, labels densely numbered (every reader)."""
     t: F64 = raw["t"]
     lines = raw["line"]
     order = np.argsort(t, kind="stable")
@@ -406,7 +417,8 @@ def _finish(p: Path, fmt: str, raw: dict[str, Any], unit: str) -> Trace:
     pg = pt = None
     if "hash_ids" in raw:
         pg, pt = mooncake_prefixes([raw["hash_ids"][i] for i in order], inp)
-    return Trace(str(p), fmt, t, inp, out, names, midx, pg, pt)
+    rows = raw["text_row"][order] if "text_row" in raw else None
+    return Trace(str(p), fmt, t, inp, out, names, midx, pg, pt, rows, pool)
 
 
 def read_column(path: str | Path, column: str) -> F64:

@@ -50,6 +50,7 @@ def subset(schedule: Schedule, idx: npt.ArrayLike) -> Schedule:
         spec_hash=schedule.spec_hash,
         duration_ns=schedule.duration_ns,
         ids=ids,
+        prompts=schedule.prompts.take(pos) if schedule.prompts is not None else None,
     )
 
 
@@ -60,10 +61,21 @@ def schedule_ids(schedule: Schedule) -> I64:
     return np.arange(len(schedule), dtype=np.int64)
 
 
+# Columns of a schedule with real text or sessions: the pool row, not the text (PromptRows).
+PROMPT_COLUMNS: dict[str, pl.DataType] = {
+    "prompt_row": pl.Int64(),
+    "prompt_turn": pl.Int32(),
+    "session_id": pl.Int64(),
+    "turn": pl.Int32(),
+    "think_ns": pl.Int64(),
+}
+
+
 def schedule_frame(schedule: Schedule) -> pl.DataFrame:
-    """One row per planned request (what `plan --out F.parquet` writes)."""
+    """One row per planned request (what `plan --out F.parquet` writes); with real text, also
+    the PROMPT_COLUMNS (the text itself stays in the dataset file)."""
     names = pl.Series("names", list(schedule.models), dtype=pl.String)
-    return pl.DataFrame(
+    df = pl.DataFrame(
         {
             "id": schedule_ids(schedule),
             "model": names.gather(schedule.model_idx) if len(schedule) else [],
@@ -87,6 +99,17 @@ def schedule_frame(schedule: Schedule) -> pl.DataFrame:
             "priority": pl.Int32(),
         },
     )
+    p = schedule.prompts
+    if p is None:
+        return df
+    cols: dict[str, Any] = {
+        "prompt_row": p.row,
+        "prompt_turn": p.prompt_turn,
+        "session_id": p.session_id,
+        "turn": p.turn,
+        "think_ns": p.think_ns,
+    }
+    return df.with_columns(pl.Series(k, v, dtype=PROMPT_COLUMNS[k]) for k, v in cols.items())
 
 
 def _pcts(x: I64) -> dict[str, float | None]:
