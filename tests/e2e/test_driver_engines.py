@@ -120,7 +120,9 @@ def test_staged_workload(kind: str, request: pytest.FixtureRequest, tmp_path: Pa
     tel = run.telemetry
     running = tel.filter(pl.col("metric") == "engine.running")
     assert running.height >= 20, "engine telemetry every ~100 ms over ~6 s"
-    assert running["value"].max() >= 4, running["value"].to_list()
+    # more than one request at once = batching; a fixed higher count flaked (CI saw a peak of 3:
+    # on a fast machine 16-64-token answers finish between 100 ms samples)
+    assert running["value"].max() >= 2, running["value"].to_list()
     assert running["value"].max() <= PARALLEL
     # ... and from the records: every request the engine ran at once was on the wire at once,
     # so the records' peak overlap is at least the sampled gauge's peak (a fixed count flaked
