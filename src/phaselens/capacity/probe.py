@@ -31,6 +31,7 @@ from phaselens.capacity.verdict import (
     overload_reason,
     queue_grows,
     tail_share,
+    upper_end_values,
     wilson_interval,
 )
 from phaselens.driver.options import DriverOptions
@@ -249,7 +250,7 @@ def judge(
     target fails (all requests, or one model's); pass when every target over all requests
     holds and the queue does not grow; else uncertain. (A model's own target that is only
     uncertain — a small model has few requests in a probe — is reported, not decisive.)"""
-    judged, cut = warmup_cut(requests, ps.warmup_s)
+    judged, cut = warmup_cut(requests, ps.warmup_s, upper_end_values(ps.slo))
     rt = request_table(judged)
     targets = tuple(judge_slo(rt, ps.slo))
     n = judged.height
@@ -339,10 +340,13 @@ def judge(
     )
 
 
-def warmup_cut(requests: pl.DataFrame, warmup_s: float) -> tuple[pl.DataFrame, dict[str, Any]]:
+def warmup_cut(
+    requests: pl.DataFrame, warmup_s: float, keep: int = 0
+) -> tuple[pl.DataFrame, dict[str, Any]]:
     """The judged requests and how they were chosen: those scheduled at or after `warmup_s`,
     then from the first TTFT MSER-5 keeps (`transient.mser_cut` on the successful requests'
-    TTFTs in arrival order; every request scheduled before that one is dropped too)."""
+    TTFTs in arrival order, leaving at least `keep` of them: the values the SLO's percentile
+    interval needs; every request scheduled before that one is dropped too)."""
     base = requests.filter(pl.col("scheduled_ns") >= int(warmup_s * NS))
     f = (
         request_table(base)
@@ -350,7 +354,7 @@ def warmup_cut(requests: pl.DataFrame, warmup_s: float) -> tuple[pl.DataFrame, d
         .sort("scheduled_ns", maintain_order=True)
     )
     x = f["ttft_ms"].to_numpy().astype(np.float64)
-    c = mser_cut(x)
+    c = mser_cut(x, keep=keep)
     judged, start_s, rise = base, warmup_s, 0.0
     if c.values > 0:
         t_cut = int(f["scheduled_ns"][c.values])

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from phaselens.analysis.latency import slo_targets
-from phaselens.analysis.stats import fnum, pkey_to_q
+from phaselens.analysis.stats import fnum
 from phaselens.capacity.predict import predict_knee, predict_queue
 from phaselens.capacity.probe import ProbeResult, ProbeSettings, run_probe
 from phaselens.capacity.queuemodel import (
@@ -34,7 +33,7 @@ from phaselens.capacity.result import (
     write_result,
 )
 from phaselens.capacity.scale import base_rate
-from phaselens.capacity.verdict import ALPHA
+from phaselens.capacity.verdict import upper_end_values
 from phaselens.driver.options import DriverOptions
 from phaselens.errors import InputError
 from phaselens.execute import HttpTarget, SimTarget
@@ -119,10 +118,9 @@ def _light_scale(ws: WorkloadSpec, ps: ProbeSettings, cfg: SearchConfig) -> floa
     """`cfg.light_scale`, raised until the light probe's judged window holds 1.5× the requests
     an interval of the SLO's highest percentile needs to have an upper end (docs/metrics.md)."""
     base = base_rate(ws)
-    q = max((q for _, s, _ in slo_targets(ps.slo) if (q := pkey_to_q(s)) is not None), default=0)
-    if base is None or not 0 < q < 100:
+    need = upper_end_values(ps.slo)
+    if base is None or need == 0:
         return cfg.light_scale
-    need = math.ceil(math.log(ALPHA / 2) / math.log(q / 100.0))
     return max(cfg.light_scale, 1.5 * need / (base * (ps.probe_s - ps.warmup_s)))
 
 

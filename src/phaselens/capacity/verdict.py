@@ -257,6 +257,15 @@ def judge_slo(rt: RequestTable, slo: Mapping[str, Any]) -> list[TargetVerdict]:
     return out
 
 
+def upper_end_values(slo: Mapping[str, Any]) -> int:
+    """How many values the interval of the SLO's highest percentile needs to have an upper end,
+    ⌈ln(ALPHA/2) / ln q⌉ (36 for a p90; docs/metrics.md); 0 without a percentile target."""
+    q = max((q for _, s, _ in slo_targets(slo) if (q := pkey_to_q(s)) is not None), default=0.0)
+    if not 0 < q < 100:
+        return 0
+    return math.ceil(math.log(ALPHA / 2) / math.log(q / 100.0))
+
+
 def tail_share(slo: Mapping[str, Any]) -> float:
     """The largest share of requests that may fail: 100 − the highest percentile targeted (a
     mean or max target: none may fail)."""
