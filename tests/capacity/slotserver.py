@@ -2,9 +2,10 @@
 
 Why virtual time: requests take the k slots first come, first served; each starts at
 max(arrival, the slot's free time in virtual time) and holds it for exactly S = P + n·D (first
-token at start + P, token j at start + P + j·D); writes are timed against those deadlines, so
-the event loop's lateness delays a write but never the schedule. A client that disconnects
-frees its slot at once, as real engines do (the handler is cancelled: handler_cancellation).
+token at start + P, token j at start + P + j·D, the end of the response at start + S);
+writes are timed against those deadlines, so the event loop's lateness delays a write but
+never the schedule. A client that disconnects frees its slot at once, as real engines do (the
+handler is cancelled: handler_cancellation).
 With constant arrivals of n-token requests the capacity is then
 exactly k / S: below it every request finds a free slot (TTFT = P), above it the queue grows by
 (rate − k/S) requests every second, without bound.
@@ -66,6 +67,9 @@ async def handle(request: web.Request) -> web.StreamResponse:
             if wait > 0:
                 await asyncio.sleep(wait)
             await resp.write(_chunk("tok ", chat))
+        wait = end - time.perf_counter()  # the last token's D: the response ends with the slot
+        if wait > 0:  # (so the client sees the whole occupancy S, as from a real engine, and a
+            await asyncio.sleep(wait)  # queue fitted to send -> end times finds k, not k·(S-D)/S)
         slots.served += 1
         done = True
     finally:  # done: free from its virtual end (the last token's D included); cancelled: now
