@@ -80,6 +80,29 @@ def test_two_turns_chain_on_the_simulated_end_and_hit_the_history(replies: bool)
     assert res.manifest_extra["sim"]["sessions"]["history_replies"] == (["m"] if replies else [])
 
 
+def test_sessions_of_one_conversation_share_its_chain() -> None:
+    # sessions 0 and 1 replay conversation row 0 (rows 0-1 and 2-3, forced lengths); session
+    # 1 starts after session 0's turn 1 cached 150 // 16 = 9 blocks: its turn 0 (100 tokens)
+    # reuses (100 - 1) // 16 = 6 of them, its turn 1 (150) (150 - 1) // 16 = 9
+    sch = sessions([0.0, 0.01, 2.0, 2.01], [100, 150, 100, 150], [20, 5, 20, 5], [0, 0, 1, 1],
+                   [0, 1, 0, 1])  # fmt: skip
+    res = simulate(sch, one_engine())
+    r = by_id(res.requests)
+    assert r[2]["sent_ns"] > r[1]["end_ns"]
+    assert [r[i]["server_cached_tokens"] for i in range(4)] == [0, 6 * BS, 6 * BS, 9 * BS]
+    # another conversation (row 1) shares nothing with it
+    other = dataclasses.replace(
+        sch,
+        prompts=dataclasses.replace(
+            sch.prompts, row=np.asarray([0, 0, 1, 1], np.int64), conversations=(CONV, CONV)
+        )
+        if sch.prompts is not None
+        else None,
+    )
+    r = by_id(simulate(other, one_engine()).requests)
+    assert [r[i]["server_cached_tokens"] for i in range(4)] == [0, 6 * BS, 0, 6 * BS]
+
+
 def test_hit_rate_rises_with_the_turn_index() -> None:
     # two sessions of three turns; each turn adds its reply (8) and 40 user tokens
     inp = [60, 108, 156, 60, 108, 156]
@@ -211,14 +234,22 @@ def test_run_on_the_simulator_chains_turns_and_reports_the_cache_by_turn(
         rows = g.sort("turn").to_dicts()
         for prev, cur in itertools.pairwise(rows):
             assert cur["scheduled_ns"] == prev["end_ns"] + 200_000_000
-            # a length-forced history keeps the dataset's reply: the previous prompt is shared
-            assert cur["server_cached_tokens"] == prev["input_tokens"] // BS * BS
+            # a length-forced history keeps the dataset's reply: at least the previous prompt
+            # is reused (more when a session of the same conversation went further first)
+            assert prev["input_tokens"] // BS * BS <= cur["server_cached_tokens"]
+            assert cur["server_cached_tokens"] <= (cur["input_tokens"] - 1) // BS * BS
     block = analyze(forced)["sessions"]
     share = [t["cached_share"] for t in block["by_turn"]]
-    assert share[0] == 0.0 and share[0] < share[1] < share[2]
-    # unforced, the history carries the simulated reply too: more is reused
+    assert share[0] < share[1] < share[2]  # (a turn 0 hits when its conversation was drawn before)
+    # unforced, the history carries the simulated reply: each session's own chain, prompt and
+    # reply of the previous turn, whole blocks (the last token's KV is never computed)
     free = load_run(_run_cli(tmp_path, "--no-optional-fields")).requests
-    assert free["server_cached_tokens"].sum() > r["server_cached_tokens"].sum()
+    for _, g in free.group_by("session_id"):
+        rows = g.sort("turn").to_dicts()
+        assert rows[0]["server_cached_tokens"] == 0
+        for prev, cur in itertools.pairwise(rows):
+            blocks = min(prev["input_tokens"] + prev["output_tokens"] - 1, cur["input_tokens"] - 1)
+            assert cur["server_cached_tokens"] == blocks // BS * BS
 
 
 def test_no_optional_fields_on_the_simulator_without_sessions_is_refused(

@@ -6,12 +6,16 @@ turn k ends is only known while the simulation runs (as in the driver, `driver/s
 the cluster's loop asks here what a turn's end sets off. A turn that does not end `ok` ends
 its session: every later turn is recorded `not_sent` with the reason, as the driver does.
 
-What turn k+1 shares with turn k (its prefix-cache chain, `prefix.py`): turn k's whole prompt,
-and turn k's reply when the history carries the reply the server gave (the driver without the
-optional fields, `--no-optional-fields`); a length-forced run (the driver's default) keeps the
-dataset's reply in the history, so the reply the server generated is not reused. Each session
-has its own chain (group `SESSION_GROUPS + 2 * session + carries_reply`), so its turns hit
-only their own history; shared system prompts across sessions are not modelled.
+What a turn finds cached (the prefix-cache chains of `prefix.py`):
+- a length-forced run (the driver's default) keeps the dataset's replies in the history, so
+  every turn's prompt of one conversation begins with its earlier turns' prompts, in whichever
+  session: one chain per conversation, and a turn may reuse all of its own prompt that any
+  earlier turn of that conversation cached (two sessions drawn from one row share it all);
+  the reply the server generated is never reused;
+- when the history carries the reply the server gave (the driver without the optional fields,
+  `--no-optional-fields`), turn k+1 begins with turn k's prompt and reply: one chain per
+  session, holding its replies too (an odd group).
+Shared system prompts across conversations are not modelled (the simulator sees no text).
 """
 
 from __future__ import annotations
@@ -53,9 +57,12 @@ def plan_sessions(schedule: Schedule, replies: frozenset[str] = frozenset()) -> 
     in_session = p.session_id >= 0
     held = in_session & (p.turn > 0)
     carry = np.asarray([m in replies for m in schedule.models], np.bool_)[schedule.model_idx]
-    group = np.where(
-        in_session, SESSION_GROUPS + 2 * p.session_id + carry.astype(np.int64), -1
-    ).astype(np.int64)
+    # groups SESSION_GROUPS + 4x + kind: kind 0 a conversation's chain, 2 a session's (no
+    # text to say which conversation), 1 a session's with its replies
+    by_row = ~carry & (p.row >= 0)
+    x = np.where(by_row, p.row, p.session_id).astype(np.int64)
+    kind = np.where(carry, 1, np.where(by_row, 0, 2)).astype(np.int64)
+    group = np.where(in_session, SESSION_GROUPS + 4 * x + kind, -1).astype(np.int64)
     return Sessions(
         nxt.tolist(),
         p.think_ns.tolist(),
@@ -66,14 +73,14 @@ def plan_sessions(schedule: Schedule, replies: frozenset[str] = frozenset()) -> 
 
 
 def attach(cl: Cluster, s: Sessions) -> None:
-    """A session row's prefix group is its session's chain; its shared tokens are set when
-    its previous turn ends (`turn_ended`), so a first turn shares nothing. The engines note
-    each request's hit tokens (the records' `server_cached_tokens`)."""
-    grp, pre = cl.grp, cl.pre
+    """A session row's prefix group is its chain; without the replies in the history its whole
+    prompt may be cached already, with them what it shares is set when its previous turn ends
+    (`turn_ended`). The engines note each request's hit tokens (`server_cached_tokens`)."""
+    grp, pre, inp = cl.grp, cl.pre, cl.inp
     for row, g in enumerate(s.group):
         if g >= 0:
             grp[row] = g
-            pre[row] = 0
+            pre[row] = 0 if g & 1 else max(1, inp[row])
     for st in cl.engines:
         st.hits = cl.rec.hits
 
@@ -101,11 +108,8 @@ def turn_ended(cl: Cluster, rid: int) -> bool:
         why = "http_error" if status == ST_REJECTED else "not_sent"
         end_session(cl, j, f"session ended: turn {s.turn[rid]} ended {why}")
         return False
-    # what the next prompt begins with: this prompt, and this reply when the history carries it
-    shared = max(1, cl.inp[rid])
-    if s.group[rid] & 1:
-        shared += int(rec.delivered[rid])
-    cl.pre[j] = shared
+    if s.group[rid] & 1:  # the next prompt begins with this prompt and this reply
+        cl.pre[j] = max(1, cl.inp[rid]) + int(rec.delivered[rid])
     cl.loop.push(cl.now + s.think_ns[j], TURN, j)
     return True
 

@@ -20,7 +20,8 @@ import numpy as np
 import polars as pl
 
 from phaselens.errors import InputError
-from phaselens.store import Run
+from phaselens.runcheck import RunFormatError, read_frame
+from phaselens.store import SCHEDULE, Run
 from phaselens.types import PromptRows, Schedule, StageInfo
 
 REPLAYABLE = ("ok",)  # requests whose lengths are known: the server answered them fully
@@ -113,17 +114,30 @@ def schedule_from_run(run: Run, statuses: tuple[str, ...] = REPLAYABLE) -> Sched
         spec_hash=f"replay:{run.path.name}",
         duration_ns=duration,
         ids=f["id"].to_numpy().astype(np.int64),
-        prompts=_sessions(f, r),
+        prompts=_sessions(f, r, _conversation_rows(run)),
     )
 
 
-def _sessions(f: pl.DataFrame, r: pl.DataFrame) -> PromptRows | None:
-    """The replayed rows' sessions (no text: the simulator needs none), or None.
+def _conversation_rows(run: Run) -> pl.DataFrame | None:
+    """Each planned request's conversation (schedule.parquet's `prompt_row`), or None."""
+    try:
+        return read_frame(run.path / SCHEDULE, {"id": pl.Int64(), "prompt_row": pl.Int64()})
+    except (RunFormatError, OSError):
+        return None
+
+
+def _sessions(f: pl.DataFrame, r: pl.DataFrame, rows: pl.DataFrame | None) -> PromptRows | None:
+    """The replayed rows' sessions (no text: the simulator needs none, but which conversation
+    a turn is of, as the plan said), or None.
 
     A turn's think time is its scheduled instant minus its previous turn's end in the run (a
     turn follows only an `ok` one, so the previous turn of a replayed turn is replayed too)."""
     if "session_id" not in f.columns or f["session_id"].null_count() == f.height:
         return None
+    conv = np.full(f.height, -1, np.int64)
+    if rows is not None:
+        got = f.select("id").join(rows, on="id", how="left", maintain_order="left")
+        conv = got["prompt_row"].fill_null(-1).to_numpy().astype(np.int64)
     prev = (
         r.select("session_id", (pl.col("turn") + 1).alias("turn"), pl.col("end_ns").alias("_end"))
         .drop_nulls()
@@ -138,7 +152,7 @@ def _sessions(f: pl.DataFrame, r: pl.DataFrame) -> PromptRows | None:
     n = f.height
     return PromptRows(
         (),
-        np.full(n, -1, np.int64),
+        conv,
         np.zeros(n, np.int32),
         sid,
         turn,
