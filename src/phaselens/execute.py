@@ -186,11 +186,15 @@ class SimTarget:
     """The built-in simulator: `sim` (the default deployment) or `sim:DEPLOY.yaml`.
 
     Honours the load's shape as the driver does (`--concurrency`: a closed loop of N users;
-    `--max-inflight`: a client queue in the open loop; `sim.client`) and makes its own
-    telemetry; the driver's HTTP, timeout and worker options are refused."""
+    `--max-inflight`: a client queue in the open loop; `sim.client`) and, for sessions, what
+    the optional fields decide: a length-forced turn's history keeps the dataset's reply, an
+    unforced one carries the server's (`--no-optional-fields[-for]`, `sim.sessions`); it makes
+    its own telemetry; the driver's HTTP, timeout and worker options are refused."""
 
     spec: str = "sim"
-    honours: frozenset[str] = frozenset({"concurrency", "max_inflight"})
+    honours: frozenset[str] = frozenset(
+        {"concurrency", "max_inflight", "optional_fields", "plain_models"}
+    )
 
     @property
     def kind(self) -> str:
@@ -208,19 +212,32 @@ class SimTarget:
         from phaselens.sim.client import LoadShape
         from phaselens.sim.run import parse_target
 
-        options.driver.validate()  # --concurrency/--max-inflight: one of them, >= 1
-        shape = LoadShape(options.driver.concurrency, options.driver.max_inflight)
+        o = options.driver
+        o.validate()  # --concurrency/--max-inflight: one of them, >= 1
+        shape = LoadShape(o.concurrency, o.max_inflight)
+        p = schedule.prompts
+        if p is None or not (p.session_id >= 0).any():
+            asked = options.asked_names() & {"optional_fields", "plain_models"}
+            if asked:
+                flags = ", ".join(OPTION_FLAGS[k] for k in sorted(asked))
+                raise InputError(
+                    f"--target sim: {flags}: the simulator always gives the planned lengths; "
+                    "it acts on this only for sessions (whose history then carries the reply)"
+                )
+        replies = frozenset(
+            schedule.models if not o.optional_fields else set(o.plain_models) & set(schedule.models)
+        )
         # a bad deploy file fails before a run dir exists
         deploy = parse_target(self.spec, list(schedule.models))
-        return Prepared({"driver": shape.manifest()}, plan=(deploy, shape))
+        return Prepared({"driver": shape.manifest()}, plan=(deploy, shape, replies))
 
     def run(
         self, schedule: Schedule, options: Options, writer: RunWriter, prepared: Prepared
     ) -> Outcome:
         from phaselens.sim.run import simulate
 
-        deploy, shape = prepared.plan
-        res = simulate(schedule, deploy, shape=shape)
+        deploy, shape, replies = prepared.plan
+        res = simulate(schedule, deploy, shape=shape, replies=replies)
         path = writer.close(
             "complete",
             extra_frames={"requests": res.requests, "telemetry": res.telemetry, "steps": res.steps},

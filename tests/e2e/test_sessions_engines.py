@@ -26,6 +26,7 @@ from phaselens.driver.options import DriverOptions
 from phaselens.driver.tokenize import server_counter
 from phaselens.execute import HttpTarget, Options, RunInfo, execute
 from phaselens.spec import parse_spec
+from phaselens.types import Schedule
 from phaselens.workload.plan import build_schedule
 
 from .conftest import LLAMACPP_MODEL
@@ -67,28 +68,39 @@ def _dataset(path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def test_sessions_reuse_the_prompt_cache_turn_by_turn(llamacpp: Any, tmp_path: Path) -> None:
-    _dataset(tmp_path / "conv.jsonl")
+def plan_sessions(
+    tmp: Path, model: str, url: str, rate: float, duration_s: float, think_s: float, seed: int
+) -> tuple[Any, Schedule]:
+    """The spec (sessions over tmp/conv.jsonl, constant arrivals, 8 forced output tokens) and
+    its schedule, planned with the server's /tokenize."""
     data = {
         "name": "e2e-sessions",
-        "seed": 2,
-        "duration_s": SESSIONS - 0.5,
+        "seed": seed,
+        "duration_s": duration_s,
         "models": [
             {
-                "name": LLAMACPP_MODEL,
-                "rate": 1.0,
+                "name": model,
+                "rate": rate,
                 "arrival": {"type": "constant"},
                 "output_tokens": {"type": "fixed", "value": 8},
                 "prompts": {"type": "dataset", "path": "conv.jsonl", "format": "sharegpt"},
-                "sessions": {"think_time_s": {"type": "fixed", "value": THINK_S}},
+                "sessions": {"think_time_s": {"type": "fixed", "value": think_s}},
             }
         ],
     }
-    spec = parse_spec(data, "e2e", tmp_path)
-    counter = server_counter(llamacpp.url, LLAMACPP_MODEL)
+    spec = parse_spec(data, "e2e", tmp)
+    counter = server_counter(url, model)
     assert counter is not None and counter.how == "server"
     schedule = build_schedule(spec, counter)
     assert schedule.prompts is not None
+    return spec, schedule
+
+
+def test_sessions_reuse_the_prompt_cache_turn_by_turn(llamacpp: Any, tmp_path: Path) -> None:
+    _dataset(tmp_path / "conv.jsonl")
+    spec, schedule = plan_sessions(
+        tmp_path, LLAMACPP_MODEL, llamacpp.url, 1.0, SESSIONS - 0.5, THINK_S, 2
+    )
     assert len(schedule) == SESSIONS * TURNS
     res = execute(
         schedule,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 from tests.builders import schedule
@@ -78,3 +80,26 @@ def one_engine(
         },
         "<test>",
     )
+
+
+# Four sessions of three turns (`write_conversations`), one every 0.5 s, 0.2 s think time.
+SESSION_SPEC = (
+    "duration_s: 2\nseed: 1\nmodels:\n  - name: m\n    rate: 2\n"
+    "    arrival: {type: constant}\n"
+    "    prompts: {type: dataset, path: c.json, format: sharegpt}\n"
+    "    sessions: {turns: dataset, think_time_s: {type: fixed, value: 0.2}}\n"
+)
+
+
+def write_conversations(path: Path, n: int = 4, turns: int = 3) -> None:
+    """A ShareGPT file of `n` conversations: a 60-word opening, then 12-word turns."""
+    rng = np.random.default_rng(1)
+    words = ["river", "stone", "cloud", "maple", "copper", "violet", "harbor", "ember"]
+    rows = []
+    for c in range(n):
+        conv = []
+        for k in range(turns):
+            text = " ".join(rng.choice(words, size=60 if k == 0 else 12).tolist())
+            conv += [{"from": "human", "value": f"{c} {text}"}, {"from": "gpt", "value": text}]
+        rows.append({"conversations": conv})
+    path.write_text(json.dumps(rows))

@@ -196,33 +196,6 @@ def test_bad_dataset_through_the_cli_is_one_line_and_exit_2(
     assert err.count("\n") == 0 and "d.jsonl: line 2: prompt: expected a string" in err
 
 
-def test_sessions_on_the_simulator_say_turns_are_not_chained(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """The simulator sends each turn at its planned time (issue 18 item 4 not built): a session
-    run on it must say so, and every turn still ends with a record."""
-    sharegpt(tmp_path)
-    s = write(
-        tmp_path / "s.yaml",
-        "duration_s: 4\nseed: 1\nmodels:\n  - name: m\n    rate: 2\n"
-        "    prompts: {type: dataset, path: sg.json, format: sharegpt}\n"
-        "    sessions: {turns: dataset, think_time_s: {type: fixed, value: 0.2}}\n",
-    )
-    out = tmp_path / "runs"
-    monkeypatch.setattr(
-        sys, "argv", ["phaselens", "run", str(s), "--target", "sim", "--out", str(out)]
-    )
-    with pytest.raises(SystemExit) as e:
-        main()
-    assert e.value.code in (0, None)
-    assert "does not chain session turns" in capsys.readouterr().err
-    (run_dir,) = out.iterdir()
-    from phaselens.store import load_run
-
-    req = load_run(run_dir).requests
-    assert req.height > 0 and req["status"].to_list() == ["ok"] * req.height
-
-
 # ---------------------------------------------------------------- turns and lengths
 def test_turns_counted_by_hand(tmp_path: Path) -> None:
     t = count_turns(read_dataset(sharegpt(tmp_path), "sharegpt"), WORDS)

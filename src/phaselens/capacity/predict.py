@@ -33,6 +33,7 @@ from phaselens.whatif.calibfile import load_deploy_mapping
 from phaselens.whatif.calibrate import calibrate
 from phaselens.whatif.knobs import apply_deploy
 from phaselens.whatif.predict import simulate_with
+from phaselens.whatif.replay import history_replies
 from phaselens.workload.plan import build_schedule
 
 GRID_STEP = math.sqrt(2.0)  # the predicted curve: loads light × √2^k ...
@@ -57,15 +58,19 @@ def predict_knee(
         dmap = load_deploy_mapping(deploy_path)
         if knobs:
             dmap = apply_deploy(dmap, knobs)
-        calib = calibrate(
-            load_run(light.run), dmap, str(Path(deploy_path).resolve()), allow_invalid=True
-        )
+        run = load_run(light.run)
+        calib = calibrate(run, dmap, str(Path(deploy_path).resolve()), allow_invalid=True)
     except InputError as e:
         notes.append(f"calibration on the light probe failed ({e}); a doubling search instead")
         return none
     deploy, overhead = calib.deploy(), calib.request_overhead_s
+    replies = history_replies(run)  # sessions: the probes' history, as the driver sent it
     knee, points = knee_of(
-        ws, light, ps, light_scale, lambda sched: simulate_with(sched, deploy, overhead).requests
+        ws,
+        light,
+        ps,
+        light_scale,
+        lambda sched: simulate_with(sched, deploy, overhead, replies).requests,
     )
     if knee is None:
         notes.append(
@@ -91,6 +96,11 @@ def predict_queue(
     knee, points = knee_of(
         ws, light, ps, light_scale, lambda sched: queue_requests(sched, svc, sat, ps.seed)
     )
+    if any(m.sessions for m in ws.models):
+        notes.append(
+            "the fitted queue sends each session turn at its planned instant (it does not chain "
+            "turns on the previous turn's end); give --deploy for the simulator, which does"
+        )
     notes.append(
         f"prediction: a {sat.servers}-server first-come-first-served queue fitted to the light "
         f"probe's service times and the saturation probe's {sat.throughput_rps:.3g} req/s"

@@ -356,13 +356,6 @@ def run(
             ws, tokenizer, urls, mapping, LogOptions(skip_bad_lines, anonymize)
         )
     check_out_dir(out, "--out")
-    if isinstance(tgt, SimTarget) and any(m.sessions for m in ws.models):
-        print(  # issue 18 item 4 is not built: say so rather than let the timing pass as real
-            "phaselens: note: the simulator does not chain session turns yet; each turn is sent "
-            "at its planned time, not think time after the simulated previous turn "
-            "(docs/workload.md)",
-            file=sys.stderr,
-        )
     api_key = None
     if api_key_env and isinstance(tgt, HttpTarget):
         api_key = os.environ.get(api_key_env)

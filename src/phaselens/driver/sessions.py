@@ -21,10 +21,11 @@ import json
 import time
 from typing import Any
 
-import numpy as np
-
 from phaselens.driver.openai import StreamParser
-from phaselens.types import I64, Message, Schedule
+from phaselens.types import Message
+from phaselens.workload.views import next_turns
+
+__all__ = ["TextParser", "end_session", "next_turns", "run_session", "with_replies"]
 
 
 class TextParser(StreamParser):
@@ -61,19 +62,6 @@ class TextParser(StreamParser):
                     if isinstance(piece, str):
                         out.append(piece)
         return "".join(out)
-
-
-def next_turns(schedule: Schedule) -> I64 | None:
-    """Row of the same session's next turn per row (-1: none); None without sessions."""
-    p = schedule.prompts
-    if p is None or not (p.session_id >= 0).any():
-        return None
-    nxt = np.full(len(schedule), -1, np.int64)
-    rows = np.flatnonzero(p.session_id >= 0)
-    order = rows[np.lexsort((p.turn[rows], p.session_id[rows]))]
-    same = p.session_id[order[1:]] == p.session_id[order[:-1]]
-    nxt[order[:-1][same]] = order[1:][same]
-    return nxt
 
 
 def with_replies(

@@ -11,12 +11,20 @@ one. Here only the decision "which request goes out now" is made; the cluster se
 - closed loop (`concurrency` = N users): N requests at t = 0, then the next planned request (in
   schedule order) the instant any request ends; `scheduled_ns = sent_ns` = that instant (the
   driver's closed loop records the moment the user was freed as the scheduled instant).
+
+Sessions (`sessions.py`): a session's later turns are `held`: they do not leave at their planned
+instant but when the cluster lets them out (`turn`), think time after the previous turn ended;
+a closed loop's user sends a session's turns one after another, then the next session.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
 
 OPEN, CLOSED = "open", "closed"
 
@@ -56,10 +64,14 @@ class LoadShape:
 class Client:
     """Which requests (by schedule row) leave now; rows are sent in schedule order."""
 
-    __slots__ = ("cap", "closed", "n", "next_row", "on_wire", "queue")
+    __slots__ = ("cap", "closed", "held", "n", "next_row", "on_wire", "queue", "rows")
 
-    def __init__(self, shape: LoadShape, n: int) -> None:
-        self.n = n
+    def __init__(self, shape: LoadShape, n: int, held: npt.NDArray[np.bool_] | None = None) -> None:
+        self.held = held
+        # the rows a closed loop's users send, in order (a session's first turns: the rest
+        # follow it)
+        self.rows: Sequence[int] = range(n) if held is None else np.flatnonzero(~held).tolist()
+        self.n = len(self.rows)
         self.closed = shape.concurrency is not None
         self.cap = shape.concurrency if self.closed else shape.max_inflight
         self.on_wire = 0
@@ -73,11 +85,18 @@ class Client:
         assert self.cap is not None
         k = min(self.cap, self.n)
         self.next_row = k
-        return list(range(k))
+        return list(self.rows[:k])
 
     def arrive(self, rows: range) -> list[int]:
         """Open loop: rows whose planned instant is now; those that may go out at once."""
-        if self.cap is None:
+        held = self.held
+        if held is not None:
+            return self.turns([r for r in rows if not held[r]])
+        return self.turns(rows)
+
+    def turns(self, rows: Sequence[int]) -> list[int]:
+        """Rows due now (planned, or a session turn let out); those that may go out at once."""
+        if self.cap is None or self.closed:
             return list(rows)
         out: list[int] = []
         for r in rows:
@@ -93,7 +112,7 @@ class Client:
         if self.closed:
             if self.next_row < self.n:
                 self.next_row += 1
-                return self.next_row - 1
+                return self.rows[self.next_row - 1]
             return None
         if self.cap is None:
             return None

@@ -18,9 +18,10 @@ from phaselens.sim.cost import EngineCost, StepCost
 from phaselens.sim.deploy import Deployment
 from phaselens.sim.device import DeviceState, gpus_free, release_gpus, take_gpus, turn_order
 from phaselens.sim.engine import EngineState
-from phaselens.sim.loop import ARRIVE, KV_DONE, SEND, STEP_END, WAKE, EventLoop
+from phaselens.sim.loop import ARRIVE, KV_DONE, SEND, STEP_END, TURN, WAKE, EventLoop
 from phaselens.sim.records import NO_TIME, SEGMENT, ClusterResult, Records
 from phaselens.sim.seq import Seq, Sink
+from phaselens.sim.sessions import Sessions, attach, plan_sessions, turn_due, turn_ended
 from phaselens.sim.stretch import run_ahead
 from phaselens.types import Schedule
 
@@ -88,6 +89,8 @@ class Cluster:
         self.closed = False  # closed loop: a sent request's scheduled instant is its send
         self.to_send: list[int] = []  # rows let out by requests that ended now, not yet sent
         self.overhead_ns = round(deploy.request_overhead_s * 1e9)  # send -> at the engine
+        self.sessions: Sessions | None = None  # a session's turns are chained (sessions.py)
+        self.arrivals = 0  # requests queued at an engine so far (sessions: the FCFS order)
 
     # ---- sink: engines report here ----------------------------------------------------------
     def _sink(self, i: int, rec: Records) -> Sink:
@@ -109,7 +112,7 @@ class Cluster:
             end[rid] = self.now
             delivered[rid] = tokens
             if self.coupled:
-                self._done()
+                self._done(rid)
 
         def handoff(seq: Seq) -> None:
             self._handoff(i, seq)
@@ -212,8 +215,11 @@ class Cluster:
         self._start_engines([i, *self._release_sends()])
 
     # ---- the client ----------------------------------------------------------------------------
-    def _done(self) -> None:
-        """A request ended now (finished or refused): the request it lets out, if any."""
+    def _done(self, rid: int) -> None:
+        """Request `rid` ended now (finished or refused): the request it lets out, if any (a
+        closed loop's user stays with its session until it is over, `sessions.turn_ended`)."""
+        if self.sessions is not None and turn_ended(self, rid) and self.closed:
+            return
         row = self.client.done()
         if row is not None:
             self.to_send.append(row)
@@ -247,7 +253,7 @@ class Cluster:
                 k, now, f"request of {p}+{o} tokens exceeds the engine's context limit {lim}"
             )
             if self.coupled:
-                self._done()
+                self._done(k)
             return -1
         if self.overhead_ns:
             self.loop.push_first(now + self.overhead_ns, ARRIVE, k)
@@ -257,7 +263,10 @@ class Cluster:
     def _enqueue(self, k: int, i: int, p: int, o: int) -> int:
         s = self.sched[i]
         key0 = self.prio[k] if s == "priority" else p if s == "short_first" else 0
-        self.engines[i].enqueue(Seq(k, p, o, (key0, k), self.grp[k], self.pre[k]), self.now)
+        nth = k
+        if self.sessions is not None:  # arrival order: a later turn's row index is not
+            nth = self.arrivals = self.arrivals + 1
+        self.engines[i].enqueue(Seq(k, p, o, (key0, nth), self.grp[k], self.pre[k]), self.now)
         return i
 
     def _arrive(self, k: int) -> None:
@@ -296,7 +305,7 @@ class Cluster:
             rec.end_ns[rid] = self.now
             rec.delivered[rid] = seq.gen
             if self.coupled:
-                self._done()
+                self._done(rid)
         else:
             dst = self.handoff_to[src]
             seq.group = -1
@@ -317,10 +326,11 @@ class Cluster:
 
     # ---- main loop -----------------------------------------------------------------------------
     def run(
-        self, schedule: Schedule, kv_limit: dict[int, int], shape: LoadShape | None = None
-    ) -> ClusterResult:
+        self, schedule: Schedule, kv_limit: dict[int, int], shape: LoadShape | None = None,
+        replies: frozenset[str] = frozenset(),
+    ) -> ClusterResult:  # fmt: skip
         """Simulate every request of the schedule to completion, sent as `shape` says (the
-        planned open loop by default; `sim.client`).
+        planned open loop by default; `sim.client`), sessions chained (`sessions.py`).
 
         `kv_limit[i]` is the longest request (input + output tokens) engine i accepts; longer
         ones are rejected on arrival (HTTP 400, as a server refuses a request over its context).
@@ -328,9 +338,10 @@ class Cluster:
         """
         shape = shape or LoadShape()
         n = len(schedule)
-        self.client = Client(shape, n)
+        ses = self.sessions = plan_sessions(schedule, replies)
+        self.client = Client(shape, n, None if ses is None else ses.held)
         self.closed = self.client.closed
-        self.coupled = shape.coupled
+        self.coupled = shape.coupled or ses is not None  # a turn's end sends the next turn
         self.kv_limit = kv_limit
         self.pending: dict[int, tuple[Seq, int]] = {}
         route_by_idx = np.array([self.route[m] for m in schedule.models], dtype=np.int64)
@@ -345,6 +356,8 @@ class Cluster:
         self.prio: list[int] = schedule.priority.tolist()
         self.grp: list[int] = schedule.prefix_group.tolist()
         self.pre: list[int] = schedule.prefix_tokens.tolist()
+        if ses is not None:
+            attach(self, ses)
         self.sched = [e.policy.scheduling for e in self.deploy.engines]
         loop = self.loop
         engines = self.engines
@@ -397,6 +410,8 @@ class Cluster:
                 self._on_send(arg)
             elif kind == ARRIVE:
                 self._arrive(arg)
+            elif kind == TURN:
+                turn_due(self, arg)
             else:
                 self._kv_done(arg)
         return self.rec.result(engines, events)

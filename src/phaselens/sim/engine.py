@@ -16,12 +16,13 @@ stretches are committed in bulk by `stretch.py`; the step log's columns are `rec
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, MutableSequence
 
 from phaselens.sim.admission import ADMIT
 from phaselens.sim.cost import EngineCost, StepCost, prefill_attn_units
 from phaselens.sim.deploy import Policy
 from phaselens.sim.kvpool import KvPool
+from phaselens.sim.prefix import SESSION_GROUPS
 from phaselens.sim.records import STEP_RECORD
 from phaselens.sim.seq import Seq, Sink
 
@@ -71,6 +72,7 @@ class EngineState:
         # statistics
         self.prefix_hit_tokens = 0
         self.prefix_query_tokens = 0
+        self.hits: MutableSequence[int] | None = None  # per request id: prompt tokens hit
         self.preemptions = 0
         self.decode_admits: list[Seq] = []  # P/D decode engine: handed-off sequences to admit
         self.log = bytearray()  # one STEP_RECORD per step (records.py)
@@ -121,6 +123,8 @@ class EngineState:
             self.sink.prefill_start(seq.rid)
             self.prefix_hit_tokens += seq.computed
             self.prefix_query_tokens += seq.prompt
+            if self.hits is not None:
+                self.hits[seq.rid] = seq.computed
         kv.used += blocks
         self.running[seq.rid] = seq
         self.prefilling.append(seq)
@@ -332,6 +336,8 @@ class EngineState:
                 if seq.gen >= seq.out:
                     sink.segment(seq.rid, self.index, s, s)
                     del self.running[seq.rid]
+                    if seq.group >= SESSION_GROUPS:
+                        self.kv.prefix.keep_reply(seq, seq.computed)
                     self.kv.release(seq, seq.computed)
                     sink.finished(seq.rid, seq.gen)
                 else:
@@ -349,6 +355,8 @@ class EngineState:
             computed = seq_f.c0 + (s - seq_f.s0) + 1
             self._stop_decode(seq_f, computed)
             del running[rid]
+            if seq_f.group >= SESSION_GROUPS:
+                self.kv.prefix.keep_reply(seq_f, computed)
             self.kv.release(seq_f, computed)
             seq_f.gen = seq_f.out
             sink.segment(rid, self.index, seq_f.s0, s)

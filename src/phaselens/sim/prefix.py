@@ -4,6 +4,11 @@ Why its own module: which blocks of a prompt are already cached, who holds them 
 unreferenced chain goes first (LRU) is a job of its own; the KV pool (`kvpool.py`) only counts
 the blocks these calls move. A group's chain is whole blocks (hash-chained, as vLLM's), so a
 prefix hit is `min(prefix, prompt − 1) // block_size` blocks at most.
+
+A session's turns share one chain of their own (groups from `SESSION_GROUPS`, `sessions.py`):
+a turn publishes its whole prompt (the next turn begins with it), and a turn whose reply the
+next turn carries (an odd group) also its reply's blocks when it finishes, as vLLM caches every
+full block, generated ones included. Other groups publish their shared prefix only.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from phaselens.sim.seq import Seq
+
+SESSION_GROUPS = 1 << 40  # prefix groups from here on are sessions' own chains
 
 
 class PrefixCache:
@@ -73,7 +80,17 @@ class PrefixCache:
         """
         if not self.enabled:
             return
-        full = min(seq.prefix, seq.prompt - 1) // self.bs
+        g = seq.group
+        full = (seq.prompt if g >= SESSION_GROUPS else min(seq.prefix, seq.prompt - 1)) // self.bs
+        self._grow(seq, full)
+
+    def keep_reply(self, seq: Seq, computed: int) -> None:
+        """A session turn finished with `computed` tokens in KV: its full blocks, the reply's
+        included, become its chain when the next turn carries this reply (an odd group)."""
+        if self.enabled and seq.group & 1:
+            self._grow(seq, computed // self.bs)
+
+    def _grow(self, seq: Seq, full: int) -> None:
         cached = self.cached.get(seq.group, 0)
         if full <= cached or seq.shared < cached:
             return  # nothing new, or it did not build on the whole cached chain

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from phaselens.sim.engine import EngineState
 
 
-ST_OK, ST_REJECTED = 0, 1
+ST_OK, ST_REJECTED, ST_NOT_SENT = 0, 1, 2
 NO_TIME = -1
 # An engine's step log: one packed record per step, appended to a bytearray (one C call a step,
 # a third of the cost of extending typed arrays) and read back as a numpy structured view.
@@ -70,6 +70,7 @@ class ClusterResult:
     delivered: np.ndarray
     status: np.ndarray
     errors: dict[int, str]
+    hits: np.ndarray  # prompt tokens found in the prefix cache (filled for session runs)
     seg_rid: np.ndarray
     seg_eng: np.ndarray  # engine index, or -1 for an explicit time held in seg_a
     seg_a: np.ndarray
@@ -97,6 +98,7 @@ class Records:
         "engine_of",
         "errors",
         "first_token_ns",
+        "hits",
         "prefill_end_ns",
         "prefill_start_ns",
         "scheduled_ns",
@@ -114,6 +116,7 @@ class Records:
         self.prefill_start_ns = _times(n)
         self.prefill_end_ns = _times(n)
         self.delivered = array("q", bytes(8 * n))
+        self.hits = array("q", bytes(8 * n))
         self.status = np.zeros(n, dtype=np.int8)
         self.errors: dict[int, str] = {}
         self.engine_of = engine_of.copy()  # (P/D: the decode engine once handed off)
@@ -128,6 +131,10 @@ class Records:
         self.errors[k] = why
         self.end_ns[k] = now
 
+    def not_sent(self, k: int, why: str) -> None:
+        self.status[k] = ST_NOT_SENT
+        self.errors[k] = why
+
     def result(self, engines: list[EngineState], events: int) -> ClusterResult:
         segs = np.frombuffer(self.segs, dtype=np.int64).reshape(-1, 4)
         return ClusterResult(
@@ -141,6 +148,7 @@ class Records:
             delivered=_view(self.delivered),
             status=self.status,
             errors=self.errors,
+            hits=_view(self.hits),
             seg_rid=segs[:, 0],
             seg_eng=segs[:, 1],
             seg_a=segs[:, 2],

@@ -22,7 +22,7 @@ from phaselens.sim.client import LoadShape
 from phaselens.sim.cluster import Cluster
 from phaselens.sim.cost import fp8_gemms
 from phaselens.sim.deploy import Deployment, default_deployment, load_deployment
-from phaselens.sim.records import NO_TIME, ST_OK, ClusterResult
+from phaselens.sim.records import NO_TIME, ST_NOT_SENT, ST_OK, ClusterResult
 from phaselens.store import (
     PHASES,
     PHASES_SCHEMA,
@@ -49,13 +49,17 @@ def simulate(
     deploy: Deployment,
     fast_forward: bool = True,
     shape: LoadShape | None = None,
+    replies: frozenset[str] = frozenset(),
 ) -> SimResult:
     """Simulate every planned request on the deployment (deterministic).
 
     `shape`: how the simulated client sends (`sim.client`): the planned open loop (default),
     with an in-flight cap, or a closed loop of N users, as the driver would.
     `fast_forward=False` steps through decode-only stretches one by one (same result, slower;
-    kept for tests and for checking the fast path).
+    kept for tests and for checking the fast path). Sessions (`sim.sessions`): a turn leaves
+    think time after its previous turn ended; `replies` names the models whose later turns
+    carry the reply the server gave (the driver without the optional fields), the others keep
+    the dataset's reply (a length-forced run, the driver's default).
     """
     shape = shape or LoadShape()
     served = {m for e in deploy.engines for m in e.serves}
@@ -75,7 +79,7 @@ def simulate(
         limits[i] = lim
     cluster = Cluster(deploy)
     cluster.fast_forward = fast_forward
-    res = cluster.run(schedule, limits, shape)
+    res = cluster.run(schedule, limits, shape, replies)
     requests = _requests_frame(schedule, res)
     steps = _steps_frame(deploy, res)
     telemetry = _telemetry_frame(deploy, res)
@@ -110,6 +114,11 @@ def simulate(
         "telemetry_idle_gap_bins": IDLE_GAP_BINS,
         "telemetry_idle_tail_bins": IDLE_TAIL_BINS,
     }
+    if cluster.sessions is not None:
+        extra["sim"]["sessions"] = {
+            "chained": True,
+            "history_replies": sorted(replies & set(schedule.models)),
+        }
     return SimResult(requests, telemetry, steps, phases, extra)
 
 
@@ -174,6 +183,20 @@ def _requests_frame(schedule: Schedule, res: ClusterResult) -> pl.DataFrame:
     for rid, msg in res.errors.items():
         errors[rid] = msg
     models = np.asarray(schedule.models, dtype=object)
+    status: Any = np.where(ok, "ok", "http_error") if n else []
+    http: Any = np.where(ok, 200, 400).astype(np.int32) if n else []
+    sent: Any = res.sent_ns
+    end: Any = res.end_ns
+    cached: Any = [None] * n
+    p = schedule.prompts
+    if p is not None and (p.session_id >= 0).any():
+        unsent = res.status == ST_NOT_SENT
+        status = np.where(unsent, "not_sent", status)
+        http = pl.Series(http).set(pl.Series(unsent), None)
+        sent = pl.Series(sent).set(pl.Series(unsent), None)
+        end = pl.Series(end).set(pl.Series(unsent), None)
+        # the simulated prefix cache's hits, as a server that reports them (llama.cpp's cache_n)
+        cached = pl.Series(res.hits).set(pl.Series(~ok | (p.session_id < 0)), None)
     df = pl.DataFrame(
         {
             "id": np.arange(n, dtype=np.int64),
@@ -181,18 +204,18 @@ def _requests_frame(schedule: Schedule, res: ClusterResult) -> pl.DataFrame:
             "stage": schedule.stage.astype(np.int32),
             "priority": schedule.priority.astype(np.int32),
             "scheduled_ns": res.scheduled_ns,
-            "sent_ns": res.sent_ns,
+            "sent_ns": sent,
             "first_token_ns": pl.Series(first).set(pl.Series(first == NO_TIME), None)
             if n
             else pl.Series([], dtype=pl.Int64),
-            "end_ns": res.end_ns,
+            "end_ns": end,
             "input_tokens": schedule.input_tokens.astype(np.int64),
             "output_tokens": res.delivered,
-            "status": pl.Series(np.where(ok, "ok", "http_error") if n else [], dtype=pl.String),
+            "status": pl.Series(status, dtype=pl.String),
             "error": pl.Series(errors, dtype=pl.String),
-            "http_status": pl.Series(np.where(ok, 200, 400).astype(np.int32) if n else []),
+            "http_status": pl.Series(http),
             "server_prompt_ms": pl.Series([None] * n, dtype=pl.Float64),
-            "server_cached_tokens": pl.Series([None] * n, dtype=pl.Int64),
+            "server_cached_tokens": pl.Series(cached, dtype=pl.Int64),
             "server_decode_ms": pl.Series([None] * n, dtype=pl.Float64),
             "token_ns": tok,
             "token_counts": cnt,

@@ -55,7 +55,7 @@ from phaselens.whatif.predict import (
     simulate_with,
     with_kv,
 )
-from phaselens.whatif.replay import schedule_from_run
+from phaselens.whatif.replay import history_replies, schedule_from_run
 
 MIN_ISOLATED = 8  # lone requests needed for the exact light-load equations
 
@@ -75,7 +75,7 @@ def calibrate(
     meas = measured_rows(run.requests, ids)
     notes: list[str] = list(invalid_notes)
     fit_info: dict[str, Any] = {"requests_ok": len(sched)}
-    rp = Replay(sched, meas, deploy_map, source, {})
+    rp = Replay(sched, meas, deploy_map, source, {}, replies=history_replies(run))
     ttft_s = meas["ttft_ms"].to_numpy().astype(np.float64) / 1e3
 
     def _light(th_now: F64) -> np.ndarray:
@@ -265,7 +265,8 @@ def check(
     sched = schedule_from_run(run)
     ids = sched.ids if sched.ids is not None else np.arange(len(sched))
     meas = measured_rows(run.requests, ids)
-    pred = per_request(simulate_with(sched, deploy, c.request_overhead_s).requests)
+    sim = simulate_with(sched, deploy, c.request_overhead_s, history_replies(run))
+    pred = per_request(sim.requests)
     th = coefficients(c.cost, c.request_overhead_s)
     iso_ttft, iso_e2e = iso_times(deploy, sched, th)
     reg = regimes(

@@ -174,11 +174,12 @@ class Replay:
     source: str
     kv: Mapping[str, int]
     scored: np.ndarray | None = None  # rows the loss counts (None: all)
+    replies: frozenset[str] = frozenset()  # sessions: whose turns carry the reply (replay.py)
 
     def predict(self, th: F64) -> pl.DataFrame:
         base = parse_deployment(self.deploy_map, self.source).cost
         d = parse_deployment(with_cost(self.deploy_map, with_coefficients(base, th)), self.source)
-        p = simulate_with(self.sched, with_kv(d, self.kv), float(th[REQUEST]))
+        p = simulate_with(self.sched, with_kv(d, self.kv), float(th[REQUEST]), self.replies)
         return per_request(p.requests)
 
     def loss(self, th: F64) -> float:

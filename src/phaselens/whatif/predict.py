@@ -49,12 +49,18 @@ def with_kv(deploy: Deployment, kv: Mapping[str, int] | None) -> Deployment:
     return replace(deploy, engines=engines)
 
 
-def simulate_with(schedule: Schedule, deploy: Deployment, overhead_s: float) -> Predicted:
+def simulate_with(
+    schedule: Schedule,
+    deploy: Deployment,
+    overhead_s: float,
+    replies: frozenset[str] = frozenset(),
+) -> Predicted:
     """Simulate; each request reaches the engine `overhead_s` after it was sent (HTTP, parsing,
-    tokenization), so TTFT and E2E count it while the engine never sees it."""
+    tokenization), so TTFT and E2E count it while the engine never sees it. A session's later
+    turns are chained on the simulated previous turn (`replies`: `replay.history_replies`)."""
     r_ns = round(overhead_s * 1e9)
     shifted = replace(schedule, t_ns=schedule.t_ns + r_ns) if r_ns else schedule
-    res = simulate(shifted, deploy)
+    res = simulate(shifted, deploy, replies=replies)
     req = res.requests
     if r_ns:
         req = req.with_columns(

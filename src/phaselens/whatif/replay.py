@@ -5,6 +5,11 @@ send times (scheduled_ns), models, prompt lengths as the server counted them, an
 tokens actually generated — so that prediction errors come from the cost model, not from a
 different workload. Load transforms (`scale_load`, `set_burstiness`) change only the arrival
 times and keep every request's lengths.
+
+Sessions stay sessions: a replayed turn keeps its session and turn index, and its think time
+is what the run measured (its scheduled instant minus its previous turn's end: the plan's
+draw), so the simulator chains it on the simulated previous turn (`sim.sessions`);
+`history_replies` says whose turns carried the server's own reply.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ import numpy as np
 import polars as pl
 
 from phaselens.errors import InputError
-from phaselens.store import Run
-from phaselens.types import Schedule, StageInfo
+from phaselens.runcheck import RunFormatError, read_frame
+from phaselens.store import SCHEDULE, Run
+from phaselens.types import PromptRows, Schedule, StageInfo
 
 REPLAYABLE = ("ok",)  # requests whose lengths are known: the server answered them fully
 
@@ -108,7 +114,74 @@ def schedule_from_run(run: Run, statuses: tuple[str, ...] = REPLAYABLE) -> Sched
         spec_hash=f"replay:{run.path.name}",
         duration_ns=duration,
         ids=f["id"].to_numpy().astype(np.int64),
+        prompts=_sessions(f, r, _conversation_rows(run)),
     )
+
+
+def _conversation_rows(run: Run) -> pl.DataFrame | None:
+    """Each planned request's conversation (schedule.parquet's `prompt_row`), or None."""
+    try:
+        return read_frame(run.path / SCHEDULE, {"id": pl.Int64(), "prompt_row": pl.Int64()})
+    except (RunFormatError, OSError):
+        return None
+
+
+def _sessions(f: pl.DataFrame, r: pl.DataFrame, rows: pl.DataFrame | None) -> PromptRows | None:
+    """The replayed rows' sessions (no text: the simulator needs none, but which conversation
+    a turn is of, as the plan said), or None.
+
+    A turn's think time is its scheduled instant minus its previous turn's end in the run (a
+    turn follows only an `ok` one, so the previous turn of a replayed turn is replayed too)."""
+    if "session_id" not in f.columns or f["session_id"].null_count() == f.height:
+        return None
+    conv = np.full(f.height, -1, np.int64)
+    if rows is not None:
+        got = f.select("id").join(rows, on="id", how="left", maintain_order="left")
+        conv = got["prompt_row"].fill_null(-1).to_numpy().astype(np.int64)
+    prev = (
+        r.select("session_id", (pl.col("turn") + 1).alias("turn"), pl.col("end_ns").alias("_end"))
+        .drop_nulls()
+        .unique(["session_id", "turn"], keep="first")
+    )
+    g = f.select("session_id", "turn", "scheduled_ns").join(
+        prev, on=["session_id", "turn"], how="left", maintain_order="left"
+    )
+    sid = g["session_id"].fill_null(-1).to_numpy().astype(np.int64)
+    turn = g["turn"].fill_null(-1).to_numpy().astype(np.int32)
+    think = (g["scheduled_ns"] - g["_end"]).fill_null(0).clip(lower_bound=0)
+    n = f.height
+    return PromptRows(
+        (),
+        conv,
+        np.zeros(n, np.int32),
+        sid,
+        turn,
+        np.where(turn > 0, think.to_numpy(), 0).astype(np.int64),
+    )
+
+
+def history_replies(run: Run) -> frozenset[str]:
+    """Models whose session turns carried the reply the server gave (`sim.sessions`): a
+    simulated run says so; a driver run did for the models it did not force to a length (no
+    optional fields, `--no-optional-fields[-for]`, or a target that rejected them)."""
+    man = run.manifest
+    models = set(run.requests["model"].unique().to_list()) if run.requests.height else set()
+    sim = man.get("sim")
+    if isinstance(sim, dict):
+        ses = sim.get("sessions")
+        got = ses.get("history_replies") if isinstance(ses, dict) else None
+        return frozenset(str(m) for m in got or ())
+    d = man.get("driver")
+    if not isinstance(d, dict):
+        return frozenset()
+    if d.get("optional_fields") is False:
+        return frozenset(models)
+    out = {str(m) for m in d.get("plain_models") or ()}
+    rejected = set(man.get("optional_fields_rejected_by") or ())
+    targets = man.get("targets")
+    if rejected and isinstance(targets, dict):
+        out |= {m for m in models if targets.get(m, targets.get("*")) in rejected}
+    return frozenset(out & models)
 
 
 def _with_times(s: Schedule, t_ns: np.ndarray) -> Schedule:
@@ -133,6 +206,7 @@ def _with_times(s: Schedule, t_ns: np.ndarray) -> Schedule:
         spec_hash=s.spec_hash,
         duration_ns=int(max(int(t[-1]) if t.size else 0, 1)),
         ids=o(s.ids) if s.ids is not None else order.astype(np.int64),
+        prompts=s.prompts.take(order) if s.prompts is not None else None,
     )
 
 

@@ -52,7 +52,7 @@ from phaselens.whatif.predict import (
     with_kv,
     worst_error,
 )
-from phaselens.whatif.replay import schedule_from_run
+from phaselens.whatif.replay import history_replies, schedule_from_run
 
 UTIL_WINDOW_BINS = 50  # 5 s of 100 ms bins (analysis.fluctuation.WINDOW_S)
 KNOB_NEAR_KNEE = " in-sample; ±20% of a repeat mean with a knob changed near the knee"
@@ -75,6 +75,7 @@ class Job:
     errors: Mapping[str, Any]
     seed: int
     gpu_cost_per_hour: float
+    replies: frozenset[str] = frozenset()  # sessions: whose turns carry the reply (replay.py)
 
 
 def _p50_p90(rt: RequestTable, metric: str) -> tuple[float | None, float | None]:
@@ -148,7 +149,7 @@ def evaluate(job: Job, combo: Mapping[str, Any]) -> dict[str, Any]:
         deploy_plain = parse_deployment(dmap, job.source)
         deploy = with_kv(deploy_plain, kv)
         sched = apply_load(job.schedule, combo, job.seed)
-        pred = simulate_with(sched, deploy, job.overhead_s)
+        pred = simulate_with(sched, deploy, job.overhead_s, job.replies)
     except InputError as e:
         return {**row, "feasible": False, "reason": str(e)}
     rt = request_table(pred.requests)
@@ -316,6 +317,7 @@ def sweep(
         errors=dict(calib.errors),
         seed=seed,
         gpu_cost_per_hour=gpu_cost_per_hour,
+        replies=history_replies(run),
     )
     slo_targets(job.slo)  # a bad threshold fails here, in one line, before any simulation
     todo: list[Mapping[str, Any]] = [{}]

@@ -218,3 +218,16 @@ def summary_table(summary: Mapping[str, Any], title: str = "") -> Table:
                 label = f"{st['index']} (x{st['rate_scale']:g})"
                 t.add_row(*row(name, label, st["models"][name]))
     return t
+
+
+def next_turns(schedule: Schedule) -> I64 | None:
+    """Row of the same session's next turn per row (-1: none); None without sessions."""
+    p = schedule.prompts
+    if p is None or not (p.session_id >= 0).any():
+        return None
+    nxt = np.full(len(schedule), -1, np.int64)
+    rows = np.flatnonzero(p.session_id >= 0)
+    order = rows[np.lexsort((p.turn[rows], p.session_id[rows]))]
+    same = p.session_id[order[1:]] == p.session_id[order[:-1]]
+    nxt[order[:-1][same]] = order[1:][same]
+    return nxt

@@ -80,18 +80,16 @@ _QUERIES = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")
 def prefix_hit_rate(
     tel: pl.DataFrame, manifest: Mapping[str, Any]
 ) -> tuple[float, float, str] | None:
-    """(hit rate %, queries, source): vLLM counters (Δ), per-interval engine counts, or SGLang."""
+    """(hit rate %, queries, source): vLLM counters (Δ), per-interval engine counts, or SGLang.
+
+    The hit rate is hit tokens / queried prompt tokens (docs/metrics.md); a scraped counter is
+    stored as its increase per interval (docs/telemetry.md), so the run's Δ is their sum."""
 
     def delta(names: tuple[str, ...]) -> float | None:
         r = tel.filter(pl.col("metric").is_in(list(names)))
         if r.height == 0:
             return None
-        d = (
-            r.sort("t_ns")
-            .group_by("labels")
-            .agg((pl.col("value").last() - pl.col("value").first()).alias("d"))
-        )
-        return as_float(d["d"].sum())
+        return as_float(r["value"].sum())
 
     h, q = delta(_HITS), delta(_QUERIES)
     if h is not None and q is not None and q > 0:
@@ -125,8 +123,8 @@ def prefix_cache_low(a: Analysis) -> RuleResult:
     models = (a.manifest.get("spec") or {}).get("models")
     known = isinstance(models, list)
     shared = isinstance(models, list) and any(
-        isinstance(m, Mapping) and m.get("prefix") for m in models
-    )
+        isinstance(m, Mapping) and (m.get("prefix") or m.get("sessions")) for m in models
+    )  # (a session's turns share their history)
     ev = {
         "hit_rate_pct": fnum(rate, 2),
         "queries": fnum(queries, 0),
