@@ -7,7 +7,7 @@ import dataclasses
 import io
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -29,7 +29,7 @@ from phaselens.errors import InputError
 
 if TYPE_CHECKING:
     from phaselens.spec import WorkloadSpec
-    from phaselens.types import Schedule
+    from phaselens.types import I64, Schedule
     from phaselens.workload.gatewaylog import LogOptions
 
 
@@ -85,9 +85,18 @@ def plan_real(
         if url is not None:
             counter = server_counter(url, (model_map or {}).get(name, name))
     counter = counter or ESTIMATE
-    entry = {"counted_by": counter.how, "source": counter.source}
-    schedule = build_schedule(ws, counter, log)
-    if counter.how == "estimated":
+    counted = [0]  # texts the counter was asked: none when every logged line had its usage
+
+    def count(texts: Sequence[str]) -> I64:
+        counted[0] += len(texts)
+        return counter.count(texts)
+
+    schedule = build_schedule(ws, dataclasses.replace(counter, count=count), log)
+    entry = {
+        "counted_by": counter.how if counted[0] else "usage",
+        "source": counter.source if counted[0] else "",
+    }
+    if counter.how == "estimated" and counted[0]:
         print(
             "phaselens: note: prompt lengths of real text are estimated (~4 characters a token); "
             "give --tokenizer for exact ones",

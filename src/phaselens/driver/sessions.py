@@ -10,13 +10,15 @@ is recorded `not_sent` with the reason, so every planned request still has one r
 The history: a turn's prompt is its conversation up to its user message, each earlier
 assistant message replaced by what the server really answered to that turn, unless the
 server was forced to a length (the optional fields: ignore_eos/min_tokens), when the
-dataset's reply is kept (a forced reply is not one a user would answer to).
+dataset's reply is kept (a forced reply is not one a user would answer to). Sessions of
+synthetic text (no dataset) are written here turn by turn (`synthetic_history`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from typing import Any
@@ -74,6 +76,47 @@ def next_turns(schedule: Schedule) -> I64 | None:
     same = p.session_id[order[1:]] == p.session_id[order[:-1]]
     nxt[order[:-1][same]] = order[1:][same]
     return nxt
+
+
+def prev_turns(nxt: I64 | None) -> I64 | None:
+    """Row of the same session's previous turn per row (-1: none), from `next_turns`."""
+    if nxt is None:
+        return None
+    prev = np.full(nxt.size, -1, np.int64)
+    has = np.flatnonzero(nxt >= 0)
+    prev[nxt[has]] = has
+    return prev
+
+
+def synthetic_history(d: Any, i: int) -> tuple[Message, ...]:
+    """Turn i of a session of synthetic text, with its history: per earlier turn j its user
+    message (rebuilt from row j: the same bytes it was sent with) and its reply (the server's,
+    else a stand-in of its planned length), then its own user message. Turn j's user message
+    holds its new tokens: input[j] - input[j-1] - output[j-1] (the plan's history growth)."""
+    s, chain = d.s, [i]
+    while d.prev_turn[chain[-1]] >= 0:
+        chain.append(int(d.prev_turn[chain[-1]]))
+    chain.reverse()
+    replies = d.replies.get(int(s.prompts.session_id[i]), {})
+    out: list[Message] = []
+    before = 0
+    for j, row in enumerate(chain):
+        req = s[row]
+        new = max(1, req.input_tokens - before)
+        if j:
+            req = dataclasses.replace(req, prefix_group=-1, prefix_tokens=0)
+        out.append(("user", d.prompts.prompt(dataclasses.replace(req, input_tokens=new))))
+        if row == i:
+            break
+        reply = replies.get(req.turn)
+        out.append(
+            (
+                "assistant",
+                reply if reply is not None else d.prompts.reply(req.id, req.output_tokens),
+            )
+        )
+        before = req.input_tokens + req.output_tokens
+    return tuple(out)
 
 
 def with_replies(
