@@ -62,10 +62,12 @@ def plan_real(
     urls: Mapping[str, str] | None = None,
     model_map: Mapping[str, str] | None = None,
     log: LogOptions | None = None,
+    note: bool = True,
 ) -> tuple[Schedule, dict[str, Any]]:
     """Plan `ws`; real text is counted by the local tokenizer, else by the server's
     `/tokenize` (`urls`: a run's targets), else estimated. Returns the manifest entries saying
-    which (`prompt_lengths`) and how logs were read (`log_replay`); empty without real text."""
+    which (`prompt_lengths`) and how logs were read (`log_replay`); empty without real text.
+    `note`: print a note when lengths were estimated."""
     from phaselens.workload.gatewaylog import LogOptions
     from phaselens.workload.plan import build_schedule
     from phaselens.workload.tokens import ESTIMATE, Counter, tokenizer_counter
@@ -96,7 +98,7 @@ def plan_real(
         "counted_by": counter.how if counted[0] else "usage",
         "source": counter.source if counted[0] else "",
     }
-    if counter.how == "estimated" and counted[0]:
+    if note and counter.how == "estimated" and counted[0]:
         print(
             "phaselens: note: prompt lengths of real text are estimated (~4 characters a token); "
             "give --tokenizer for exact ones",
@@ -106,6 +108,18 @@ def plan_real(
     if any(m.is_log for m in ws.models):
         extra["log_replay"] = {"skip_bad_lines": log.skip_bad_lines, "anonymized": log.anonymize}
     return schedule, extra
+
+
+def sim_sessions_note(ws: WorkloadSpec) -> None:
+    """On the simulator, say that session turns are not chained (issue 18 item 4 not built)
+    rather than let the timing pass as a session replay."""
+    if any(m.sessions for m in ws.models):
+        print(
+            "phaselens: note: the simulator does not chain session turns yet; each turn is sent "
+            "at its planned time, not think time after the simulated previous turn "
+            "(docs/workload.md)",
+            file=sys.stderr,
+        )
 
 
 @app.command()
@@ -365,13 +379,8 @@ def run(
             ws, tokenizer, urls, mapping, LogOptions(skip_bad_lines, anonymize)
         )
     check_out_dir(out, "--out")
-    if isinstance(tgt, SimTarget) and any(m.sessions for m in ws.models):
-        print(  # issue 18 item 4 is not built: say so rather than let the timing pass as real
-            "phaselens: note: the simulator does not chain session turns yet; each turn is sent "
-            "at its planned time, not think time after the simulated previous turn "
-            "(docs/workload.md)",
-            file=sys.stderr,
-        )
+    if isinstance(tgt, SimTarget):
+        sim_sessions_note(ws)
     api_key = None
     if api_key_env and isinstance(tgt, HttpTarget):
         api_key = os.environ.get(api_key_env)
@@ -431,29 +440,48 @@ def demo(
         typer.Option("--spec", help="Another workload spec (default: the seed scenario)."),
     ] = None,
     target: Annotated[
-        str, typer.Option("--target", help="sim or sim:DEPLOY.yaml (default deployment: sim).")
+        str,
+        typer.Option(
+            "--target",
+            help="sim or sim:DEPLOY.yaml (default: the seed scenario's deployment, in which the "
+            "chat engine also serves the conversations; with --spec, the default deployment).",
+        ),
     ] = "sim",
 ) -> None:
-    """Simulate the seed's two-model bursty scenario, explain it, and write its HTML report."""
+    """Simulate the seed's scenario (two models, bursts, and a conversational model's sessions),
+    explain it, and write its HTML report."""
+    import numpy as np
+
     from phaselens.execute import RunInfo, SimTarget, execute
     from phaselens.report.html import report_from_run
     from phaselens.report.terminal import render
-    from phaselens.spec import demo_spec_path, load_spec
+    from phaselens.spec import demo_deploy_path, demo_spec_path, load_spec
     from phaselens.store import load_run
-    from phaselens.workload.plan import build_schedule
 
     if not (target == "sim" or target.startswith("sim:")):
         raise InputError(
             f"--target: demo runs on the simulator (sim or sim:DEPLOY.yaml), got {target!r}"
         )
     ws = load_spec(spec or demo_spec_path())
-    schedule = build_schedule(ws)
+    if spec is None and target == "sim":
+        target = f"sim:{demo_deploy_path()}"
+    with warnings_printed():
+        schedule, extra = plan_real(ws, note=False)  # the simulator takes the planned lengths
     check_out_dir(out, "--out")
+    sessions = ""
+    if schedule.prompts is not None and (schedule.prompts.session_id >= 0).any():
+        sid = schedule.prompts.session_id
+        sessions = (
+            f" ({int((sid >= 0).sum())} of them turns of {np.unique(sid[sid >= 0]).size} sessions)"
+        )
     typer.echo(
-        f"Simulating {ws.name}: {len(schedule)} requests over {schedule.duration_ns / 1e9:.0f} s "
-        f"({', '.join(schedule.models)}) on target {target} ..."
+        f"Simulating {ws.name}: {len(schedule)} requests{sessions} over "
+        f"{schedule.duration_ns / 1e9:.0f} s, models {', '.join(schedule.models)}, on target "
+        f"{target} ..."
     )
-    path = execute(schedule, SimTarget(target), out=out, info=RunInfo.of(ws)).path
+    sim_sessions_note(ws)
+    info = dataclasses.replace(RunInfo.of(ws), extra=extra)
+    path = execute(schedule, SimTarget(target), out=out, info=info).path
     report, summary = report_from_run(load_run(path), path / "report.html")
     render(summary)
     typer.echo(f"Run:    {path}")
