@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import re
 import time
 from typing import Any
 
@@ -27,6 +28,10 @@ import numpy as np
 
 from phaselens.driver.openai import StreamParser
 from phaselens.types import I64, Message, Schedule
+
+# a `content` or `text` key with a string value, in any event (only where the key's quotes are
+# unescaped: inside a JSON string every quote is escaped, so text cannot fake a key)
+_PIECE = re.compile(rb'"(?:content|text)"\s*:\s*("(?:[^"\\]|\\.)*")')
 
 
 class TextParser(StreamParser):
@@ -45,24 +50,18 @@ class TextParser(StreamParser):
     data = feed  # the http.Sink interface (StreamParser binds its own feed under this name)
 
     def text(self) -> str:
-        """The generated text: every event's delta content (chat) or text (completions)."""
-        out: list[str] = []
-        for line in b"".join(self.raw).replace(b"\r\n", b"\n").split(b"\n"):
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if not payload.startswith(b"{"):
-                continue
-            with contextlib.suppress(ValueError):
-                obj = json.loads(payload)
-                for ch in obj.get("choices") or ():
-                    delta = ch.get("delta") or {}
-                    piece = delta.get("content") if isinstance(delta, dict) else None
-                    if piece is None:
-                        piece = ch.get("text")
-                    if isinstance(piece, str):
-                        out.append(piece)
-        return "".join(out)
+        """The generated text: every event's delta `content` (chat) or `text` (completions).
+
+        One regex scan over the whole stream and one JSON decode of the pieces (C speed, not a
+        Python step per event): a JSON key can only be matched where its quotes are unescaped,
+        and each value is decoded by `json.loads` as the string it is."""
+        pieces = _PIECE.findall(b"".join(self.raw))
+        if not pieces:
+            return ""
+        with contextlib.suppress(ValueError):
+            out = json.loads(b"[" + b",".join(pieces) + b"]")
+            return "".join(x for x in out if isinstance(x, str))
+        return ""
 
 
 def next_turns(schedule: Schedule) -> I64 | None:

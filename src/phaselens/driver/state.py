@@ -125,10 +125,14 @@ class RunState:
         p = self.s.prompts
         return self.next_turn is not None and p is not None and int(p.session_id[i]) >= 0
 
-    def parser(self, i: int) -> StreamParser:
-        """The stream parser of row i: a session's turns keep their text for the history."""
-        if self.in_session(i):
-            return TextParser(self.o.max_event_bytes)
+    def parser(self, i: int, optional: bool) -> StreamParser:
+        """The stream parser of row i: a session's turn keeps its text for the history when a
+        later turn will carry its real reply (one follows, and its length is not forced by
+        the optional fields: then the later turns carry the dataset's reply instead)."""
+        if not optional and self.in_session(i):
+            assert self.next_turn is not None
+            if self.next_turn[i] >= 0:
+                return TextParser(self.o.max_event_bytes)
         return StreamParser(self.o.max_event_bytes)
 
     def keep_reply(self, i: int, parser: StreamParser) -> None:
