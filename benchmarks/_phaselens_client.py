@@ -3,6 +3,10 @@ Python API (`phaselens.driver.drive`, what `phaselens run` calls), telemetry off
 driver is measured. Prints one JSON line with what driver_overhead.py compares.
 
     python benchmarks/_phaselens_client.py URL N RATE OUT_DIR [--output-tokens 256]
+        [--dataset conv.jsonl [--sessions]]   # real text: rows of a ShareGPT file, or sessions
+
+With `--sessions`, RATE is still requests/s: sessions arrive at RATE / --turns-mean (the
+dataset's mean turns per conversation), each turn sent when the previous one ends (think 0).
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ def main() -> None:
     ap.add_argument("--output-tokens", type=int, default=256)
     ap.add_argument("--input-tokens", type=int, default=32)
     ap.add_argument("--model", default="bench-model")
+    ap.add_argument("--dataset", type=Path, default=None)
+    ap.add_argument("--sessions", action="store_true")
+    ap.add_argument("--turns-mean", type=float, default=1.0)
+    ap.add_argument("--no-optional-fields", action="store_true")  # sessions: real replies kept
     a = ap.parse_args()
 
     from phaselens import load_run
@@ -33,21 +41,28 @@ def main() -> None:
     from phaselens.spec import parse_spec
     from phaselens.workload.plan import build_schedule
 
+    model: dict[str, object] = {
+        "name": "bench",
+        "rate": a.rate,
+        "arrival": {"type": "constant"},
+        "input_tokens": {"type": "fixed", "value": a.input_tokens},
+        "output_tokens": {"type": "fixed", "value": a.output_tokens},
+    }
+    duration = a.n / a.rate
+    if a.dataset is not None:
+        del model["input_tokens"]
+        model["prompts"] = {"type": "dataset", "path": str(a.dataset), "format": "sharegpt"}
+        if a.sessions:
+            model["rate"] = a.rate / a.turns_mean
+            model["sessions"] = {"turns": "dataset"}
+            duration *= 1.5  # enough sessions for N turns; `requests` keeps the first N
     spec = parse_spec(
         {
             "name": "overhead",
             "seed": 1,
             "requests": a.n,
-            "duration_s": a.n / a.rate,
-            "models": [
-                {
-                    "name": "bench",
-                    "rate": a.rate,
-                    "arrival": {"type": "constant"},
-                    "input_tokens": {"type": "fixed", "value": a.input_tokens},
-                    "output_tokens": {"type": "fixed", "value": a.output_tokens},
-                }
-            ],
+            "duration_s": duration,
+            "models": [model],
         },
         "overhead",
         Path("."),
@@ -58,7 +73,10 @@ def main() -> None:
         HttpTarget({"*": a.url}),
         Options(
             driver=DriverOptions(
-                endpoint="completions", model_map={"bench": a.model}, timeout_s=120
+                endpoint="completions",
+                model_map={"bench": a.model},
+                timeout_s=120,
+                optional_fields=not a.no_optional_fields,
             ),
             quiet=True,
             telemetry="none",

@@ -44,7 +44,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from overhead_servers import MODEL, N_CHUNKS, Nginx, wait_http  # noqa: E402
+from overhead_servers import MODEL, N_CHUNKS, Nginx, truth_command, wait_http  # noqa: E402
 
 ENGINES = Path(
     os.environ.get("PHASELENS_ENGINES_DIR", Path.home() / ".cache" / "phaselens" / "engines")
@@ -341,20 +341,7 @@ def ttft_error(c: Client, n: int, rate: float, row: Row) -> float | None:
     port = free_port()
     log = Path(tempfile.mkstemp(prefix="truth-", suffix=".jsonl")[1])
     srv = subprocess.Popen(
-        [
-            "taskset",
-            "-c",
-            str(SERVER_CORE),
-            sys.executable,
-            str(HERE / "overhead_servers.py"),
-            "truth",
-            "--port",
-            str(port),
-            "--ttft-ms",
-            str(TRUTH_TTFT_MS),
-            "--log",
-            str(log),
-        ],
+        truth_command(port, log, TRUTH_TTFT_MS, SERVER_CORE),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

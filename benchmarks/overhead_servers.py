@@ -277,6 +277,14 @@ class TruthServer(asyncio.Protocol):
         del loop
 
 
+def truth_command(port: int, log: Path, ttft_ms: float, core: int, *extra: str) -> list[str]:
+    """The command line that starts the truth server pinned to `core` (`extra`: more options,
+    e.g. --itl-ms 5 --tokens 256)."""
+    here = str(Path(__file__).resolve())
+    return ["taskset", "-c", str(core), sys.executable, here, "truth", "--port", str(port),
+            "--ttft-ms", str(ttft_ms), "--log", str(log), *extra]  # fmt: skip
+
+
 async def serve_truth(port: int, ttft_ms: float, itl_ms: float, n_tokens: int, out: Path) -> None:
     log: list[str] = []
     loop = asyncio.get_running_loop()

@@ -523,6 +523,12 @@ def demo_spec_path() -> Path:
     return Path(str(resources.files("phaselens") / "data" / "seed-two-models.yaml"))
 
 
+def demo_deploy_path() -> Path:
+    """The demo's deployment shipped inside the package: the simulator's default for the seed's
+    models, with the chat engine also serving the conversations (`assist-8b`)."""
+    return Path(str(resources.files("phaselens") / "data" / "seed-two-models.deploy.yaml"))
+
+
 def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> WorkloadSpec:
     """Read, override (`models[0].rate=4`), validate and resolve a YAML workload spec."""
     p = Path(path)

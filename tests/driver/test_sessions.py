@@ -167,3 +167,24 @@ def test_a_stop_mid_session_records_the_rest_not_sent() -> None:
     recs.sort(key=lambda r: r.id)
     assert [r.status for r in recs] == ["ok", "ok", "not_sent", "not_sent", "not_sent"]
     assert all(r.error == "stopped before sending" for r in recs[2:])
+
+
+def test_the_reply_text_is_every_content_or_text_string_of_the_stream() -> None:
+    from phaselens.driver.sessions import TextParser
+
+    events = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+        {"choices": [{"index": 0, "delta": {"reasoning_content": "hmm"}}]},  # not the reply
+        {"choices": [{"index": 0, "delta": {"content": 'say "content": "x" \\ é'}}]},
+        {"choices": [{"index": 0, "delta": {"content": None}, "finish_reason": "stop"}]},
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+    ]
+    stream = b"".join(sse(e) for e in events) + sse("[DONE]")
+    p = TextParser(1 << 20)
+    for k in range(0, len(stream), 7):  # in small reads, split anywhere
+        p.feed(stream[k : k + 7], k)
+    assert p.text() == 'say "content": "x" \\ é'
+    done = TextParser(1 << 20)  # completions: `text`, CRLF line ends
+    body = sse({"choices": [{"index": 0, "text": "a\nb"}]}) + sse({"choices": [{"text": "c"}]})
+    done.feed(body.replace(b"\n\n", b"\r\n\r\n"), 0)
+    assert done.text() == "a\nbc"

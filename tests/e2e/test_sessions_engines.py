@@ -29,7 +29,7 @@ from phaselens.spec import parse_spec
 from phaselens.types import Schedule
 from phaselens.workload.plan import build_schedule
 
-from .conftest import LLAMACPP_MODEL
+from .conftest import LLAMACPP_MODEL, engines
 
 pytestmark = pytest.mark.e2e
 
@@ -158,3 +158,65 @@ def test_sessions_reuse_the_prompt_cache_turn_by_turn(llamacpp: Any, tmp_path: P
 
 def schedule_ids(schedule: Any) -> list[int]:
     return list(range(len(schedule)))
+
+
+def test_synthetic_sessions_carry_their_history(llamacpp: Any, tmp_path: Path) -> None:
+    """Sessions without a dataset (`turns: {fixed 3}`): 3 sessions x 3 turns, each turn's
+    user message 60 synthetic tokens (fitted with the model's own tokenizer.json), replies
+    forced to 8. Truth by hand: 9 records, turns 0-2 per session, each turn sent think time
+    after the previous one's end; the planned input grows by 68 a turn (60, 128, 196) and the
+    server's prompt count by the same 68 plus its chat template's tokens for two more messages
+    (the same amount each turn); later turns find the previous turn's prompt in llama.cpp's
+    cache (the history is resent byte for byte)."""
+    data = {
+        "name": "e2e-synthetic-sessions",
+        "seed": 4,
+        "duration_s": 2.5,
+        "models": [
+            {
+                "name": LLAMACPP_MODEL,
+                "rate": 1.0,
+                "arrival": {"type": "constant"},
+                "input_tokens": {"type": "fixed", "value": 60},
+                "output_tokens": {"type": "fixed", "value": 8},
+                "sessions": {
+                    "turns": {"type": "fixed", "value": 3},
+                    "think_time_s": {"type": "fixed", "value": THINK_S},
+                },
+            }
+        ],
+    }
+    spec = parse_spec(data, "e2e", tmp_path)
+    schedule = build_schedule(spec)
+    assert len(schedule) == 9
+    assert sorted(schedule.input_tokens.tolist()) == [60] * 3 + [128] * 3 + [196] * 3
+    res = execute(
+        schedule,
+        HttpTarget({"*": llamacpp.url}),
+        Options(
+            driver=DriverOptions(
+                endpoint="chat",
+                timeout_s=120,
+                prompt_seed=time.time_ns() % 997,  # text a reused server has not cached
+                tokenizer=str(engines.model_dir("tiny") / "hf" / "tokenizer.json"),
+            ),
+            telemetry="none",
+            handle_sigint=False,
+        ),
+        tmp_path / "runs",
+        RunInfo(name=spec.name, spec=spec.model_dump(mode="json")),
+    )
+    assert res.status == "complete" and res.by_status == {"ok": 9}
+    r = load_run(res.path).requests.sort("session_id", "turn")
+    assert r.group_by("session_id").agg(pl.col("turn").sort())["turn"].to_list() == [[0, 1, 2]] * 3
+    assert r["output_tokens"].to_list() == [8] * 9
+    grow, hits = [], []
+    for _, g in r.group_by("session_id"):
+        rows = g.sort("turn").to_dicts()
+        for prev, cur in itertools.pairwise(rows):
+            assert cur["scheduled_ns"] == prev["end_ns"] + int(THINK_S * 1e9)
+            grow.append(cur["input_tokens"] - prev["input_tokens"])
+            hits.append(cur["server_cached_tokens"] >= 0.8 * prev["input_tokens"])
+    assert all(68 < d <= 68 + 30 for d in grow), grow  # 60 + 8 and two messages' template
+    assert max(grow) - min(grow) <= 2, grow  # the same template tokens every turn
+    assert sum(hits) >= 0.75 * len(hits), hits

@@ -48,7 +48,7 @@ def test_plan_json_has_the_agreed_keys(
     assert code == 0
     obj = json.loads(out)
     assert obj["duration_s"] == 180.0 and obj["name"] == "seed-two-models"
-    assert set(obj["models"]) == {"chat-8b", "big-70b"}
+    assert set(obj["models"]) == {"chat-8b", "big-70b", "assist-8b"}
     assert obj["total"] == sum(m["count"] for m in obj["models"].values())
     m = obj["models"]["chat-8b"]
     assert set(m) >= {

@@ -121,8 +121,27 @@ def test_a_malformed_line_exits_2_naming_it_unless_skipped(
         ({"timestamp": 1, "prompt": "x"}, "expected usage.completion_tokens or max_tokens"),
         ({"timestamp": 1, "prompt": "x", "max_tokens": -3}, "or max_tokens (a token count)"),
         (
-            {"timestamp": 1, "messages": [{"role": "tool", "content": "x"}], "max_tokens": 1},
-            "messages[0].role: expected one of",
+            {"timestamp": 1, "messages": [{"role": "robot", "content": "x"}], "max_tokens": 1},
+            "messages[0].role: expected one of assistant, developer, function, system, tool, user",
+        ),
+        (
+            {
+                "timestamp": 1,
+                "messages": [{"role": "user", "content": "x"}, {"role": "assistant"}],
+                "max_tokens": 1,
+            },
+            "messages[1].content: expected a string, got None",
+        ),
+        (
+            {
+                "timestamp": 1,
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]},
+                ],
+                "max_tokens": 1,
+            },
+            "messages[1].tool_calls[0]: expected {function: {name, arguments}}",
         ),
         (
             {"timestamp": 1, "messages": [{"role": "system", "content": "x"}], "max_tokens": 1},
@@ -192,3 +211,68 @@ def test_anonymize_command_writes_a_replayable_log(
     orig, anon = plan(tmp_path), plan(out.parent)
     for k in ("t_ns", "input_tokens", "output_tokens", "prefix_group", "prefix_tokens"):
         assert np.array_equal(getattr(orig, k), getattr(anon, k)), k
+
+
+AGENT = [  # an OpenAI tool-use exchange as a gateway logs it
+    {"role": "system", "content": "Use tools."},
+    {"role": "user", "content": "Weather in Oslo and Rome?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "wx", "arguments": '{"c":"Oslo"}'},
+            },
+            {
+                "id": "c2",
+                "type": "function",
+                "function": {"name": "wx", "arguments": {"c": "Rome"}},
+            },
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "3 C"},
+    {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "18 C"}]},
+]
+
+
+def test_tool_messages_are_replayed_as_text_a_server_accepts(tmp_path: Path) -> None:
+    obj = {"timestamp": 1, "model": "m", "messages": AGENT, "max_tokens": 20}
+    (tmp_path / "gateway.jsonl").write_text(json.dumps(obj) + "\n")
+    s = plan(tmp_path)
+    assert s.prompts is not None
+    call_1 = '{"name": "wx", "arguments": "{\\"c\\":\\"Oslo\\"}"}'
+    call_2 = '{"name": "wx", "arguments": "{\\"c\\":\\"Rome\\"}"}'
+    want = (
+        ("system", "Use tools."),
+        ("user", "Weather in Oslo and Rome?"),
+        ("assistant", f"{call_1}\n{call_2}"),
+        ("user", "3 C\n18 C"),  # both results, one message: the roles still alternate
+    )
+    assert s.prompts.messages(0) == want  # the whole exchange is sent: it ends with the results
+    # no usage: counted at 4 characters a token, every message's text (the calls included)
+    chars = [len(c) for _, c in want]
+    assert s.input_tokens.tolist() == [sum(max(1, round(n / 4)) for n in chars)]
+
+
+def test_the_estimated_note_only_when_something_was_estimated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "models:\n  - name: replay\n"
+        "    arrival: {type: trace, path: gateway.jsonl, format: openai-log}\n"
+    )
+    rows = [line(1, "m", "a", 5, 30), line(2, "m", "b", 6, 31)]  # every line has its usage
+    (tmp_path / "gateway.jsonl").write_text("\n".join(rows) + "\n")
+    from phaselens.cli.workload import plan_real
+    from phaselens.spec import load_spec
+
+    _, extra = plan_real(load_spec(spec))
+    assert extra["prompt_lengths"] == {"counted_by": "usage", "source": ""}
+    assert "estimated" not in capsys.readouterr().err
+    log_file(tmp_path)  # its last line has no usage: its prompt is estimated
+    _, extra = plan_real(load_spec(spec))
+    assert extra["prompt_lengths"]["counted_by"] == "estimated"
+    assert "prompt lengths of real text are estimated" in capsys.readouterr().err

@@ -63,8 +63,8 @@ def err(data: dict[str, Any], base: Path = ROOT) -> str:
 def test_seed_example_shape() -> None:
     s = load_spec(EXAMPLES / "seed-two-models.yaml")
     assert s.name == "seed-two-models" and s.seed == 42
-    assert [m.name for m in s.models] == ["chat-8b", "big-70b"]
-    assert [m.rate for m in s.models] == [8, 2]
+    assert [m.name for m in s.models] == ["chat-8b", "big-70b", "assist-8b"]
+    assert [m.rate for m in s.models] == [8, 2, 0.5]
     assert s.stages is not None
     assert [(st.rate_scale, st.duration_s) for st in s.stages] == [(0.3, 60), (0.7, 60), (1, 60)]
     assert s.slo_dict == {"ttft_ms": {"p90": 200}, "itl_ms": {"p90": 50}}
@@ -72,6 +72,10 @@ def test_seed_example_shape() -> None:
     assert isinstance(s.models[0].output_tokens, MixtureLength)
     assert s.models[0].prefix is not None and s.models[0].prefix.share == 0.6
     assert s.models[1].arrival.type == "onoff"
+    conv = s.models[2]  # the conversational model: sessions over the demo's dataset
+    assert conv.prompts is not None and conv.prompts.format == "sharegpt"
+    assert Path(conv.prompts.path).name == "demo-conversations.json"
+    assert conv.sessions is not None and conv.sessions.turns == "dataset"
 
 
 def test_demo_spec_is_the_seed_example() -> None:

@@ -7,7 +7,7 @@ import dataclasses
 import io
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -29,7 +29,7 @@ from phaselens.errors import InputError
 
 if TYPE_CHECKING:
     from phaselens.spec import WorkloadSpec
-    from phaselens.types import Schedule
+    from phaselens.types import I64, Schedule
     from phaselens.workload.gatewaylog import LogOptions
 
 
@@ -62,10 +62,12 @@ def plan_real(
     urls: Mapping[str, str] | None = None,
     model_map: Mapping[str, str] | None = None,
     log: LogOptions | None = None,
+    note: bool = True,
 ) -> tuple[Schedule, dict[str, Any]]:
     """Plan `ws`; real text is counted by the local tokenizer, else by the server's
     `/tokenize` (`urls`: a run's targets), else estimated. Returns the manifest entries saying
-    which (`prompt_lengths`) and how logs were read (`log_replay`); empty without real text."""
+    which (`prompt_lengths`) and how logs were read (`log_replay`); empty without real text.
+    `note`: print a note when lengths were estimated."""
     from phaselens.workload.gatewaylog import LogOptions
     from phaselens.workload.plan import build_schedule
     from phaselens.workload.tokens import ESTIMATE, Counter, tokenizer_counter
@@ -85,9 +87,18 @@ def plan_real(
         if url is not None:
             counter = server_counter(url, (model_map or {}).get(name, name))
     counter = counter or ESTIMATE
-    entry = {"counted_by": counter.how, "source": counter.source}
-    schedule = build_schedule(ws, counter, log)
-    if counter.how == "estimated":
+    counted = [0]  # texts the counter was asked: none when every logged line had its usage
+
+    def count(texts: Sequence[str]) -> I64:
+        counted[0] += len(texts)
+        return counter.count(texts)
+
+    schedule = build_schedule(ws, dataclasses.replace(counter, count=count), log)
+    entry = {
+        "counted_by": counter.how if counted[0] else "usage",
+        "source": counter.source if counted[0] else "",
+    }
+    if note and counter.how == "estimated" and counted[0]:
         print(
             "phaselens: note: prompt lengths of real text are estimated (~4 characters a token); "
             "give --tokenizer for exact ones",
@@ -415,29 +426,47 @@ def demo(
         typer.Option("--spec", help="Another workload spec (default: the seed scenario)."),
     ] = None,
     target: Annotated[
-        str, typer.Option("--target", help="sim or sim:DEPLOY.yaml (default deployment: sim).")
+        str,
+        typer.Option(
+            "--target",
+            help="sim or sim:DEPLOY.yaml (default: the seed scenario's deployment, in which the "
+            "chat engine also serves the conversations; with --spec, the default deployment).",
+        ),
     ] = "sim",
 ) -> None:
-    """Simulate the seed's two-model bursty scenario, explain it, and write its HTML report."""
+    """Simulate the seed's scenario (two models, bursts, and a conversational model's sessions),
+    explain it, and write its HTML report."""
+    import numpy as np
+
     from phaselens.execute import RunInfo, SimTarget, execute
     from phaselens.report.html import report_from_run
     from phaselens.report.terminal import render
-    from phaselens.spec import demo_spec_path, load_spec
+    from phaselens.spec import demo_deploy_path, demo_spec_path, load_spec
     from phaselens.store import load_run
-    from phaselens.workload.plan import build_schedule
 
     if not (target == "sim" or target.startswith("sim:")):
         raise InputError(
             f"--target: demo runs on the simulator (sim or sim:DEPLOY.yaml), got {target!r}"
         )
     ws = load_spec(spec or demo_spec_path())
-    schedule = build_schedule(ws)
+    if spec is None and target == "sim":
+        target = f"sim:{demo_deploy_path()}"
+    with warnings_printed():
+        schedule, extra = plan_real(ws, note=False)  # the simulator takes the planned lengths
     check_out_dir(out, "--out")
+    sessions = ""
+    if schedule.prompts is not None and (schedule.prompts.session_id >= 0).any():
+        sid = schedule.prompts.session_id
+        sessions = (
+            f" ({int((sid >= 0).sum())} of them turns of {np.unique(sid[sid >= 0]).size} sessions)"
+        )
     typer.echo(
-        f"Simulating {ws.name}: {len(schedule)} requests over {schedule.duration_ns / 1e9:.0f} s "
-        f"({', '.join(schedule.models)}) on target {target} ..."
+        f"Simulating {ws.name}: {len(schedule)} requests{sessions} over "
+        f"{schedule.duration_ns / 1e9:.0f} s, models {', '.join(schedule.models)}, on target "
+        f"{target} ..."
     )
-    path = execute(schedule, SimTarget(target), out=out, info=RunInfo.of(ws)).path
+    info = dataclasses.replace(RunInfo.of(ws), extra=extra)
+    path = execute(schedule, SimTarget(target), out=out, info=info).path
     report, summary = report_from_run(load_run(path), path / "report.html")
     render(summary)
     typer.echo(f"Run:    {path}")

@@ -108,7 +108,7 @@ async def run_one(
     url = d.urls[m]
     flight = Flight(asyncio.current_task(), 0)
     sent: int | None = None
-    parser = d.parser(i)
+    parser = d.parser(i, True)  # a plain one until the optional fields are decided (below)
     http_status: int | None = None
     ctype = "?"
     try:
@@ -129,6 +129,7 @@ async def run_one(
                 raise asyncio.CancelledError
             d.send_lags.append(ready - t0 - scheduled)
             optional = d.optional(i, url)
+            parser = d.parser(i, optional)
             if prompt_body is None or built_optional != optional:
                 body = d.body(i, optional)
             else:
@@ -157,6 +158,7 @@ async def run_one(
                             if head.status in (400, 422) and attempt == 0 and optional:
                                 body = d.body(i, False)
                                 optional = False
+                                parser = d.parser(i, False)
                                 continue  # retry once without the optional fields
                             d.emit(
                                 d.record(

@@ -8,7 +8,9 @@ recorded as the truth. With `--tokenizer PATH` (a local `tokenizer.json`, `token
 the text is adjusted until it encodes to exactly the planned count.
 
 Real text (a prompt dataset, a replayed log: `Schedule.prompts`) does not pass through here:
-the driver sends the row's messages as they are (`state.RunState.body`).
+the driver sends the row's messages as they are (`state.RunState.body`). Sessions of synthetic
+text do: each turn's user message is `prompt` of that turn's row (its new tokens only), so the
+history a later turn carries is byte for byte what was sent before (`sessions.py`).
 
 Every random choice comes from a numpy Generator seeded by (seed, purpose, id), so the same
 schedule and seed give the same prompts in any process and in any order.
@@ -38,7 +40,7 @@ east west music field number design home place order point world town game could
 make very good three much even still make own place right old each
 """
 VOCAB: tuple[str, ...] = tuple(dict.fromkeys(_WORDS.split()))
-_SALT_PREFIX, _SALT_UNIQUE = 1, 2
+_SALT_PREFIX, _SALT_UNIQUE, _SALT_REPLY = 1, 2, 3
 POOL = 1 << 14  # words per seeded pool; a request reads a window of it (longer ones wrap)
 _STRIDE = 10007  # odd, so id -> window start is one-to-one modulo POOL
 
@@ -46,7 +48,7 @@ _STRIDE = 10007  # odd, so id -> window start is one-to-one modulo POOL
 class PromptMaker:
     """Builds the prompt text of a planned request (deterministic in seed and request id).
 
-    Two seeded pools of random words (one for shared prefixes, one for the rest); request i
+    Seeded pools of random words (shared prefixes, the rest, stand-in replies); request i
     reads a window starting at i * 10007 mod 16384, so building a prompt costs a slice and a
     join, not a new random generator per request. Its own id is its first word after the
     shared prefix, so no two prompts share more than their planned prefix.
@@ -55,7 +57,7 @@ class PromptMaker:
     def __init__(self, seed: int, tokenizer_path: str | None = None) -> None:
         self.seed = seed
         self._tok: Any = load_tokenizer(tokenizer_path) if tokenizer_path else None
-        self._pools = {salt: self._pool(salt) for salt in (_SALT_PREFIX, _SALT_UNIQUE)}
+        self._pools = {salt: self._pool(salt) for salt in (_SALT_PREFIX, _SALT_UNIQUE, _SALT_REPLY)}
         self._prefix_cache: dict[tuple[int, int], str] = {}
 
     def _pool(self, salt: int) -> list[str]:
@@ -102,6 +104,11 @@ class PromptMaker:
             return tag + self._words(_SALT_UNIQUE, req.id, n - 1 if tag else n)
 
         return (head + self._fit(rest, head, n_rest)).lstrip(" ")
+
+    def reply(self, key: int, tokens: int) -> str:
+        """A stand-in assistant reply of `tokens` tokens (a synthetic session's history when
+        the server was forced to a length): its own pool, so it shares no text with prompts."""
+        return self._fit(lambda n: self._words(_SALT_REPLY, key, n), "", tokens).lstrip(" ")
 
     def count(self, text: str) -> int:
         """Tokens in `text` by the loaded tokenizer (no special tokens); -1 without one."""

@@ -10,22 +10,39 @@ is recorded `not_sent` with the reason, so every planned request still has one r
 The history: a turn's prompt is its conversation up to its user message, each earlier
 assistant message replaced by what the server really answered to that turn, unless the
 server was forced to a length (the optional fields: ignore_eos/min_tokens), when the
-dataset's reply is kept (a forced reply is not one a user would answer to).
+dataset's reply is kept (a forced reply is not one a user would answer to). Sessions of
+synthetic text (no dataset) are written here turn by turn (`synthetic_history`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
+import re
 import time
 from typing import Any
 
+import numpy as np
+
 from phaselens.driver.openai import StreamParser
-from phaselens.types import Message
+from phaselens.types import I64, Message
 from phaselens.workload.views import next_turns
 
-__all__ = ["TextParser", "end_session", "next_turns", "run_session", "with_replies"]
+__all__ = [
+    "TextParser",
+    "end_session",
+    "next_turns",
+    "prev_turns",
+    "run_session",
+    "synthetic_history",
+    "with_replies",
+]
+
+# a `content` or `text` key with a string value, in any event (only where the key's quotes are
+# unescaped: inside a JSON string every quote is escaped, so text cannot fake a key)
+_PIECE = re.compile(rb'"(?:content|text)"\s*:\s*("(?:[^"\\]|\\.)*")')
 
 
 class TextParser(StreamParser):
@@ -44,24 +61,59 @@ class TextParser(StreamParser):
     data = feed  # the http.Sink interface (StreamParser binds its own feed under this name)
 
     def text(self) -> str:
-        """The generated text: every event's delta content (chat) or text (completions)."""
-        out: list[str] = []
-        for line in b"".join(self.raw).replace(b"\r\n", b"\n").split(b"\n"):
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if not payload.startswith(b"{"):
-                continue
-            with contextlib.suppress(ValueError):
-                obj = json.loads(payload)
-                for ch in obj.get("choices") or ():
-                    delta = ch.get("delta") or {}
-                    piece = delta.get("content") if isinstance(delta, dict) else None
-                    if piece is None:
-                        piece = ch.get("text")
-                    if isinstance(piece, str):
-                        out.append(piece)
-        return "".join(out)
+        """The generated text: every event's delta `content` (chat) or `text` (completions).
+
+        One regex scan over the whole stream and one JSON decode of the pieces (C speed, not a
+        Python step per event): a JSON key can only be matched where its quotes are unescaped,
+        and each value is decoded by `json.loads` as the string it is."""
+        pieces = _PIECE.findall(b"".join(self.raw))
+        if not pieces:
+            return ""
+        with contextlib.suppress(ValueError):
+            out = json.loads(b"[" + b",".join(pieces) + b"]")
+            return "".join(x for x in out if isinstance(x, str))
+        return ""
+
+
+def prev_turns(nxt: I64 | None) -> I64 | None:
+    """Row of the same session's previous turn per row (-1: none), from `next_turns`."""
+    if nxt is None:
+        return None
+    prev = np.full(nxt.size, -1, np.int64)
+    has = np.flatnonzero(nxt >= 0)
+    prev[nxt[has]] = has
+    return prev
+
+
+def synthetic_history(d: Any, i: int) -> tuple[Message, ...]:
+    """Turn i of a session of synthetic text, with its history: per earlier turn j its user
+    message (rebuilt from row j: the same bytes it was sent with) and its reply (the server's,
+    else a stand-in of its planned length), then its own user message. Turn j's user message
+    holds its new tokens: input[j] - input[j-1] - output[j-1] (the plan's history growth)."""
+    s, chain = d.s, [i]
+    while d.prev_turn[chain[-1]] >= 0:
+        chain.append(int(d.prev_turn[chain[-1]]))
+    chain.reverse()
+    replies = d.replies.get(int(s.prompts.session_id[i]), {})
+    out: list[Message] = []
+    before = 0
+    for j, row in enumerate(chain):
+        req = s[row]
+        new = max(1, req.input_tokens - before)
+        if j:
+            req = dataclasses.replace(req, prefix_group=-1, prefix_tokens=0)
+        out.append(("user", d.prompts.prompt(dataclasses.replace(req, input_tokens=new))))
+        if row == i:
+            break
+        reply = replies.get(req.turn)
+        out.append(
+            (
+                "assistant",
+                reply if reply is not None else d.prompts.reply(req.id, req.output_tokens),
+            )
+        )
+        before = req.input_tokens + req.output_tokens
+    return tuple(out)
 
 
 def with_replies(

@@ -19,9 +19,15 @@ from phaselens.driver.openai import StreamParser, build_body
 from phaselens.driver.options import DriverOptions, check_targets, route
 from phaselens.driver.prompts import PromptMaker
 from phaselens.driver.request import fixed_head, wire
-from phaselens.driver.sessions import TextParser, next_turns, with_replies
+from phaselens.driver.sessions import (
+    TextParser,
+    next_turns,
+    prev_turns,
+    synthetic_history,
+    with_replies,
+)
 from phaselens.driver.transport import Response, Target, Transport
-from phaselens.types import RequestRecord, Schedule, Status
+from phaselens.types import Message, RequestRecord, Schedule, Status
 
 RecordSink = Callable[[RequestRecord], None]
 
@@ -110,6 +116,7 @@ class RunState:
         self.run_tag = f"{t0 & 0xFFFFFFFF:08x}"
         # sessions (sessions.py): the next turn's row, the records and real replies it needs
         self.next_turn = next_turns(schedule)
+        self.prev_turn = prev_turns(self.next_turn)
         self.outcomes: dict[int, RequestRecord] = {}
         self.replies: dict[int, dict[int, str]] = {}
         self.session_header = [options.session_headers.get(m, "") for m in schedule.models]
@@ -118,10 +125,14 @@ class RunState:
         p = self.s.prompts
         return self.next_turn is not None and p is not None and int(p.session_id[i]) >= 0
 
-    def parser(self, i: int) -> StreamParser:
-        """The stream parser of row i: a session's turns keep their text for the history."""
-        if self.in_session(i):
-            return TextParser(self.o.max_event_bytes)
+    def parser(self, i: int, optional: bool) -> StreamParser:
+        """The stream parser of row i: a session's turn keeps its text for the history when a
+        later turn will carry its real reply (one follows, and its length is not forced by
+        the optional fields: then the later turns carry the dataset's reply instead)."""
+        if not optional and self.in_session(i):
+            assert self.next_turn is not None
+            if self.next_turn[i] >= 0:
+                return TextParser(self.o.max_event_bytes)
         return StreamParser(self.o.max_event_bytes)
 
     def keep_reply(self, i: int, parser: StreamParser) -> None:
@@ -154,12 +165,16 @@ class RunState:
 
     def body(self, i: int, optional: bool) -> bytes:
         p = self.s.prompts
+        msgs: tuple[Message, ...] | None = None
         if p is not None and p.row[i] >= 0:  # real text (a dataset row or a logged request)
             msgs = p.messages(i)
             if int(p.turn[i]) > 0:
                 msgs = with_replies(
                     msgs, self.replies.get(int(p.session_id[i]), {}), int(p.turn[i])
                 )
+        elif p is not None and self.in_session(i):  # a session of synthetic text
+            msgs = synthetic_history(self, i)
+        if msgs is not None:
             return build_body(
                 self.o.endpoint,
                 self.served[int(self.s.model_idx[i])],

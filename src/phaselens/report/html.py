@@ -124,6 +124,8 @@ def build_context(
         "server_rows": sec.server_rows(analysis.get("server")),
         "server_n": (analysis.get("server") or {}).get("requests"),
         "stage_rows": sec.stage_rows(analysis.get("stages")),
+        "sessions": analysis.get("sessions"),
+        "session_rows": sec.session_rows(analysis.get("sessions")),
         "slo_rows": sec.slo_rows(analysis.get("slo")),
         "not_evaluated": [sec.not_evaluated(x) for x in (analysis.get("not_evaluated") or [])],
         "error_rows": sec.error_rows(run.requests),

@@ -130,6 +130,25 @@ def stage_rows(stages: Any) -> list[dict[str, Any]]:
     return out
 
 
+def session_rows(block: Any) -> list[list[str]]:
+    """The `sessions` block by turn index: turns, TTFT, prompt length, cached share."""
+    out = []
+    for r in rows(get(block, "by_turn")):
+        share = r.get("cached_share")
+        out.append(
+            [
+                str(r.get("turn")),
+                f"{fmt(r.get('ok'))} / {fmt(r.get('requests'))}",
+                fmt(r.get("not_sent")),
+                ms(get(r, "ttft_ms", "p50")),
+                ms(get(r, "ttft_ms", "p90")),
+                fmt(r.get("input_tokens_mean")),
+                "–" if not isinstance(share, (int, float)) else f"{float(share):.0%}",
+            ]
+        )
+    return out
+
+
 def slo_rows(slo: Any) -> list[dict[str, str]]:
     out = []
     for t in get(slo, "targets") or []:

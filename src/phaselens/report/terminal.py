@@ -41,6 +41,27 @@ def _latency_table(lat: Mapping[str, Any], title: str) -> Table:
     return t
 
 
+def _session_table(b: Mapping[str, Any]) -> Table:
+    """The `sessions` block: TTFT, prompt length and the cached share by turn index."""
+    t = Table(
+        title=f"Sessions ({b['sessions']} sessions, {b['complete']} complete, {b['turns']} turns)"
+        " by turn",
+        title_justify="left",
+    )
+    for c in ("turn", "ok/turns", "ttft p50", "ttft p90", "input mean", "cached"):
+        t.add_column(c, justify="right")
+    for r in b["by_turn"]:
+        t.add_row(
+            str(r["turn"]),
+            f"{r['ok']}/{r['requests']}",
+            _f(r["ttft_ms"]["p50"]),
+            _f(r["ttft_ms"]["p90"]),
+            _f(r["input_tokens_mean"], 0),
+            "-" if r["cached_share"] is None else f"{r['cached_share']:.0%}",
+        )
+    return t
+
+
 def _slo_cell(slo: Mapping[str, Any] | None) -> str:
     if not slo or slo.get("met") is None:
         return "-"
@@ -130,6 +151,8 @@ def render(s: Mapping[str, Any], console: Console | None = None) -> None:
                 "-" if met is None else ("met" if met else "[red]broken[/red]"),
             )
         con.print(t)
+    if s.get("sessions"):
+        con.print(_session_table(s["sessions"]))
     ph = s.get("phases") or {}
     if ph:
         t = Table(

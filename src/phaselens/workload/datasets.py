@@ -49,6 +49,7 @@ _SHAREGPT_ROLES = {
     "system": "system",
 }
 _CHAT_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+_CHAT_ALL = {**_CHAT_ROLES, "tool": "user", "function": "user"}  # tool results: see below
 
 
 class DatasetWarning(UserWarning):
@@ -188,27 +189,85 @@ def text_of(v: Any, p: Path, line: int, field: str) -> str:
 def parse_messages(
     obj: Any, p: Path, line: int, key: str, role_key: str, text_key: str, roles: dict[str, str]
 ) -> Conversation:
+    return tuple(
+        _message(m, p, line, f"{key}[{k}]", role_key, text_key, roles)
+        for k, m in enumerate(_message_list(obj, p, line, key))
+    )
+
+
+def _message_list(obj: Any, p: Path, line: int, key: str) -> list[Any]:
     if not isinstance(obj, dict):
         raise InputError(f"{_where(p, line)}: expected a JSON object with {key!r}")
     msgs = obj.get(key)
     if not isinstance(msgs, list):
         raise InputError(f"{_where(p, line)}: {key}: expected a list of messages, got {show(msgs)}")
-    out = []
-    for k, m in enumerate(msgs):
-        here = f"{key}[{k}]"
-        if not isinstance(m, dict):
-            raise InputError(f"{_where(p, line)}: {here}: expected an object, got {show(m)}")
-        role = (
-            roles.get(str(m.get(role_key, "")).lower())
-            if isinstance(m.get(role_key), str)
-            else None
+    return msgs
+
+
+def _message(
+    m: Any, p: Path, line: int, here: str, role_key: str, text_key: str, roles: dict[str, str]
+) -> Message:
+    if not isinstance(m, dict):
+        raise InputError(f"{_where(p, line)}: {here}: expected an object, got {show(m)}")
+    role = roles.get(m[role_key].lower()) if isinstance(m.get(role_key), str) else None
+    if role is None:
+        raise InputError(
+            f"{_where(p, line)}: {here}.{role_key}: expected one of "
+            f"{', '.join(sorted(set(roles)))}, got {show(m.get(role_key))}"
         )
-        if role is None:
+    return role, text_of(m.get(text_key), p, line, f"{here}.{text_key}")
+
+
+def _calls_text(m: dict[str, Any], p: Path, line: int, here: str) -> str:
+    """An assistant's tool calls as text, one `{"name": ..., "arguments": ...}` a line
+    (`tool_calls`, or the older single `function_call`)."""
+    calls = m.get("tool_calls")
+    if calls is None:
+        calls = [] if m.get("function_call") is None else [{"function": m["function_call"]}]
+    if not isinstance(calls, list):
+        raise InputError(f"{_where(p, line)}: {here}.tool_calls: expected a list of tool calls")
+    out = []
+    for k, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise InputError(
-                f"{_where(p, line)}: {here}.{role_key}: expected one of "
-                f"{', '.join(sorted(set(roles)))}, got {show(m.get(role_key))}"
+                f"{_where(p, line)}: {here}.tool_calls[{k}]: expected {{function: {{name, "
+                "arguments}}}"
             )
-        out.append((role, text_of(m.get(text_key), p, line, f"{here}.{text_key}")))
+        args = fn.get("arguments", "")
+        if not isinstance(args, str):  # logged as an object by some gateways
+            args = json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+        out.append(json.dumps({"name": fn["name"], "arguments": args}, ensure_ascii=False))
+    return "\n".join(out)
+
+
+def parse_chat_messages(obj: Any, p: Path, line: int) -> Conversation:
+    """OpenAI chat `messages`, tool use included, as (role, text) pairs a server accepts: a
+    `tool` (or `function`) result is sent as a user message with its text, consecutive results
+    as one (joined by newlines); an assistant's tool calls are appended to its text (its
+    `content` may be null then) as `{"name", "arguments"}` JSON, one a line."""
+    out: list[Message] = []
+    tool_run = False
+    for k, m in enumerate(_message_list(obj, p, line, "messages")):
+        here = f"messages[{k}]"
+        role = m.get("role") if isinstance(m, dict) else None
+        role = role.lower() if isinstance(role, str) else None
+        if role in ("tool", "function"):
+            text = text_of(m.get("content"), p, line, f"{here}.content")
+            if tool_run:
+                out[-1] = ("user", f"{out[-1][1]}\n{text}")
+            else:
+                out.append(("user", text))
+            tool_run = True
+            continue
+        tool_run = False
+        if role == "assistant":
+            calls = _calls_text(m, p, line, here)
+            content = m.get("content")
+            text = "" if content is None and calls else text_of(content, p, line, f"{here}.content")
+            out.append(("assistant", "\n".join(t for t in (text, calls) if t)))
+        else:
+            out.append(_message(m, p, line, here, "role", "content", _CHAT_ALL))
     return tuple(out)
 
 
@@ -287,7 +346,7 @@ def read_dataset(
         if format == "sharegpt":
             conv = parse_messages(obj, p, line, "conversations", "from", "value", _SHAREGPT_ROLES)
         elif format == "openai-chat":
-            conv = parse_messages(obj, p, line, "messages", "role", "content", _CHAT_ROLES)
+            conv = parse_chat_messages(obj, p, line)
         else:
             if not isinstance(obj, dict):
                 raise InputError(f"{_where(p, line)}: expected a JSON object with {column!r}")

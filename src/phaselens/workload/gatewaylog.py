@@ -30,7 +30,7 @@ from phaselens.workload.anonymize import block_prefixes
 from phaselens.workload.datasets import (
     Conversation,
     jsonl_rows,
-    parse_messages,
+    parse_chat_messages,
     text_of,
     usable_turns,
 )
@@ -39,7 +39,6 @@ from phaselens.workload.traces import Trace, TraceWarning, finish_trace
 from phaselens.yamlio import check_text_file, clip, show
 
 TIME_KEYS = ("timestamp", "created", "time", "ts")
-_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +101,7 @@ def parse_line(obj: Any, p: Path, n: int, unit: float | None) -> LogLine:
     except ValueError as e:
         raise InputError(f"{where}: {key}: {e}") from None
     if "messages" in req:
-        conv = parse_messages(req, p, n, "messages", "role", "content", _ROLES)
+        conv = parse_chat_messages(req, p, n)
     elif "prompt" in req:
         conv = (("user", text_of(req["prompt"], p, n, "prompt")),)
     else:

@@ -45,6 +45,7 @@ from phaselens.workload.prompted import (
     draw_sessions,
     log_rows,
     merge_rows,
+    synthetic_sessions,
 )
 from phaselens.workload.tokens import ESTIMATE, Counter
 from phaselens.workload.traces import Trace, read_trace
@@ -130,25 +131,25 @@ def _synthetic(
     if turns is not None:  # arrivals are requests, or sessions expanding into their turns
         draw = draw_sessions if m.sessions is not None else draw_requests
         d = draw(m, turns, t_s, np.concatenate(stages), rngs, *where)
-        none = np.full(d.t_s.size, -1, np.int32)
-        return _Part(
-            m.name,
-            m.priority,
-            d.t_s,
-            d.stage,
-            d.input_tokens,
-            d.output_tokens,
-            none,
-            np.zeros(d.t_s.size, np.int64),
-            d,
-            turns.data.rows,
-        )
+        n = d.t_s.size
+        return _drawn(m, d, np.full(n, -1, np.int32), np.zeros(n, np.int64), turns.data.rows)
+    if m.sessions is not None:  # synthetic text in sessions: the prefix opens turn 0
+        d, first = synthetic_sessions(m, t_s, np.concatenate(stages), rngs)
+        pg, pt = _prefixes(m, d.input_tokens[first], rngs["prefix"])
+        per = np.diff(np.append(first, d.t_s.size))
+        return _drawn(m, d, np.repeat(pg, per), np.repeat(pt, per), ())
     n = t_s.size
     assert m.input_tokens is not None and m.output_tokens is not None
     inp = sample_lengths(m.input_tokens, n, rngs["input"])
     out = sample_lengths(m.output_tokens, n, rngs["output"])
     pg, pt = _prefixes(m, inp, rngs["prefix"])
     return _Part(m.name, m.priority, t_s, np.concatenate(stages), inp, out, pg, pt)
+
+
+def _drawn(m: ModelSpec, d: Drawn, pg: I32, pt: I64, pool: Pool) -> _Part:
+    return _Part(
+        m.name, m.priority, d.t_s, d.stage, d.input_tokens, d.output_tokens, pg, pt, d, pool
+    )
 
 
 def _trace_times(spec: WorkloadSpec, i: int, m: ModelSpec, tr: Trace) -> Trace:

@@ -27,6 +27,7 @@ from phaselens.spec import (
     LognormalSeconds,
     ModelSpec,
     SecondsDist,
+    SessionSpec,
     UniformSeconds,
 )
 from phaselens.types import F64, I32, I64, Message, PromptRows
@@ -220,10 +221,22 @@ def draw_sessions(
     k = n_turns[rows]
     if s.turns != "dataset":
         k = np.minimum(k, sample_lengths(s.turns, n, rngs["turns"]))
-    total = int(k.sum())
-    sess = np.repeat(np.arange(n, dtype=np.int64), k)
-    turn = (np.arange(total) - np.repeat(np.cumsum(k) - k, k)).astype(np.int32)
+    sess, turn, think_ns, t_turn = _session_turns(s, k, t_s, rngs)
     j = t.first[rows][sess] + turn
+    out = _outputs(m, t.ref_output[j], t.row[j], t.data, rngs["output"], where)
+    return Drawn(
+        t_turn, stage[sess], t.input_tokens[j], out, t.row[j], t.k[j], sess, turn, think_ns
+    )
+
+
+def _session_turns(
+    s: SessionSpec, k: I64, t_s: F64, rngs: Mapping[str, np.random.Generator]
+) -> tuple[I64, I32, I64, F64]:
+    """Session index, turn index, think time (ns) and planned instant (s) of every turn, for
+    sessions arriving at `t_s` with `k` turns each."""
+    total = int(k.sum())
+    sess = np.repeat(np.arange(k.size, dtype=np.int64), k)
+    turn = (np.arange(total) - np.repeat(np.cumsum(k) - k, k)).astype(np.int32)
     think = think_times(s.think_time_s, total, rngs["think"])
     think[turn == 0] = 0.0
     think_ns = np.rint(think * 1e9).astype(np.int64)
@@ -232,10 +245,29 @@ def draw_sessions(
     cum = np.cumsum(think_ns)
     base = np.repeat(cum[np.cumsum(k) - k], k)
     t_turn = t_s[sess] + (cum - base) / 1e9
-    out = _outputs(m, t.ref_output[j], t.row[j], t.data, rngs["output"], where)
-    return Drawn(
-        t_turn, stage[sess], t.input_tokens[j], out, t.row[j], t.k[j], sess, turn, think_ns
-    )
+    return sess, turn, think_ns, t_turn
+
+
+def synthetic_sessions(
+    m: ModelSpec, t_s: F64, stage: I32, rngs: Mapping[str, np.random.Generator]
+) -> tuple[Drawn, I64]:
+    """Sessions of synthetic text: `turns` (a length distribution) draws each session's number
+    of turns; each turn adds a user message of `input_tokens` (stream `input`) and its reply of
+    `output_tokens` (stream `output`); a turn's planned input is its whole history:
+    input[k] = sum over j < k of (user[j] + output[j]) + user[k]. Returns the turns (no
+    dataset row: the driver writes the text) and each session's first row, for its prefix."""
+    s = m.sessions
+    assert s is not None and s.turns != "dataset"
+    assert m.input_tokens is not None and m.output_tokens is not None
+    k = sample_lengths(s.turns, t_s.size, rngs["turns"])
+    sess, turn, think_ns, t_turn = _session_turns(s, k, t_s, rngs)
+    user = sample_lengths(m.input_tokens, sess.size, rngs["input"])
+    out = sample_lengths(m.output_tokens, sess.size, rngs["output"])
+    grown = np.cumsum(user + out) - out  # running history, this turn's reply not yet in it
+    first = np.cumsum(k) - k
+    before = np.repeat(grown[first] - user[first], k)  # 0 at each session's start
+    none = np.full(sess.size, -1, np.int64)
+    return Drawn(t_turn, stage[sess], grown - before, out, none, turn, sess, turn, think_ns), first
 
 
 def log_rows(rows: I64, pool: Pool, t_s: F64) -> Drawn:
@@ -266,7 +298,7 @@ def merge_rows(parts: Sequence[tuple[int, Drawn | None, Pool]]) -> PromptRows | 
         if id(pool) not in offset:
             offset[id(pool)] = sum(map(len, pools))
             pools.append(pool)
-        cols["row"].append(d.row + offset[id(pool)])
+        cols["row"].append(np.where(d.row >= 0, d.row + offset[id(pool)], -1))
         cols["pt"].append(d.prompt_turn)
         cols["sess"].append(np.where(d.session >= 0, d.session + n_sess, -1))
         n_sess += int(d.session.max()) + 1 if n and d.session.max() >= 0 else 0
