@@ -289,6 +289,53 @@ class HttpTarget:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class RayTarget(HttpTarget):
+    """The same servers, driven from a Ray cluster (`--ray ADDRESS`, driver/raypool.py): the
+    shards run by actors spread over its nodes; `--workers` is their total (default: one per
+    CPU of the cluster)."""
+
+    address: str = "auto"
+
+    def prepare(self, schedule: Schedule, options: Options) -> Prepared:
+        from dataclasses import replace
+
+        from phaselens.driver.raypool import connect
+
+        cluster = connect(self.address)  # (InputError: no Ray, no cluster)
+        n = options.workers if "workers" in options.asked_names() else max(1, cluster["cpus"])
+        if n > cluster["cpus"]:
+            raise InputError(
+                f"--workers {n}: the Ray cluster at {self.address} has {cluster['cpus']} CPUs "
+                "(one worker takes one)"
+            )
+        p = HttpTarget.prepare(self, schedule, replace(options, workers=n))
+        return Prepared({**p.entries, "ray": {**cluster, "workers": n}}, p.secrets, (p.plan, n))
+
+    def run(
+        self, schedule: Schedule, options: Options, writer: RunWriter, prepared: Prepared
+    ) -> Outcome:
+        from phaselens.driver.drive import drive
+        from phaselens.driver.raypool import RayPool
+
+        plan, n = prepared.plan
+        o = options
+        return drive(
+            schedule,
+            self.urls,
+            o.driver,
+            writer,
+            plan,
+            workers=n,
+            quiet=o.quiet,
+            telemetry=o.telemetry,
+            telemetry_interval_s=o.telemetry_interval_s,
+            handle_sigint=o.handle_sigint,
+            stop_when=o.stop_when,
+            pool=RayPool(self.address),
+        )
+
+
 def target_of(values: Sequence[str]) -> SimTarget | HttpTarget:
     """`--target` values -> a target: `sim` / `sim:DEPLOY.yaml`, one `URL`, or `MODEL=URL`s."""
     urls: dict[str, str] = {}
@@ -387,6 +434,7 @@ __all__ = [
     "Options",
     "Outcome",
     "Prepared",
+    "RayTarget",
     "RunInfo",
     "SimTarget",
     "Target",
