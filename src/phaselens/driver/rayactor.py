@@ -78,7 +78,7 @@ class ShardActor:
     def clock(self) -> int:
         return time.perf_counter_ns()
 
-    def start(self, t0_ns: int) -> bool:
+    def start(self, t0_ns: int, run_tag: str) -> bool:
         """Run the shard from `t0_ns` (this node's perf_counter_ns) on a thread."""
 
         def body() -> None:
@@ -92,6 +92,7 @@ class ShardActor:
                 self.prompts,
                 t0_ns,
                 self.stopped.wait,
+                run_tag,
             )
             res = WorkerResult(self.index, os.getpid(), self.anchor, summary, err)
             self.out.put(("end", self.index, res))

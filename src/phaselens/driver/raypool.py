@@ -137,8 +137,12 @@ class RayPool:
             infos = ray.get([a.info.remote() for a in self.actors], timeout=READY_S)
             before = [self._measure(a, i) for a, i in zip(self.actors, infos, strict=True)]
             t0 = on_start(time.perf_counter_ns() + int(max(lead_s, LEAD_S) * 1e9))
+            tag = f"{t0 & 0xFFFFFFFF:08x}"  # (the run's one tag, as --workers processes have)
             ray.get(
-                [a.start.remote(t0 + b.offset_ns) for a, b in zip(self.actors, before, strict=True)]
+                [
+                    a.start.remote(t0 + b.offset_ns, tag)
+                    for a, b in zip(self.actors, before, strict=True)
+                ]
             )
             results = self._collect(workers, Intake(on_records, on_samples, stats), stop, infos)
             run_s = (time.perf_counter_ns() - t0) / 1e9

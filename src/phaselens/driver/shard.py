@@ -123,6 +123,7 @@ def drive_shard(
     prompts: PromptMaker,
     t0_ns: int,
     stop_wait: Callable[[float], bool],
+    run_tag: str | None = None,
 ) -> tuple[RunSummary | None, str]:
     """One shard's run on its own event loop, its messages to `put` as tuples: ("recs", index,
     records) in batches, ("stats", index, (sent, inflight)) every 0.25 s, ("tel", index,
@@ -170,6 +171,7 @@ def drive_shard(
                 prompts=prompts,
                 samples=lambda ss: put(("tel", index, ss)),
                 worker=index,
+                run_tag=run_tag,
             )
         finally:
             rep.cancel()
