@@ -261,3 +261,24 @@ def test_ctrl_c_stops_every_actor(cluster: Any, tmp_path: Path) -> None:
     assert run.requests.height == 80
     assert set(run.requests["status"]) <= {"ok", "cancelled", "not_sent"}
     assert "not_sent" in set(run.requests["status"])
+
+
+def test_whatif_on_ray_gives_the_same_rows_as_in_this_process(cluster: Any, tmp_path: Path) -> None:
+    from tests.whatif.helpers import deploy_map, truth_run, write_deploy
+
+    from phaselens.whatif.calibfile import load_calibration, write_calibration
+    from phaselens.whatif.calibrate import calibrate
+    from phaselens.whatif.knobs import grid, parse_sets
+    from phaselens.whatif.sweep import sweep
+
+    run = truth_run(tmp_path, rate=0.4, duration_s=60)
+    dep = write_deploy(tmp_path / "deploy.yaml", deploy_map())
+    c = load_calibration(
+        write_calibration(calibrate(run, deploy_map(), str(dep), prefer="steps"), tmp_path / "c")
+    )
+    combos = grid(parse_sets(["policy.max_num_seqs=2,4"], ["e0"]))
+    here = sweep(run, c, combos, jobs=1)
+    there = sweep(run, c, combos, ray=cluster.address)
+    assert len(here["rows"]) == 3
+    assert there["rows"] == here["rows"]  # every number of every row
+    assert there["best"] == here["best"] and there["pareto"] == here["pareto"]

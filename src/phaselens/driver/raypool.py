@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from phaselens.driver.clocksync import Offset, clock_block, estimate, probe_udp, probe_with
 from phaselens.driver.options import DriverOptions
@@ -67,6 +67,22 @@ def connect(address: str) -> dict[str, Any]:
         "cpus": cpus,
         "placement": "SPREAD",
     }
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def ray_map(address: str, fn: Callable[[T, Any], R], shared: T, items: Sequence[Any]) -> list[R]:
+    """`[fn(shared, x) for x in items]` as Ray tasks of one CPU each, in order (`whatif --ray`).
+
+    `fn` must be a module-level function (the nodes import it); `shared` goes to the object
+    store once. Same inputs, same code: the same results as a local run."""
+    ray = _ray()
+    connect(address)
+    task = ray.remote(num_cpus=1)(fn)
+    ref = ray.put(shared)
+    return list(ray.get([task.remote(ref, x) for x in items]))
 
 
 @dataclass(slots=True)
