@@ -7,7 +7,6 @@ driver's chunk stamps can be compared with the server's write instants as in tes
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,8 +19,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pytest
+from tests.raycluster import NODE, local_cluster
 
-import phaselens
 from phaselens.analysis.summary import analyze
 from phaselens.driver.options import DriverOptions
 from phaselens.execute import Options, RayTarget, execute
@@ -29,59 +28,16 @@ from phaselens.report.html import report_from_run
 from phaselens.store import EVENTS, load_run
 
 from .conftest import fake_server, make_schedule
-from .test_kill import _alive, _descendants
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
-
-NODE = {"num_cpus": 1, "object_store_memory": 80 * 2**20}
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
     """Two nodes of one CPU each (the head and one more); no process left behind."""
-    from ray.cluster_utils import Cluster
-
-    src = str(Path(phaselens.__file__).parents[1])
-    env = {
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # every Ray address on loopback
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
-    }
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # (the raylets, and so the actors, inherit it)
-    c = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
-    c.add_node(**NODE)
-    try:
-        ray.init(address=c.address, log_to_driver=False)
+    with local_cluster(2) as c:
         yield c
-    finally:
-        procs = _descendants(os.getpid())
-        ray.shutdown()
-        c.shutdown()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        left = [p for p in _alive(procs) if not _gone_within(p, 20)]
-        assert not left, f"Ray processes left behind: {left}"
-
-
-def _gone_within(pid: int, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if not _alive({pid: _start_time(pid)}):
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def _start_time(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except OSError:
-        return -1
 
 
 def _options() -> Options:
