@@ -3,9 +3,12 @@ and failed workers, the per-node self-check's clock rule, and `--ray` given with
 
 from __future__ import annotations
 
-import numpy as np
+from pathlib import Path
 
-from phaselens.cli.app import bare_ray
+import numpy as np
+import pytest
+
+from phaselens.cli.app import bare_ray, invoke
 from phaselens.driver.clocksync import (
     CLOCK_ERROR_MAX_NS,
     ClockEcho,
@@ -93,3 +96,33 @@ def test_ray_alone_means_auto() -> None:
     assert bare_ray(["run", "--ray", "--quiet"]) == ["run", "--ray", "auto", "--quiet"]
     assert bare_ray(["run", "--ray", "h:6379"]) == ["run", "--ray", "h:6379"]
     assert bare_ray(["run", "--", "--ray"]) == ["run", "--", "--ray"]
+
+
+def _spec(tmp: Path) -> Path:
+    p = tmp / "s.yaml"
+    p.write_text(
+        "name: s\nseed: 1\nduration_s: 1\nmodels:\n  - name: m\n    rate: 5\n"
+        "    arrival: {type: constant}\n    input_tokens: {type: fixed, value: 8}\n"
+        "    output_tokens: {type: fixed, value: 4}\n"
+    )
+    return p
+
+
+@pytest.mark.parametrize(
+    ("more", "said"),
+    [
+        (["--ray", "127.0.0.1:1"], "--ray 127.0.0.1:1: nothing answers at "),
+        (["--ray"], "--ray: drives real servers; the simulator runs in this process"),
+    ],
+)
+def test_ray_bad_input_is_one_line_before_any_run_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], more: list[str], said: str
+) -> None:
+    pytest.importorskip("ray")
+    target = "sim" if more == ["--ray"] else "http://127.0.0.1:9"
+    out = tmp_path / "runs"
+    args = ["run", str(_spec(tmp_path)), "--target", target, "--out", str(out), *more]
+    assert invoke(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"phaselens: error: {said}") and err.count("\n") == 1, err
+    assert not out.exists()

@@ -15,6 +15,7 @@ run `partial`; nothing waits for it. Ctrl-C stops every actor; the coordinator's
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +49,9 @@ def connect(address: str) -> dict[str, Any]:
     local: a Ray instance in this process) and describe it (InputError when it cannot)."""
     ray = _ray()
     if not ray.is_initialized():
+        why = _unreachable(address)
+        if why:
+            raise InputError(f"--ray {address}: {why}")
         try:
             kw: dict[str, Any] = {"log_to_driver": False, "include_dashboard": False}
             if address == "local":
@@ -83,6 +87,32 @@ def ray_map(address: str, fn: Callable[[T, Any], R], shared: T, items: Sequence[
     task = ray.remote(num_cpus=1)(fn)
     ref = ray.put(shared)
     return list(ray.get([task.remote(ref, x) for x in items]))
+
+
+PROBE_S = 5.0  # the longest the cluster's address may take to accept a connection
+
+
+def _unreachable(address: str) -> str:
+    """Why nothing answers at `address` ("" when its GCS port accepts a connection).
+
+    Why: `ray.init` retries an address where no cluster runs (a stale `ray start` record, a
+    wrong port) for minutes; the user must get one line instead."""
+    if address == "local" or address.startswith("ray://"):
+        return ""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        hostport = canonicalize_bootstrap_address(address)
+    except Exception as e:
+        return f"no Ray cluster found ({' '.join(str(e).split())[:200]})"
+    if hostport is None:
+        return "no Ray cluster found (start one with `ray start --head`, or give HOST:PORT)"
+    host, _, port = str(hostport).rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=PROBE_S).close()
+    except (OSError, ValueError) as e:
+        return f"nothing answers at {hostport} ({getattr(e, 'strerror', None) or e})"
+    return ""
 
 
 @dataclass(slots=True)
