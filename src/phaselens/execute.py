@@ -30,6 +30,7 @@ from phaselens.types import Outcome, Schedule
 
 if TYPE_CHECKING:  # (imported where used: a simulated run loads no driver module, and back)
     from phaselens.driver.drive import DrivePlan
+    from phaselens.driver.fleet import WorkerPool
     from phaselens.driver.options import DriverOptions
     from phaselens.driver.state import StopHook
     from phaselens.spec import WorkloadSpec
@@ -271,22 +272,7 @@ class HttpTarget:
     def run(
         self, schedule: Schedule, options: Options, writer: RunWriter, prepared: Prepared
     ) -> Outcome:
-        from phaselens.driver.drive import drive
-
-        plan: DrivePlan = prepared.plan
-        return drive(
-            schedule,
-            self.urls,
-            options.driver,
-            writer,
-            plan,
-            workers=options.workers,
-            quiet=options.quiet,
-            telemetry=options.telemetry,
-            telemetry_interval_s=options.telemetry_interval_s,
-            handle_sigint=options.handle_sigint,
-            stop_when=options.stop_when,
-        )
+        return _drive(self.urls, schedule, options, writer, prepared.plan, options.workers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,7 +289,9 @@ class RayTarget(HttpTarget):
         from phaselens.driver.raypool import connect
 
         cluster = connect(self.address)  # (InputError: no Ray, no cluster)
-        n = options.workers if "workers" in options.asked_names() else max(1, cluster["cpus"])
+        n = options.workers
+        if "workers" not in options.asked_names():  # one per CPU, at most one per user
+            n = max(1, min(cluster["cpus"], options.driver.concurrency or cluster["cpus"]))
         if n > cluster["cpus"]:
             raise InputError(
                 f"--workers {n}: the Ray cluster at {self.address} has {cluster['cpus']} CPUs "
@@ -315,25 +303,37 @@ class RayTarget(HttpTarget):
     def run(
         self, schedule: Schedule, options: Options, writer: RunWriter, prepared: Prepared
     ) -> Outcome:
-        from phaselens.driver.drive import drive
         from phaselens.driver.raypool import RayPool
 
         plan, n = prepared.plan
-        o = options
-        return drive(
-            schedule,
-            self.urls,
-            o.driver,
-            writer,
-            plan,
-            workers=n,
-            quiet=o.quiet,
-            telemetry=o.telemetry,
-            telemetry_interval_s=o.telemetry_interval_s,
-            handle_sigint=o.handle_sigint,
-            stop_when=o.stop_when,
-            pool=RayPool(self.address),
-        )
+        return _drive(self.urls, schedule, options, writer, plan, n, RayPool(self.address))
+
+
+def _drive(
+    urls: Mapping[str, str],
+    schedule: Schedule,
+    o: Options,
+    writer: RunWriter,
+    plan: DrivePlan,
+    workers: int,
+    pool: WorkerPool | None = None,
+) -> Outcome:
+    from phaselens.driver.drive import drive
+
+    return drive(
+        schedule,
+        urls,
+        o.driver,
+        writer,
+        plan,
+        workers=workers,
+        quiet=o.quiet,
+        telemetry=o.telemetry,
+        telemetry_interval_s=o.telemetry_interval_s,
+        handle_sigint=o.handle_sigint,
+        stop_when=o.stop_when,
+        pool=pool,
+    )
 
 
 def target_of(values: Sequence[str]) -> SimTarget | HttpTarget:
