@@ -30,6 +30,7 @@ from phaselens.types import Outcome, Schedule
 
 if TYPE_CHECKING:  # (imported where used: a simulated run loads no driver module, and back)
     from phaselens.driver.drive import DrivePlan
+    from phaselens.driver.fleet import WorkerPool
     from phaselens.driver.options import DriverOptions
     from phaselens.driver.state import StopHook
     from phaselens.spec import WorkloadSpec
@@ -288,22 +289,68 @@ class HttpTarget:
     def run(
         self, schedule: Schedule, options: Options, writer: RunWriter, prepared: Prepared
     ) -> Outcome:
-        from phaselens.driver.drive import drive
+        return _drive(self.urls, schedule, options, writer, prepared.plan, options.workers)
 
-        plan: DrivePlan = prepared.plan
-        return drive(
-            schedule,
-            self.urls,
-            options.driver,
-            writer,
-            plan,
-            workers=options.workers,
-            quiet=options.quiet,
-            telemetry=options.telemetry,
-            telemetry_interval_s=options.telemetry_interval_s,
-            handle_sigint=options.handle_sigint,
-            stop_when=options.stop_when,
-        )
+
+@dataclass(frozen=True, slots=True)
+class RayTarget(HttpTarget):
+    """The same servers, driven from a Ray cluster (`--ray ADDRESS`, driver/raypool.py): the
+    shards run by actors spread over its nodes; `--workers` is their total (default: one per
+    CPU of the cluster)."""
+
+    address: str = "auto"
+
+    def prepare(self, schedule: Schedule, options: Options) -> Prepared:
+        from dataclasses import replace
+
+        from phaselens.driver.raypool import connect
+
+        cluster = connect(self.address)  # (InputError: no Ray, no cluster)
+        n = options.workers
+        if "workers" not in options.asked_names():  # one per CPU, at most one per user
+            n = max(1, min(cluster["cpus"], options.driver.concurrency or cluster["cpus"]))
+        if n > cluster["cpus"]:
+            raise InputError(
+                f"--workers {n}: the Ray cluster at {self.address} has {cluster['cpus']} CPUs "
+                "(one worker takes one)"
+            )
+        p = HttpTarget.prepare(self, schedule, replace(options, workers=n))
+        return Prepared({**p.entries, "ray": {**cluster, "workers": n}}, p.secrets, (p.plan, n))
+
+    def run(
+        self, schedule: Schedule, options: Options, writer: RunWriter, prepared: Prepared
+    ) -> Outcome:
+        from phaselens.driver.raypool import RayPool
+
+        plan, n = prepared.plan
+        return _drive(self.urls, schedule, options, writer, plan, n, RayPool(self.address))
+
+
+def _drive(
+    urls: Mapping[str, str],
+    schedule: Schedule,
+    o: Options,
+    writer: RunWriter,
+    plan: DrivePlan,
+    workers: int,
+    pool: WorkerPool | None = None,
+) -> Outcome:
+    from phaselens.driver.drive import drive
+
+    return drive(
+        schedule,
+        urls,
+        o.driver,
+        writer,
+        plan,
+        workers=workers,
+        quiet=o.quiet,
+        telemetry=o.telemetry,
+        telemetry_interval_s=o.telemetry_interval_s,
+        handle_sigint=o.handle_sigint,
+        stop_when=o.stop_when,
+        pool=pool,
+    )
 
 
 def target_of(values: Sequence[str]) -> SimTarget | HttpTarget:
@@ -404,6 +451,7 @@ __all__ = [
     "Options",
     "Outcome",
     "Prepared",
+    "RayTarget",
     "RunInfo",
     "SimTarget",
     "Target",

@@ -93,6 +93,7 @@ def compute(run: Run, gpu_cost_per_hour: float | None = None) -> tuple[Analysis,
         },
         "valid": bool(valid),
         "invalid_reasons": reasons,
+        **_client_nodes(m),
         "requests": request_counts(rt.frame),
         "duration_s": tp["window_s"],
         "throughput": {k: tp[k] for k in ("requests_per_s", "output_tokens_per_s")},
@@ -134,3 +135,23 @@ def _clean(x: Any) -> Any:
 def to_json(summary: Mapping[str, Any]) -> str:
     """Strict JSON (NaN/inf become null), one object on one line."""
     return json.dumps(_clean(summary), separators=(",", ":"), allow_nan=False, default=str)
+
+
+def _client_nodes(m: Mapping[str, Any]) -> dict[str, Any]:
+    """The driver's self-check per node of a run driven from several (`--ray`): which node
+    was client-bound, with its send lag, loop lag and CPU (manifest `client.nodes`)."""
+    client = m.get("client")
+    nodes = client.get("nodes") if isinstance(client, Mapping) else None
+    if not isinstance(nodes, list):
+        return {}
+    keep = [
+        "node",
+        "host",
+        "workers",
+        "lost",
+        "client_bound",
+        "send_lag_p99_ms",
+        "loop_lag_p99_ms",
+        "cpu_pct",
+    ]
+    return {"client_nodes": [{k: n.get(k) for k in keep} for n in nodes if isinstance(n, dict)]}

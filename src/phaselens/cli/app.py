@@ -47,6 +47,18 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+def bare_ray(args: list[str]) -> list[str]:
+    """`--ray` given alone (last, or before another option) means `--ray auto`."""
+    out: list[str] = []
+    for i, a in enumerate(args):
+        out.append(a)
+        if a == "--ray" and (i + 1 == len(args) or args[i + 1].startswith("-")):
+            out.append("auto")
+        if a == "--":
+            return out + args[i + 1 :]
+    return out
+
+
 def invoke(args: list[str]) -> int:
     """Run the command line `args` and return its exit code; every failure is one stderr line.
 
@@ -55,8 +67,9 @@ def invoke(args: list[str]) -> int:
     exit 2, Ctrl-C is exit 130, and anything else (a bug) is one line with exit 70.
     """
     cmd = typer.main.get_command(app)
+    args = bare_ray(list(args))
     try:
-        with cmd.make_context("phaselens", list(args)) as ctx:
+        with cmd.make_context("phaselens", args) as ctx:
             cmd.invoke(ctx)
         return 0
     except typer.Exit as e:

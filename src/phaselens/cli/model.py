@@ -92,6 +92,12 @@ def whatif(
         typer.Option("-o", "--output", help="HTML file (default: whatif.html; none with --json)."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    ray: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--ray", help="Run the simulations as tasks on a Ray cluster (auto, HOST:PORT, local)."
+        ),
+    ] = None,
 ) -> None:
     """Replay a run through the calibrated simulator for every knob combination; rank them."""
     from phaselens.whatif.commands import whatif_cmd
@@ -99,5 +105,15 @@ def whatif(
     if output is not None or not as_json:
         check_out_file(output or Path("whatif.html"), "--output")
     whatif_cmd(
-        run_dir, calib, set_ or [], max_runs, sample, jobs, output, as_json, seed, gpu_cost_per_hour
+        run_dir,
+        calib,
+        set_ or [],
+        max_runs,
+        sample,
+        jobs,
+        output,
+        as_json,
+        seed,
+        gpu_cost_per_hour,
+        ray.strip() or "auto" if ray is not None else None,
     )

@@ -346,11 +346,27 @@ def run(
     ] = None,
     skip_bad_lines: Annotated[bool, SKIP_BAD_LINES] = False,
     anonymize: Annotated[bool, ANONYMIZE] = False,
+    ray: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--ray",
+            help="Drive from a Ray cluster: auto (alone: RAY_ADDRESS or this host's `ray "
+            "start`), HOST:PORT, or local (docs/scale.md).",
+        ),
+    ] = None,
 ) -> None:
     """Run a workload against a server (or the simulator) and write a run directory."""
     from phaselens.driver.eventloop import LOOPS
     from phaselens.driver.options import DriverOptions
-    from phaselens.execute import HttpTarget, Options, RunInfo, SimTarget, execute, target_of
+    from phaselens.execute import (
+        HttpTarget,
+        Options,
+        RayTarget,
+        RunInfo,
+        SimTarget,
+        execute,
+        target_of,
+    )
     from phaselens.spec import load_spec
     from phaselens.workload.gatewaylog import LogOptions
 
@@ -359,6 +375,10 @@ def run(
     if loop not in LOOPS:
         raise InputError(f"--loop: expected {', '.join(LOOPS)}, got {loop!r}")
     tgt = target_of(target)
+    if ray is not None:
+        if not isinstance(tgt, HttpTarget):
+            raise InputError("--ray: drives real servers; the simulator runs in this process")
+        tgt = RayTarget(tgt.urls, address=ray.strip() or "auto")
     ws = load_spec(spec, set_ or [])
     mapping = _parse_pairs(model_map or [], "--model-map", "=")
     urls = tgt.urls if isinstance(tgt, HttpTarget) else None

@@ -19,11 +19,13 @@ from typing import Any
 import numpy as np
 
 from phaselens.driver.eventloop import relay_stop, resolve_loop, run_loop
+from phaselens.driver.fleet import WorkerPool, node_checks, owners, unrecorded
 from phaselens.driver.options import DriverOptions, check_targets
 from phaselens.driver.preflight import context_preflight
 from phaselens.driver.prompts import PromptMaker
 from phaselens.driver.runner import RunSummary, run_schedule
 from phaselens.driver.selfcheck import same_host, verdict
+from phaselens.driver.shard import WorkerResult
 from phaselens.driver.state import LiveStats, LiveView, StopHook
 from phaselens.driver.writer import WriterThread, close_run, seen_ids
 from phaselens.errors import InputError
@@ -125,6 +127,7 @@ def drive(
     telemetry_interval_s: float = 0.1,
     handle_sigint: bool = True,
     stop_when: StopHook | None = None,
+    pool: WorkerPool | None = None,
 ) -> Outcome:
     """Run `schedule` against `targets` ({model: URL}, or {"*": URL}) into `writer`'s run
     directory (created by `phaselens.execute`, the one path from a schedule to a run).
@@ -133,6 +136,7 @@ def drive(
     Second Ctrl-C: exit at once (the run is rebuilt from events.jsonl by `load_run`).
     `stop_when`: polled every 0.5 s with the live counts; a reason it returns stops the run as
     Ctrl-C does (unsent requests end `not_sent`) and is the manifest's `stopped_early`.
+    `pool`: where the workers run (default: `--workers` processes on this host; `raypool`).
     """
     loop_kind, prompts, secrets = plan.loop_kind, plan.prompts, plan.secrets
     wt = WriterThread(writer)
@@ -212,18 +216,19 @@ def drive(
         if count[0] >= 2:
             from phaselens.driver.shard import kill_workers
 
-            kill_workers()
+            pool.kill() if pool is not None else kill_workers()
             os._exit(130)
         stop.set()
 
     summaries: list[RunSummary] = []
+    results: list[WorkerResult] = []
     worker_info: list[dict[str, Any]] = []
     failure = ""
     old_handler: Any = None
     if handle_sigint and threading.current_thread() is threading.main_thread():
         old_handler = signal.signal(signal.SIGINT, on_sigint_sync)
     try:
-        if workers == 1:
+        if workers == 1 and pool is None:
             lead_s = 1.0 if _telemetry_on(telemetry) else 0.05
             summary, _ = run_loop(
                 _single(
@@ -237,7 +242,7 @@ def drive(
             from phaselens.driver.shard import run_workers
 
             try:
-                results = run_workers(
+                results = (pool.run if pool is not None else run_workers)(
                     schedule,
                     targets,
                     options,
@@ -259,6 +264,8 @@ def drive(
                         "pid": r.pid,
                         "clock": dict(r.clock),
                         "error": secrets.text(r.error),
+                        **({"lost": True} if r.lost else {}),
+                        **scrub_json(dict(r.info), secrets),
                     }
                 )
                 if r.summary is not None:
@@ -279,57 +286,54 @@ def drive(
             progress.stop()
     # Every planned request ends with exactly one record.
     seen = seen_ids(wt)
-    dead = {w["index"] for w in worker_info if w.get("error")}
-    if failure:
-        dead = set(range(workers))
     t0 = state["t0"]
     missing = [row for row in range(len(schedule)) if schedule[row].id not in seen]
-    for row in missing:
+    own = owners(len(schedule), workers, results)
+    filled = unrecorded(missing, own, results, failure)
+    for row, st, err in filled:
         req = schedule[row]
-        died = workers > 1 and (row % workers) in dead
         wt.record(
             RequestRecord(
                 id=req.id,
                 model=req.model,
                 stage=req.stage,
                 scheduled_ns=req.t_ns if not options.concurrency else 0,
-                status="client_error" if died else "not_sent",
+                status=st,
                 priority=req.priority,
                 input_tokens=req.input_tokens,
-                error=f"worker process failed: {failure or 'see manifest workers'}"
-                if died
-                else "stopped before sending",
+                error=secrets.text(err),
             )
         )
     wt.join()
     send = np.concatenate([s.send_lags_ns for s in summaries]) if summaries else np.zeros(0)
     loop = np.concatenate([s.loop_lags_ns for s in summaries]) if summaries else np.zeros(0)
     v = verdict(send, loop, workers, wt.scale, same_host(targets.values()))
+    reasons, warns, nodes = list(v.invalid_reasons), list(v.warnings), None
+    if pool is not None:  # each node judged on its own: a reason names its node
+        more, wmore, nodes = node_checks(results, wt.scale, same_host(targets.values()))
+        if any(n["client_bound"] for n in nodes) or not reasons:
+            reasons, warns = [], []  # (the whole run's lags stay in the client block)
+        reasons, warns = reasons + more, warns + wmore
     methods: Counter[str] = Counter()
     by_status: Counter[str] = Counter()
     for s in summaries:
         methods.update(s.token_methods)
         by_status.update(s.by_status)
-    by_status.update(
-        Counter(
-            "client_error" if (workers > 1 and (i % workers) in dead) else "not_sent"
-            for i in missing
-        )
-    )
+    by_status.update(Counter(st for _, st, _ in filled))
     method = "usage" if methods.get("usage") and not methods.get("chunks") else "chunks"
     cpu = sum(s.cpu_s for s in summaries)
     wall = max((s.wall_s for s in summaries), default=0.0)
     interrupted = count[0] > 0 or any(s.interrupted for s in summaries) or bool(failure)
     status = "interrupted" if interrupted else "complete"
-    if wt.failures:
+    if wt.failures or any(r.lost for r in results):
         status = "partial"  # (as a run rebuilt after its writer died: not known complete)
     dropped = sorted({redact_url(u) for s in summaries for u in s.dropped_optional})
     path = close_run(
         writer,
         wt,
         status,
-        valid=v.valid,
-        invalid_reasons=list(v.invalid_reasons),
+        valid=not reasons,
+        invalid_reasons=reasons,
         token_count_method=method,
         token_count_streams=dict(methods),
         telemetry=tel_status,
@@ -338,10 +342,11 @@ def drive(
             "send_lag_max_ms": v.send_lag_max_ms,
             "loop_lag_p99_ms": v.loop_lag_p99_ms,
             "loop_lag_max_ms": v.loop_lag_max_ms,
-            "warnings": list(v.warnings),
+            "warnings": warns,
             "cpu_s": cpu,
             "wall_s": wall,
             "cpu_pct": 100.0 * cpu / wall if wall > 0 else 0.0,
+            **({"nodes": nodes} if nodes is not None else {}),
         },
         workers=worker_info,
         optional_fields_rejected_by=dropped,
@@ -357,9 +362,9 @@ def drive(
         status,
         len(schedule),
         dict(by_status),
-        v.valid,
-        tuple(v.invalid_reasons),
-        tuple(v.warnings),
+        not reasons,
+        tuple(reasons),
+        tuple(warns),
         failure,
     )
 

@@ -119,6 +119,7 @@ async def run_schedule(
     samples: Callable[[list[TelemetrySample]], None] | None = None,
     worker: int = 0,
     transport: Transport | None = None,
+    run_tag: str | None = None,
 ) -> RunSummary:
     """Drive `schedule` (or the rows `indices` of it) and pass one record per request to `sink`.
 
@@ -126,7 +127,9 @@ async def run_schedule(
     Setting `stop` ends sending: in-flight requests become `cancelled`, unsent ones
     `not_sent`. Pass `prompts` built beforehand when t = 0 is fixed, so setup cannot make the
     first sends late. `transport`: what carries the requests (default: a `pool.Pool` of HTTP
-    connections; tests pass a scripted one); it is closed at the end.
+    connections; tests pass a scripted one); it is closed at the end. `run_tag`: the tag of
+    the request ids (`X-Request-Id: pl-<tag>-<id>`; default from t = 0; a Ray actor's t = 0 is
+    on its own clock, so the coordinator gives every actor the run's tag).
     """
     options.validate()
     raise_fd_limit()
@@ -134,7 +137,7 @@ async def run_schedule(
     d = RunState(schedule, targets, options, sink, 0, stats or LiveStats(), prompts)
     t0 = run_start_perf_ns if run_start_perf_ns is not None else time.perf_counter_ns() + 20_000_000
     d.t0 = t0
-    d.run_tag = f"{t0 & 0xFFFFFFFF:08x}"
+    d.run_tag = run_tag or f"{t0 & 0xFFFFFFFF:08x}"
     if indices is not None:
         d.recorded[:] = True
         d.recorded[order] = False  # other workers own the rest

@@ -20,10 +20,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from phaselens.driver.eventloop import relay_stop, run_loop
 from phaselens.driver.options import DriverOptions
@@ -46,6 +47,9 @@ class WorkerResult:
     clock: Mapping[str, int]
     summary: RunSummary | None
     error: str
+    rows: npt.NDArray[np.int64] | None = None  # the schedule rows it owned
+    lost: bool = False  # its node died: its unrecorded rows are `lost` (reason in `error`)
+    info: Mapping[str, Any] = field(default_factory=dict)  # more of its manifest `workers` entry
 
 
 def split(n: int, workers: int, session_id: np.ndarray | None = None) -> list[np.ndarray]:
@@ -103,33 +107,55 @@ def _worker(
     prompts = PromptMaker(options.prompt_seed, options.tokenizer)  # setup before t = 0
     out.put(("ready", index, os.getpid()))
     go.wait()
+    summary, err = drive_shard(
+        out.put, index, schedule, rows, targets, options, prompts, int(t0.value), stop.wait
+    )
+    out.put(("end", index, WorkerResult(index, os.getpid(), anchor, summary, err)))
+
+
+def drive_shard(
+    put: Callable[[tuple[Any, ...]], None],
+    index: int,
+    schedule: Schedule,
+    rows: np.ndarray,
+    targets: Mapping[str, str],
+    options: DriverOptions,
+    prompts: PromptMaker,
+    t0_ns: int,
+    stop_wait: Callable[[float], bool],
+    run_tag: str | None = None,
+) -> tuple[RunSummary | None, str]:
+    """One shard's run on its own event loop, its messages to `put` as tuples: ("recs", index,
+    records) in batches, ("stats", index, (sent, inflight)) every 0.25 s, ("tel", index,
+    samples). The one message format of `--workers` processes and Ray actors (`rayactor.py`);
+    `take` reads it on the other side. Returns the summary (None and the error when the run
+    failed: the caller records its rows as failed)."""
     stats = LiveStats()
     batch: list[RequestRecord] = []
     last = time.monotonic()
 
-    def sink(r: RequestRecord) -> None:
+    def flush() -> None:
         nonlocal last
+        put(("recs", index, list(batch)))
+        batch.clear()
+        last = time.monotonic()
+
+    def sink(r: RequestRecord) -> None:
         batch.append(r)
-        now = time.monotonic()
-        if len(batch) >= BATCH_MAX or now - last > BATCH_S:
-            out.put(("recs", index, list(batch)))
-            batch.clear()
-            last = now
+        if len(batch) >= BATCH_MAX or time.monotonic() - last > BATCH_S:
+            flush()
 
     async def main() -> RunSummary:
         loop = asyncio.get_running_loop()
         ev = asyncio.Event()
-        relay_done = relay_stop(stop.wait, loop, ev)
+        relay_done = relay_stop(stop_wait, loop, ev)
 
         async def report() -> None:
-            nonlocal last
             while True:
                 await asyncio.sleep(0.25)
-                out.put(("stats", index, (stats.sent, stats.inflight)))
+                put(("stats", index, (stats.sent, stats.inflight)))
                 if batch and time.monotonic() - last > BATCH_S:
-                    out.put(("recs", index, list(batch)))
-                    batch.clear()
-                    last = time.monotonic()
+                    flush()
 
         rep = loop.create_task(report())
         try:
@@ -138,13 +164,14 @@ def _worker(
                 targets,
                 options,
                 sink,
-                run_start_perf_ns=int(t0.value),
+                run_start_perf_ns=t0_ns,
                 indices=rows,
                 stop=ev,
                 stats=stats,
                 prompts=prompts,
-                samples=lambda ss: out.put(("tel", index, ss)),
+                samples=lambda ss: put(("tel", index, ss)),
                 worker=index,
+                run_tag=run_tag,
             )
         finally:
             rep.cancel()
@@ -156,8 +183,46 @@ def _worker(
     except Exception as e:  # reported to the parent, which records the rows as client_error
         summary, err = None, f"{type(e).__name__}: {e}"
     if batch:
-        out.put(("recs", index, list(batch)))
-    out.put(("end", index, WorkerResult(index, os.getpid(), anchor, summary, err)))
+        flush()
+    return summary, err
+
+
+@dataclass(slots=True)
+class Intake:
+    """The parent's side of the message format (`drive_shard`): records to the writer,
+    samples to telemetry, the live counts summed over the workers."""
+
+    on_records: Callable[[list[RequestRecord]], None]
+    on_samples: Callable[[list[TelemetrySample]], None]
+    stats: LiveStats
+    wstats: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def take(self, msg: tuple[Any, ...]) -> None:
+        kind, w = msg[0], msg[1]
+        stats = self.stats
+        if kind == "recs":
+            done = msg[2]
+            self.on_records(done)
+            stats.done += len(done)
+            stats.errors += sum(r.status != "ok" for r in done)
+            stats.output_tokens += sum(r.output_tokens for r in done)
+        elif kind == "tel":
+            self.on_samples(msg[2])
+        elif kind == "stats":
+            self.wstats[w] = msg[2]
+            stats.sent = sum(v[0] for v in self.wstats.values())
+            stats.inflight = sum(v[1] for v in self.wstats.values())
+
+
+def users_per_worker(options: DriverOptions, workers: int) -> list[DriverOptions]:
+    """Each worker's options: in a closed loop the users are dealt out too."""
+    if not options.concurrency:
+        return [options] * workers
+    c = options.concurrency
+    return [
+        replace(options, concurrency=max(1, c // workers + (w < c % workers)))
+        for w in range(workers)
+    ]
 
 
 def run_workers(
@@ -181,21 +246,12 @@ def run_workers(
     t0 = ctx.Value("q", 0)
     sess = schedule.prompts.session_id if schedule.prompts is not None else None
     rows = split(len(schedule), workers, sess)
-    if options.concurrency:  # closed loop: the users are dealt out too
-        per = [
-            options.concurrency // workers + (w < options.concurrency % workers)
-            for w in range(workers)
-        ]
+    opts = users_per_worker(options, workers)
     procs = []
     for w in range(workers):
-        opt = options
-        if options.concurrency:
-            from dataclasses import replace
-
-            opt = replace(options, concurrency=max(1, per[w]))
         p = ctx.Process(
             target=_worker,
-            args=(os.getpid(), w, schedule, rows[w], targets, opt, out, go, t0, mstop),
+            args=(os.getpid(), w, schedule, rows[w], targets, opts[w], out, go, t0, mstop),
             name=f"phaselens-worker-{w}",
             daemon=True,
         )
@@ -221,7 +277,7 @@ def run_workers(
     t0.value = start
     go.set()
     results: dict[int, WorkerResult] = {}
-    wstats: dict[int, tuple[int, int]] = {}
+    intake = Intake(on_records, on_samples, stats)
     while len(results) < workers:
         if stop.is_set() and not mstop.is_set():
             mstop.set()
@@ -234,24 +290,13 @@ def run_workers(
                         w, p.pid or 0, {}, None, f"worker exited with code {p.exitcode}"
                     )
             continue
-        kind, w = msg[0], msg[1]
-        if kind == "recs":
-            on_records(msg[2])
-            done = msg[2]
-            stats.done += len(done)
-            stats.errors += sum(r.status != "ok" for r in done)
-            stats.output_tokens += sum(r.output_tokens for r in done)
-        elif kind == "tel":
-            on_samples(msg[2])
-        elif kind == "stats":
-            wstats[w] = msg[2]
-            stats.sent = sum(v[0] for v in wstats.values())
-            stats.inflight = sum(v[1] for v in wstats.values())
-        elif kind == "end":
-            results[w] = msg[2]
+        if msg[0] == "end":
+            results[msg[1]] = msg[2]
+        else:
+            intake.take(msg)
     for p in procs:
         p.join(timeout=10)
-    return [results[w] for w in range(workers)]
+    return [replace(results[w], rows=rows[w]) for w in range(workers)]
 
 
 def kill_workers() -> None:

@@ -72,6 +72,7 @@ def whatif_cmd(
     as_json: bool,
     seed: int = 0,
     gpu_cost_per_hour: float = 1.0,
+    ray: str | None = None,
 ) -> dict[str, Any]:
     """Replay the run under every knob combination and rank them; write the HTML section."""
     if jobs < 1:
@@ -83,7 +84,7 @@ def whatif_cmd(
     knobs = parse_sets(sets, engines)
     combos = choose(knobs, max_runs, sample, seed) if knobs else []
     run = load_run(run_dir)
-    result = sweep(run, c, combos, jobs=jobs, seed=seed, gpu_cost_per_hour=gpu_cost_per_hour)
+    result = sweep(run, c, combos, jobs, seed, gpu_cost_per_hour, ray)
     if output is not None or not as_json:
         path = write_html(result, output or Path("whatif.html"))
         result["html"] = str(path)

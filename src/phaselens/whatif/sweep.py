@@ -297,8 +297,10 @@ def sweep(
     jobs: int = 1,
     seed: int = 0,
     gpu_cost_per_hour: float = 1.0,
+    ray: str | None = None,
 ) -> dict[str, Any]:
-    """Evaluate the baseline and every combination; rank; mark the Pareto front."""
+    """Evaluate the baseline and every combination; rank; mark the Pareto front.
+    `ray`: a Ray cluster's address: every simulation a Ray task there instead (`jobs` unused)."""
     models = sorted(set(run.requests["model"].to_list()))
     served = {s for e in calib.deploy().engines for s in e.serves}
     missing = [m for m in models if m not in served]
@@ -324,7 +326,7 @@ def sweep(
     todo += [c for c in combos if c]
     jobs = max(1, min(jobs, len(todo), os.cpu_count() or 1))
     ex = None
-    if jobs > 1:
+    if jobs > 1 and ray is None:
         # spawn, not fork: forking a process that holds polars' thread pool can deadlock
         ctx = multiprocessing.get_context("spawn")
         ex = ProcessPoolExecutor(
@@ -332,6 +334,10 @@ def sweep(
         )
 
     def run_all(cs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        if ray is not None:
+            from phaselens.driver.raypool import ray_map
+
+            return ray_map(ray, evaluate, job, cs)
         if ex is None:
             return [evaluate(job, c) for c in cs]
         return list(ex.map(_run_one, cs, chunksize=1))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 import polars as pl
 
@@ -153,6 +156,15 @@ def burst_driven(a: Analysis) -> RuleResult:
     ]
 
 
+def _bound_nodes(m: Mapping[str, Any]) -> list[str]:
+    """The nodes whose own self-check failed, in a run driven from several (`--ray`)."""
+    client = m.get("client")
+    nodes = client.get("nodes") if isinstance(client, Mapping) else None
+    if not isinstance(nodes, list):
+        return []
+    return [str(n.get("node")) for n in nodes if isinstance(n, Mapping) and n.get("client_bound")]
+
+
 def client_bound(a: Analysis) -> RuleResult:
     """The driver's own verdict when the manifest has one (it measures send lag as took-up −
     scheduled, which excludes the intended `--max-inflight` queue wait); else sent − scheduled."""
@@ -172,6 +184,7 @@ def client_bound(a: Analysis) -> RuleResult:
         "send_lag_note": "sent - scheduled from the records; includes any --max-inflight wait",
         "manifest_valid": verdict,
         "invalid_reasons": reasons,
+        "client_bound_nodes": _bound_nodes(a.manifest),
         "thresholds": {"send_lag_p99_ms": CB_SEND_LAG_P99_MS},
     }
     if not fire:
