@@ -122,7 +122,10 @@ def pass_rates(truth: float, draws: int = 300, seed: int = 16) -> None:
     around the knee, by exact M/D/k simulation: empty start (what phaselens does), a
     steady-state start, the one-sided MSER-5 cut (phaselens' rule), the two-sided cut, and a
     sequential decision at 4 looks (6, 8, 10, 12 s, each at alpha/4: error <= alpha by the
-    union bound, for independent values) with the cut."""
+    union bound, for independent values) with the cut; and how often both of 2 repeats pass
+    (empty start, one-sided cut: what makes a load the capacity). The reported interval misses
+    a knee below it when a load (1 + b) x the knee or more passes both repeats, b the blind band
+    (0 before issue 16's band: the interval started at the capacity)."""
     from phaselens.capacity.transient import mser_cut
     from phaselens.capacity.verdict import ALPHA, percentile_interval
 
@@ -143,15 +146,19 @@ def pass_rates(truth: float, draws: int = 300, seed: int = 16) -> None:
     rng = np.random.default_rng(seed)
     looks = (6.0, 8.0, 10.0)
     print(f"pass rate of one {PROBE_S:g} s probe ({WARMUP_S:g} s warm-up), {draws} draws a load")
-    print("  load/knee  req/s  empty  steady  one-sided  two-sided  sequential (mean s)  cut")
-    for f in (0.8, 0.9, 0.95, 1.0, 1.007, 1.107, 1.25):
+    print(
+        "  load/knee  req/s  empty  steady  one-sided  two-sided  sequential (mean s)  cut"
+        "  2 repeats"
+    )
+    for f in (0.8, 0.9, 0.95, 1.0, 1.007, 1.02, 1.05, 1.107, 1.15, 1.25):
         rate = f * truth
-        n = {k: 0 for k in ("empty", "steady", "one", "two", "seq")}
+        n = {k: 0 for k in ("empty", "steady", "one", "two", "seq", "both")}
         secs, cuts = 0.0, 0
         for _ in range(draws):
             a, x = mdk_probe(rate, rng, 0.0)
             n["empty"] += verdict(x) == "pass"
             n["one"] += one_sided(x) == "pass"
+            n["both"] += one_sided(x) == one_sided(mdk_probe(rate, rng, 0.0)[1]) == "pass"
             n["two"] += verdict(x[mser_cut(x, one_sided=False).values :]) == "pass"
             cuts += mser_cut(x).values
             v, t = one_sided(x, ALPHA / (len(looks) + 1)), PROBE_S  # Bonferroni: ≤ ALPHA
@@ -166,7 +173,8 @@ def pass_rates(truth: float, draws: int = 300, seed: int = 16) -> None:
         r = {k: v / draws for k, v in n.items()}
         print(
             f"  {f:9.3f} {rate:6.2f}  {r['empty']:5.2f}  {r['steady']:6.2f}  {r['one']:9.2f}"
-            f"  {r['two']:9.2f}  {r['seq']:10.2f} ({secs / draws:4.1f})  {cuts / draws:4.1f}",
+            f"  {r['two']:9.2f}  {r['seq']:10.2f} ({secs / draws:4.1f})  {cuts / draws:4.1f}"
+            f"  {r['both']:9.2f}",
             flush=True,
         )
 
@@ -536,9 +544,12 @@ def run_phaselens(work: Path) -> Result:
     ]
     r.interval = d.get("interval")
     (work.parent / "capspeed-phaselens.json").write_text(json.dumps(d, indent=1))
+    bb = d.get("blind_band") or {}
     r.note = (
-        f"interval {r.interval}, {len(r.probes)} probes, status {d.get('status')}; "
-        + "; ".join(d.get("notes", []))
+        f"interval {r.interval} = bracket {d.get('bracket')} with its lower end / (1 +"
+        f" blind band {bb.get('band')}: growth {bb.get('growth')}, sampling {bb.get('sampling')},"
+        f" pass shares {bb.get('pass_rates')}), {len(r.probes)} probes, status"
+        f" {d.get('status')}; " + "; ".join(d.get("notes", []))
     )
     return r
 

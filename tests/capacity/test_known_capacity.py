@@ -46,7 +46,16 @@ def test_search_finds_the_known_capacity(tmp_path: Path) -> None:
     assert res.status == "complete" and lo is not None and hi is not None
     assert lo <= X_STAR * TRUTH * 1.005 and hi >= TRUTH  # its interval meets [TRUTH, X_STAR·TRUTH]
     assert abs(res.capacity_rps - TRUTH) / TRUTH <= 0.10  # type: ignore[operator]
-    assert hi / lo <= 1.10 + 1e-9  # the bracket reached the precision
+    b_lo, b_hi = res.bracket  # [capacity, upper edge]: the interval widened by the blind band
+    assert (
+        b_lo == res.capacity_rps
+        and b_hi == hi
+        and lo
+        == pytest.approx(
+            b_lo / (1 + res.blind_band["band"])  # type: ignore[index,operator]
+        )
+    )
+    assert b_hi / b_lo <= 1.10 + 1e-9  # the bracket reached the precision
     assert res.binding is not None and res.binding["metric"] == "ttft_ms"
     if 1.1 * res.capacity_rps >= 1.05 * X_STAR * TRUTH:  # type: ignore[operator]
         # a hard knee: 1.1x the capacity is clearly past what a probe can pass, the queue builds

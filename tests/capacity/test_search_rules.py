@@ -121,3 +121,18 @@ def test_the_serial_check_reports_whether_the_capacity_holds_for_n_eff_values() 
         "repeat": 1,
     }
     assert serial_check([_probe(2.0, "pass", 200, 280)]) is None  # no serial interval: no check
+
+
+def test_an_upper_edge_within_the_sampling_band_is_not_repeated() -> None:
+    # converged: 1.0 passed twice, 1.1 failed once (one repeat left, so it could turn
+    # bistable); with the fitted queue's sampling band 0.1, 1.1 lies within it above the
+    # capacity, where repeats disagree by sampling alone: not repeated, and as 1.1 is also the
+    # stability probe the search is done. With a band of 0.05 it is repeated.
+    probes = (_probe(1.0, "pass", 200, 280), _probe(1.0, "pass", 190, 270, 1))
+    edge = _probe(1.1, "fail", 310, 400)
+    s = _search(*probes, edge)
+    assert s.converged() and s.next_scale() == pytest.approx(1.1)
+    s.blind = 0.05
+    assert s.next_scale() == pytest.approx(1.1)
+    s.blind = 0.1
+    assert s.in_band(1.1, 1.0) and s.next_scale() is None

@@ -85,12 +85,16 @@ def test_sim_deploy_search_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixt
     assert all(k in doc for k in PINNED) and doc["status"] == "complete"
     assert all(k in p for p in doc["probes"] for k in PROBE_KEYS)
     lo, hi = doc["interval"]
-    assert 0 < lo == doc["capacity_rps"] < hi <= lo * 1.1 + 1e-9
+    b_lo, b_hi = doc["bracket"]  # [capacity, upper edge]; no fitted queue: the growth band only
+    assert 0 < b_lo == doc["capacity_rps"] < b_hi == hi <= b_lo * 1.1 + 1e-9
+    band = doc["blind_band"]
+    assert band["sampling"] is None and band["band"] == band["growth"] >= 0
+    assert lo == pytest.approx(b_lo / (1 + band["band"]), rel=1e-5)
     assert doc["predicted_knee_rps"] > 0 and doc["predicted"]  # calibrated on the light probe
     share = doc["per_model"]["chat-8b"]["capacity_rps"] / doc["capacity_rps"]
     assert share == pytest.approx(0.8)  # every model keeps its share
     assert doc["binding"]["metric"] == "ttft_ms"
-    assert f"capacity: {lo:,.4g} req/s" in text.out and "capacity.json" in text.out
+    assert f"capacity: {b_lo:,.4g} req/s" in text.out and "capacity.json" in text.out
     assert text.err.count("probe x") == len(doc["probes"])  # one progress line per probe
     for p in doc["probes"]:
         run = load_run(p["run"])  # analyze/report/compare read it as any run

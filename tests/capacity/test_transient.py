@@ -10,6 +10,7 @@ from tests.analysis.helpers import make_run, rec
 
 from phaselens.capacity.probe import ProbeResult, ProbeSettings, judge, warmup_cut
 from phaselens.capacity.transient import below_rest, mser_cut, mser_statistic, t_sf
+from phaselens.capacity.verdict import client_lag
 
 # batch means 0, 4, 8, 8, 6, 8, 6, 8; each batch's five values are its mean + (-1, 1, 0, 0, 0)
 MEANS = [0.0, 4.0, 8.0, 8.0, 6.0, 8.0, 6.0, 8.0]
@@ -202,3 +203,21 @@ def test_the_ci_light_probe_passes() -> None:
     (t,) = p.targets
     assert t.hi_ms is not None and t.hi_ms < 220.0
     assert p.verdict == "pass"
+
+
+def test_a_late_client_cannot_fail_a_probe_alone() -> None:
+    # 60 requests at 6 req/s, TTFT 350 ms each, SLO TTFT p90 <= 300 ms: the p90's interval is
+    # [350, 350], a fail. If the client's own self-check found it 200 ms late at its p99, 350 −
+    # 200 = 150 is not above 300: uncertain, saying why; 20 ms late: 330 > 300, still a fail
+    recs = [rec(i, 1000.0 * i / 6, chunks_ms=[1000.0 * i / 6 + 350.0]) for i in range(60)]
+    req = make_run(recs).requests
+    ps = ProbeSettings(10.0, 1.0, {"ttft_ms": {"p90": 300}}, 0)
+    kw = {"stopped": None, "backlog": np.full(10, 2.0), "seconds": 10.0, "per_model": {"m": 6.0}}
+    for lag, want in ((0.0, "fail"), (20.0, "fail"), (200.0, "uncertain")):
+        p = judge(req, ps, 1.0, 6.0, "", client_lag_ms=lag, **kw)  # type: ignore[arg-type]
+        assert p.verdict == want
+        assert any("the client itself was late" in r for r in p.reasons) is (want == "uncertain")
+    # the lag comes from the manifest's self-check: only an INVALID run's, the larger p99
+    client = {"send_lag_p99_ms": 231.7, "loop_lag_p99_ms": 85.3}
+    assert client_lag({"valid": False, "client": client}) == 231.7
+    assert client_lag({"valid": True, "client": client}) == 0.0

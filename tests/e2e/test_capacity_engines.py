@@ -57,7 +57,7 @@ def test_capacity_search_on_engine(engine: Any, tmp_path: Path) -> None:
     )
     res = find_capacity(_spec(), HttpTarget({"*": engine.url}), cfg, tmp_path)
     assert res.status in ("complete", "budget"), res.notes
-    lo, hi = res.interval
+    lo, hi = res.bracket  # [capacity, upper edge] (the interval widens lo by the blind band)
     if res.unreachable is not None:
         # a CPU engine that stalls under a loaded machine can fail even the light probe (seen
         # in CI: a queue growing through it at 3.9 req/s); then the result must say so, with
@@ -69,6 +69,8 @@ def test_capacity_search_on_engine(engine: Any, tmp_path: Path) -> None:
             assert run.requests.height == run.manifest["schedule"]["requests"]
         return
     assert lo is not None and lo > 0 and res.capacity_rps == lo
+    band = res.blind_band  # a URL without --deploy: the fitted queue's sampling band too
+    assert band is not None and res.interval == (pytest.approx(lo / (1 + band["band"])), hi)
     at = {p.load_scale: p for p in res.probes}
     low = [p for p in res.probes if p.rate_rps == lo]
     assert low and all(p.verdict == "pass" for p in low)

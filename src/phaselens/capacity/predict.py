@@ -15,16 +15,12 @@ from typing import Any
 import polars as pl
 
 from phaselens.analysis.stats import fnum
+from phaselens.capacity.blindband import model_verdict
 from phaselens.capacity.probe import (
     ProbeResult,
     ProbeSettings,
-    judge,
-    model_rates,
-    offered_rate,
-    probe_spec,
 )
 from phaselens.capacity.queuemodel import Saturation, queue_requests
-from phaselens.capacity.verdict import backlog_series, first_overload
 from phaselens.errors import InputError
 from phaselens.spec import WorkloadSpec
 from phaselens.store import load_run
@@ -34,7 +30,6 @@ from phaselens.whatif.calibrate import calibrate
 from phaselens.whatif.knobs import apply_deploy
 from phaselens.whatif.predict import simulate_with
 from phaselens.whatif.replay import history_replies
-from phaselens.workload.plan import build_schedule
 
 GRID_STEP = math.sqrt(2.0)  # the predicted curve: loads light × √2^k ...
 GRID_MAX = 16  # ... for at most this many points before the bisection
@@ -122,27 +117,9 @@ def knee_of(
     points: list[dict[str, Any]] = []
 
     def passes(s: float) -> bool:
-        spec = probe_spec(ws, s, ps.probe_s, ps.seed)
-        sched = build_schedule(spec)
-        req = simulate(sched)
-        backlog = backlog_series(
-            req["scheduled_ns"].to_numpy(), req["end_ns"].to_list(), ps.probe_s
-        )
-        hit = first_overload(list(backlog), light.mean_queue * s / light.load_scale)
-        rate = offered_rate(ws, s, sched, ps.probe_s)
-        per_model = model_rates(ws, s, sched, ps.probe_s)
-        r = judge(
-            req,
-            ps,
-            s,
-            rate,
-            "",
-            stopped=hit[1] if hit else None,
-            backlog=backlog,
-            seconds=0.0,
-            per_model=per_model,
-        )
-        ok = not hit and all(
+        r = model_verdict(ws, ps, lambda sched, _seed: simulate(sched), light, s, ps.seed)
+        rate = r.rate_rps
+        ok = r.stopped_early is None and all(
             t.observed_ms is not None and t.observed_ms <= t.threshold_ms for t in r.targets
         )
         points.append(

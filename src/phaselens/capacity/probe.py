@@ -25,8 +25,10 @@ from phaselens.capacity.transient import mser_cut
 from phaselens.capacity.verdict import (
     TargetVerdict,
     backlog_series,
+    client_lag,
     first_overload,
     judge_slo,
+    late_fail,
     metric_interval,
     overload_reason,
     queue_grows,
@@ -222,6 +224,7 @@ def run_probe(
         per_model=model_rates(ws, scale, schedule, ps.probe_s),
         repeat=repeat,
         interrupted=interrupted,
+        client_lag_ms=client_lag(run.manifest),
     )
 
 
@@ -243,13 +246,17 @@ def judge(
     per_model: Mapping[str, float],
     repeat: int = 0,
     interrupted: bool = False,
+    client_lag_ms: float = 0.0,
 ) -> ProbeResult:
     """The verdict on the requests scheduled at or after the warm-up cut (`warmup_cut`: the
     configured warm-up, then MSER-5 on the TTFT series; docs/capacity.md): fail
     when stopped early, when more requests failed than the SLO's tail allows, or when any
     target fails (all requests, or one model's); pass when every target over all requests
     holds and the queue does not grow; else uncertain. (A model's own target that is only
-    uncertain — a small model has few requests in a probe — is reported, not decisive.)"""
+    uncertain — a small model has few requests in a probe — is reported, not decisive.) A
+    late client (`client_lag_ms` > 0: its self-check found the run INVALID) adds its lag to
+    the latencies, so a target fails only when its lower end less that lag is still above
+    the threshold; otherwise the probe is uncertain and says so."""
     judged, cut = warmup_cut(requests, ps.warmup_s, upper_end_values(ps.slo))
     rt = request_table(judged)
     targets = tuple(judge_slo(rt, ps.slo))
@@ -263,11 +270,12 @@ def judge(
             f"{failed} of {n} judged requests did not succeed, more than the "
             f"{tail_share(ps.slo):.0%} the SLO's tail allows"
         )
+    late = [t for t in targets if t.verdict == "fails" and late_fail(t, client_lag_ms)]
     reasons += [
         f"{t.model} {t.metric} {t.stat} fails: interval {_ms(t.lo_ms)}–{_ms(t.hi_ms)} ms "
         f"above {t.threshold_ms:g} ms"
         for t in targets
-        if t.verdict == "fails"
+        if t.verdict == "fails" and t not in late
     ]
     w0 = int(ps.warmup_s)
     window = backlog[w0:] if backlog.shape[0] > w0 else backlog
@@ -280,8 +288,15 @@ def judge(
         or any(t.verdict == "uncertain" and t.model == "*" for t in targets)
         or growing
         or rising
+        or late
     ):
         verdict = "uncertain"
+        reasons += [
+            f"{t.model} {t.metric} {t.stat} over {t.threshold_ms:g} ms (interval {_ms(t.lo_ms)}–"
+            f"{_ms(t.hi_ms)} ms), but the client itself was late by {client_lag_ms:.4g} ms at "
+            "its p99 (self-check INVALID): less that, it is not shown to fail"
+            for t in late
+        ]
         if growing:
             reasons.append("the queue grows through the probe")
         if rising:

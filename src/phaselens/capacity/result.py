@@ -86,6 +86,8 @@ class CapacityResult:
     target: str = ""  # the target's label (a URL redacted, or sim:DEPLOY)
     saturation: Mapping[str, Any] | None = None  # the flood behind a queue prediction
     serial: Mapping[str, Any] | None = None  # the capacity's targets for n_eff values
+    bracket: tuple[float | None, float | None] = (None, None)  # [capacity, upper edge] measured
+    blind_band: Mapping[str, Any] | None = None  # what widens the interval's lower end
 
     def to_json(self) -> dict[str, Any]:
         counts = {s: len(ps) for s, ps in by_scale(self.probes).items()}
@@ -98,6 +100,8 @@ class CapacityResult:
             "status": self.status,
             "capacity_rps": fnum(self.capacity_rps),
             "interval": [fnum(x) for x in self.interval],
+            "bracket": [fnum(x) for x in self.bracket],
+            "blind_band": dict(self.blind_band) if self.blind_band else None,
             "capacity_output_tokens_per_s": fnum(self.capacity_output_tokens_per_s),
             "per_model": dict(self.per_model),
             "binding": dict(self.binding) if self.binding else None,
@@ -196,8 +200,10 @@ def build_result(
     base_rps: float | None,
     unreachable: Mapping[str, Any] | None = None,
     target: str = "",
+    band: Mapping[str, Any] | None = None,
 ) -> CapacityResult:
-    """The result of the probes so far (docs/capacity.md, "The interval")."""
+    """The result of the probes so far (docs/capacity.md, "The interval"): the interval is
+    [the capacity / (1 + its blind band), the lowest load above it that did not pass]."""
     groups = by_scale(probes)
     lo, hi = bracket(probes)
     at_lo, at_hi = groups.get(lo, []) if lo else [], groups.get(hi, []) if hi else []
@@ -216,10 +222,14 @@ def build_result(
     knee = pred.get("knee_scale")
     rate_of = {s: ps_[0].rate_rps for s, ps_ in groups.items()}
     cap = rate_of[lo] if lo else (0.0 if unreachable else None)
+    up = rate_of[hi] if hi else None
+    low = cap / (1.0 + float(band["band"])) if cap and band else cap
     return CapacityResult(
         status=status,
         capacity_rps=cap,
-        interval=(cap, rate_of[hi] if hi else None),
+        interval=(low, up),
+        bracket=(cap, up),
+        blind_band=band,
         capacity_output_tokens_per_s=_mean([p.output_tokens_per_s for p in at_lo]),
         per_model=_per_model(at_lo, at_hi),
         binding=_binding(at_hi),

@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from phaselens.analysis.stats import fnum
+from phaselens.capacity.blindband import Band, Model, capacity_band
 from phaselens.capacity.predict import predict_knee, predict_queue
 from phaselens.capacity.probe import ProbeResult, ProbeSettings, run_probe
 from phaselens.capacity.queuemodel import (
     FLOOD_MAX_S,
     FLOOD_MIN_DONE,
     measure_saturation,
+    queue_requests,
     service_times,
 )
 from phaselens.capacity.result import (
@@ -141,6 +143,7 @@ class _Search:
         self.step = STEP_BLIND
         self.floor: dict[str, Any] | None = None  # set when the lightest load fails at its floor
         self.knee: float | None = None  # the predicted knee, once probed
+        self.blind: float | None = None  # the fitted queue's sampling band, once converged
 
     def at(self, s: float) -> list[ProbeResult]:
         return [p for p in self.probes if math.isclose(p.load_scale, s, rel_tol=1e-9)]
@@ -165,6 +168,15 @@ class _Search:
         decided = any(p.verdict in ("pass", "fail") for p in ps)
         return left >= 2 or (left >= 1 and decided)
 
+    def converged(self) -> bool:
+        lo, hi = bracket(self.probes)
+        return lo is not None and hi is not None and hi / lo <= 1 + self.cfg.precision
+
+    def in_band(self, hi: float, lo: float) -> bool:
+        """An upper edge within the sampling band above the capacity: there repeats disagree
+        by sampling alone (blindband.py), so a repeat cannot show it bistable."""
+        return self.blind is not None and hi <= lo * (1 + self.blind) * (1 + 1e-6)
+
     def next_scale(self) -> float | None:
         """The next load to probe, or None when the search is done."""
         lo, hi = bracket(self.probes)
@@ -187,7 +199,8 @@ class _Search:
             return math.sqrt(lo * hi)
         for s in (lo, hi):
             if len(self.at(s)) < self.cfg.repeats and not (
-                s == hi and (self.plainly_over(s) or not self.may_turn_bistable(s))
+                s == hi
+                and (self.plainly_over(s) or not self.may_turn_bistable(s) or self.in_band(s, lo))
             ):
                 return s
         over = lo * STABILITY
@@ -258,8 +271,9 @@ def _queue_prediction(
     light_scale: float,
     out: Path,
     notes: list[str],
-) -> dict[str, Any]:
-    """The saturation probe and the queue fitted to it (capacity/queuemodel.py)."""
+) -> tuple[dict[str, Any], Model | None]:
+    """The saturation probe and the queue fitted to it (capacity/queuemodel.py), and that
+    queue as a model (for the blind band)."""
     svc = service_times(load_run(light.run).requests)
     sat = measure_saturation(ws, target, light, svc, ps, out, "saturation")
     if sat is None:
@@ -267,8 +281,9 @@ def _queue_prediction(
             f"the saturation probe completed fewer than {FLOOD_MIN_DONE} requests: no "
             "prediction; a doubling search from the light probe"
         )
-        return {"knee_scale": None, "points": []}
-    return predict_queue(ws, light, svc, sat, ps, light_scale, notes)
+        return {"knee_scale": None, "points": []}, None
+    pred = predict_queue(ws, light, svc, sat, ps, light_scale, notes)
+    return pred, lambda sched, seed: queue_requests(sched, svc, sat, seed)
 
 
 def find_capacity(
@@ -290,6 +305,9 @@ def find_capacity(
     deploy = _deploy_of(target, cfg)
     notes: list[str] = []
     pred: dict[str, Any] = {"knee_scale": None, "points": []}
+    model: Model | None = None
+    band: Band | None = None
+    sampled: dict[int, tuple[Any, ...]] = {}  # the sampling band by repeats (capacity_band)
     status = "running"
 
     def save(st: str) -> CapacityResult:
@@ -298,7 +316,17 @@ def find_capacity(
         if lo is None and st == "complete" and search.probes:
             gone = unreachable(search)
         res = build_result(
-            ws, ps, cfg, search.probes, pred, notes, st, base_rate(ws), gone, target.label
+            ws,
+            ps,
+            cfg,
+            search.probes,
+            pred,
+            notes,
+            st,
+            base_rate(ws),
+            gone,
+            target.label,
+            band.to_json() if band else None,
         )
         write_result(res, out)
         return res
@@ -342,7 +370,7 @@ def find_capacity(
                 pred = predict_knee(ws, light, deploy, ps, light_scale, notes, cfg.deploy_knobs)
             elif isinstance(target, HttpTarget) and cfg.flood:
                 if spent() + FLOOD_MAX_S + ps.probe_s <= cfg.budget_s:
-                    pred = _queue_prediction(ws, target, light, ps, light_scale, out, notes)
+                    pred, model = _queue_prediction(ws, target, light, ps, light_scale, out, notes)
                     save("running")
             else:
                 why = " (--no-flood)" if isinstance(target, HttpTarget) else ""
@@ -356,6 +384,10 @@ def find_capacity(
                 if search.knee > light_scale * 1.01:
                     measure(search.knee)
             while status == "running" and len(search.probes) < MAX_PROBES:
+                if model is not None and search.blind is None and search.converged():
+                    knee = pred.get("knee_scale")
+                    b = capacity_band(ws, search.probes, ps, model, knee, sampled, cfg.repeats)
+                    search.blind = b.sampling if b else None
                 s = search.next_scale()
                 if s is None:
                     status = "complete"
@@ -365,6 +397,11 @@ def find_capacity(
             if status == "running":
                 notes.append(f"stopped after {MAX_PROBES} probes without converging")
                 status = "complete"
+    except KeyboardInterrupt:
+        status = "interrupted"
+    try:
+        if status in ("complete", "budget"):
+            band = capacity_band(ws, search.probes, ps, model, pred.get("knee_scale"), sampled)
     except KeyboardInterrupt:
         status = "interrupted"
     return save(status)

@@ -266,6 +266,22 @@ def upper_end_values(slo: Mapping[str, Any]) -> int:
     return math.ceil(math.log(ALPHA / 2) / math.log(q / 100.0))
 
 
+def client_lag(manifest: Mapping[str, Any]) -> float:
+    """The client's own p99 lateness (the larger of send and event-loop lag, ms) when its
+    self-check found the run INVALID (docs/metrics.md, "Client self-check"), else 0."""
+    if manifest.get("valid") is not False:
+        return 0.0
+    c = manifest.get("client") or {}
+    lags = [c.get("send_lag_p99_ms"), c.get("loop_lag_p99_ms")]
+    return max([float(x) for x in lags if isinstance(x, (int, float))], default=0.0)
+
+
+def late_fail(t: TargetVerdict, lag_ms: float) -> bool:
+    """A failing target whose lower end, less the client's own lag, is not above its
+    threshold: the failure may be the client's."""
+    return lag_ms > 0 and t.lo_ms is not None and t.lo_ms - lag_ms <= t.threshold_ms
+
+
 def tail_share(slo: Mapping[str, Any]) -> float:
     """The largest share of requests that may fail: 100 − the highest percentile targeted (a
     mean or max target: none may fail)."""

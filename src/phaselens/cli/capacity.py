@@ -70,6 +70,16 @@ def summary_lines(res: CapacityResult, path: Path) -> list[str]:
             f"capacity: {res.capacity_rps:,.4g} req/s, interval [{_p(lo)}, {_p(hi)}] req/s; "
             f"{_p(res.capacity_output_tokens_per_s)} output tok/s"
         )
+    bb = res.blind_band
+    if bb and res.capacity_rps:
+        samp = bb["sampling"]
+        out.append(
+            f"  interval = the measured bracket [{_p(res.bracket[0])}, {_p(res.bracket[1])}] "
+            f"with its lower end / (1 + {bb['band']:.3g}): the blind band of these probes "
+            f"(growth {bb['growth']:.3g}, sampling "
+            + ("not modelled" if samp is None else f"{samp:.3g} from the fitted queue")
+            + ")"
+        )
     for m, v in res.per_model.items():
         iv = v["interval"]
         out.append(
