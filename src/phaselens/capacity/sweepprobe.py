@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 
+from phaselens.capacity.probe import warmup_cut
 from phaselens.capacity.search import SearchConfig, find_capacity, fixed_rate_probe, settings
+from phaselens.capacity.verdict import upper_end_values
 from phaselens.execute import HttpTarget
 from phaselens.spec import WorkloadSpec
 
 N_BOOT = 400  # bootstrap resamples of the goodput interval
 LEVEL = 0.95  # two-sided interval level
-NS = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,13 +54,14 @@ def _f(x: Any) -> float | None:
 def goodput_interval(
     run_dir: str, warmup_s: float, slo: Mapping[str, Any], seed: int
 ) -> tuple[float, float] | None:
-    """The 95% block-bootstrap interval of goodput over the requests scheduled after the
-    warm-up (analysis.compare's bootstrap on the judged requests only)."""
+    """The 95% block-bootstrap interval of goodput over the probe's judged requests: after the
+    warm-up and the probe's own warm-up cut (`probe.warmup_cut`, as the probe's goodput is), so
+    the value lies inside its interval (analysis.compare's bootstrap on those requests only)."""
     from phaselens.analysis.compare import bootstrap, run_stats
     from phaselens.store import load_run
 
     run = load_run(run_dir)
-    judged = run.requests.filter(pl.col("scheduled_ns") >= int(warmup_s * NS))
+    judged, _ = warmup_cut(run.requests, warmup_s, upper_end_values(slo))
     if judged.height == 0:
         return None
     rs = run_stats(replace(run, requests=judged), slo)
