@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from functools import partial
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -117,6 +118,11 @@ class StepCost(NamedTuple):
     bytes: float
 
 
+# StepCost from a (seconds, flops, bytes) tuple in one C call: the NamedTuple's own __new__ and
+# `_make` are Python functions (a frame per step)
+new_cost = cast(Callable[[tuple[float, float, float]], StepCost], partial(tuple.__new__, StepCost))
+
+
 @dataclass(frozen=True, slots=True)
 class EngineCost:
     """Precomputed coefficients for one engine on its hardware share (hot path: plain floats).
@@ -145,6 +151,9 @@ class EngineCost:
     _ar_fixed: float = field(init=False, repr=False)
     _f_pad: float = field(init=False, repr=False)
     _kv_scale: float = field(init=False, repr=False)
+    _c0: float = field(init=False, repr=False)
+    _cseq: float = field(init=False, repr=False)
+    _extras: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         m, p, tp = self.model, self.params, self.tp
@@ -161,6 +170,19 @@ class EngineCost:
         put(self, "_kv_scale", p.eta_memory * p.kv_bandwidth_ratio * tp)
         put(self, "_f_pad", 2.0 * m.params_nonembed * p.gemm_m_half)
         put(self, "_fixed", p.per_layer_overhead_s * m.layers)
+        put(self, "_c0", p.step_overhead_s)
+        put(self, "_cseq", p.per_seq_overhead_s)
+        # any fitted per-request, per-sequence or queue term, or tensor parallel: step_bw's
+        # slow path (all of them 0 and TP 1 on the GPU defaults)
+        extras = (
+            p.extra_seq_overhead_s,
+            p.per_request_overhead_s,
+            p.first_decode_overhead_s,
+            p.wait_overhead_s,
+            p.queue_overhead_s,
+            p.wait_token_overhead_s,
+        )
+        put(self, "_extras", tp > 1 or any(extras))
         ar = tp > 1
         put(
             self,
@@ -202,32 +224,39 @@ class EngineCost:
         """As `step`, with an explicit per-GPU bandwidth (spatial sharing under contention), and
         the requests whose prefill starts in the step, the sequences in their first decode step
         and the requests waiting for a slot (their overheads are 0 unless fitted)."""
-        p = self.params
         f_lin = self._f_tok * tokens + self._f_samp * sampled
         b_lin = self._b_lin
         f_att = self._f_att * attn_units
         b_att = self._kv_read * kv_read_tokens + self._kv_tok * tokens
-        bw = self._bw_scale * bandwidth
-        t_lin = max((f_lin + self._f_pad) / self._peak_l, b_lin / bw)
-        t_att = max(f_att / self._peak_a, b_att / (self._kv_scale * bandwidth))
-        t = t_lin + t_att + p.step_overhead_s + p.per_seq_overhead_s * seqs
+        # (conditionals, not max(): the same value, as max keeps the first of equals)
+        t_lin = (f_lin + self._f_pad) / self._peak_l
+        tb = b_lin / (self._bw_scale * bandwidth)
+        if tb > t_lin:
+            t_lin = tb
+        t_att = f_att / self._peak_a
+        tb = b_att / (self._kv_scale * bandwidth)
+        if tb > t_att:
+            t_att = tb
+        t = t_lin + t_att + self._c0 + self._cseq * seqs
         t += self._fixed
-        if seqs > 1 and p.extra_seq_overhead_s:
-            t += p.extra_seq_overhead_s * (seqs - 1)
-        if new_requests:
-            t += p.per_request_overhead_s * new_requests
-        if first_decodes:
-            t += p.first_decode_overhead_s * first_decodes
-        if waiting and p.wait_overhead_s:
-            t += p.wait_overhead_s * waiting
-        if waiting and p.queue_overhead_s:
-            t += p.queue_overhead_s
-        if waiting and p.wait_token_overhead_s:
-            t += p.wait_token_overhead_s * waiting * sampled
-        if self.tp > 1:
-            t += self._ar_tok * tokens
-            t += self._ar_fixed
-        return StepCost(t, f_lin + f_att, b_lin + b_att)
+        if self._extras:
+            p = self.params
+            if seqs > 1 and p.extra_seq_overhead_s:
+                t += p.extra_seq_overhead_s * (seqs - 1)
+            if new_requests:
+                t += p.per_request_overhead_s * new_requests
+            if first_decodes:
+                t += p.first_decode_overhead_s * first_decodes
+            if waiting and p.wait_overhead_s:
+                t += p.wait_overhead_s * waiting
+            if waiting and p.queue_overhead_s:
+                t += p.queue_overhead_s
+            if waiting and p.wait_token_overhead_s:
+                t += p.wait_token_overhead_s * waiting * sampled
+            if self.tp > 1:
+                t += self._ar_tok * tokens
+                t += self._ar_fixed
+        return new_cost((t, f_lin + f_att, b_lin + b_att))
 
     def decode_step_fn(
         self, n: int, waiting: int = 0

@@ -68,6 +68,7 @@ class EngineState:
         self.max_batched = policy.max_num_batched_tokens
         self.chunked = policy.chunked_prefill
         self.step_bw = cost.step_bw
+        self.bandwidth = cost.bandwidth
         self.queue_kv = policy.kv_full == "queue"  # admit only what can finish unpreempted
         # statistics
         self.prefix_hit_tokens = 0
@@ -305,7 +306,7 @@ class EngineState:
             attn,
             kv_read,
             seqs,
-            self.cost.bandwidth if bandwidth is None else bandwidth,
+            self.bandwidth if bandwidth is None else bandwidth,
             self.cur_new,
             self.cur_first,
             len(self.waiting),
@@ -319,7 +320,7 @@ class EngineState:
         # decoding sequences advance one token
         self.sum_p += self.n_dec
         started: list[tuple[Seq, int]] = []  # (seq, epoch): first decode step next
-        for seq, chunk in self.cur_chunks if self.cur_chunks else ():
+        for seq, chunk in self.cur_chunks:
             prefill_tokens += chunk
             seq.computed += chunk
             if seq.computed >= seq.target:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from phaselens.sim.cost import StepCost
+from phaselens.sim.cost import StepCost, new_cost
 from phaselens.sim.engine import EngineState
 from phaselens.sim.loop import SEND, WAKE
 from phaselens.sim.records import STEP_DTYPE
@@ -43,7 +43,7 @@ def run_ahead(cl: Cluster, i: int, st: EngineState, cost: StepCost) -> tuple[int
     while True:
         # a P/D prefill engine's hand-off pushes its KV arrival: read the heap every step
         t_next = heap[0][0] if heap and heap[0][0] < t_arr else t_arr
-        d = round(cost.seconds * 1e9)
+        d = round(cost[0] * 1e9)
         dur = d if d > 1 else 1
         if t0 + dur >= t_next:
             break
@@ -179,7 +179,7 @@ def stretch_scalar(
     st.sum_p = sp
     kv.used = used
     st.step_idx = s + done
-    return t, StepCost(sec, fl, by), done
+    return t, new_cost((sec, fl, by)), done
 
 
 def stretch(
