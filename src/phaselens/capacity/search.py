@@ -18,13 +18,13 @@ from typing import Any
 
 from phaselens.analysis.stats import fnum
 from phaselens.capacity.blindband import Band, Model, capacity_band
+from phaselens.capacity.fanout import Fanout, QueueModel
 from phaselens.capacity.predict import predict_knee, predict_queue
 from phaselens.capacity.probe import ProbeResult, ProbeSettings, run_probe
 from phaselens.capacity.queuemodel import (
     FLOOD_MAX_S,
     FLOOD_MIN_DONE,
     measure_saturation,
-    queue_requests,
     service_times,
 )
 from phaselens.capacity.result import (
@@ -71,6 +71,7 @@ class SearchConfig:
     telemetry: str = "auto"
     driver: DriverOptions | None = None
     flood: bool = True  # a URL without a deployment: the saturation probe and fitted queue
+    ray: str | None = None  # the simulated predictions as Ray tasks there (capacity/fanout.py)
 
 
 def spec_seconds(ws: WorkloadSpec) -> float | None:
@@ -271,6 +272,7 @@ def _queue_prediction(
     light_scale: float,
     out: Path,
     notes: list[str],
+    fan: Fanout,
 ) -> tuple[dict[str, Any], Model | None]:
     """The saturation probe and the queue fitted to it (capacity/queuemodel.py), and that
     queue as a model (for the blind band)."""
@@ -282,8 +284,8 @@ def _queue_prediction(
             "prediction; a doubling search from the light probe"
         )
         return {"knee_scale": None, "points": []}, None
-    pred = predict_queue(ws, light, svc, sat, ps, light_scale, notes)
-    return pred, lambda sched, seed: queue_requests(sched, svc, sat, seed)
+    pred = predict_queue(ws, light, svc, sat, ps, light_scale, notes, fan)
+    return pred, QueueModel(svc, sat)
 
 
 def find_capacity(
@@ -303,6 +305,7 @@ def find_capacity(
     light_scale = _light_scale(ws, ps, cfg)
     search = _Search(cfg, ps, light_scale)
     deploy = _deploy_of(target, cfg)
+    fan = Fanout(cfg.ray)
     notes: list[str] = []
     pred: dict[str, Any] = {"knee_scale": None, "points": []}
     model: Model | None = None
@@ -367,10 +370,14 @@ def find_capacity(
             if light.verdict != "pass":
                 notes.append("the light probe did not pass: no prediction; the search goes down")
             elif deploy is not None:
-                pred = predict_knee(ws, light, deploy, ps, light_scale, notes, cfg.deploy_knobs)
+                pred = predict_knee(
+                    ws, light, deploy, ps, light_scale, notes, cfg.deploy_knobs, fan
+                )
             elif isinstance(target, HttpTarget) and cfg.flood:
                 if spent() + FLOOD_MAX_S + ps.probe_s <= cfg.budget_s:
-                    pred, model = _queue_prediction(ws, target, light, ps, light_scale, out, notes)
+                    pred, model = _queue_prediction(
+                        ws, target, light, ps, light_scale, out, notes, fan
+                    )
                     save("running")
             else:
                 why = " (--no-flood)" if isinstance(target, HttpTarget) else ""
@@ -386,7 +393,7 @@ def find_capacity(
             while status == "running" and len(search.probes) < MAX_PROBES:
                 if model is not None and search.blind is None and search.converged():
                     knee = pred.get("knee_scale")
-                    b = capacity_band(ws, search.probes, ps, model, knee, sampled, cfg.repeats)
+                    b = capacity_band(ws, search.probes, ps, model, knee, sampled, cfg.repeats, fan)
                     search.blind = b.sampling if b else None
                 s = search.next_scale()
                 if s is None:
@@ -401,7 +408,8 @@ def find_capacity(
         status = "interrupted"
     try:
         if status in ("complete", "budget"):
-            band = capacity_band(ws, search.probes, ps, model, pred.get("knee_scale"), sampled)
+            knee = pred.get("knee_scale")
+            band = capacity_band(ws, search.probes, ps, model, knee, sampled, None, fan)
     except KeyboardInterrupt:
         status = "interrupted"
     return save(status)
