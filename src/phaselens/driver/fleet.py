@@ -17,10 +17,11 @@ import numpy as np
 
 from phaselens.driver.clocksync import CLOCK_ERROR_MAX_NS
 from phaselens.driver.options import DriverOptions
+from phaselens.driver.packed import Batch
 from phaselens.driver.selfcheck import LatencyScale, verdict
 from phaselens.driver.shard import WorkerResult
 from phaselens.driver.state import LiveStats
-from phaselens.types import RequestRecord, Schedule, Status, TelemetrySample
+from phaselens.types import Schedule, Status, TelemetrySample
 
 
 class WorkerPool(Protocol):
@@ -34,7 +35,7 @@ class WorkerPool(Protocol):
         targets: Mapping[str, str],
         options: DriverOptions,
         workers: int,
-        on_records: Callable[[list[RequestRecord]], None],
+        on_records: Callable[[Batch], None],
         on_start: Callable[[int], int],
         stop: threading.Event,
         on_samples: Callable[[list[TelemetrySample]], None],

@@ -25,10 +25,11 @@ from typing import Any, TypeVar
 
 from phaselens.driver.clocksync import Offset, clock_block, estimate, probe_udp, probe_with
 from phaselens.driver.options import DriverOptions
+from phaselens.driver.packed import Batch
 from phaselens.driver.shard import Intake, WorkerResult, split, users_per_worker
 from phaselens.driver.state import LiveStats
 from phaselens.errors import InputError
-from phaselens.types import RequestRecord, Schedule, TelemetrySample
+from phaselens.types import Schedule, TelemetrySample
 
 READY_S = 60.0  # the longest the cluster may take to place every actor
 LEAD_S = 1.0  # at least this long between the start calls and t = 0
@@ -149,7 +150,7 @@ class RayPool:
         targets: Mapping[str, str],
         options: DriverOptions,
         workers: int,
-        on_records: Callable[[list[RequestRecord]], None],
+        on_records: Callable[[Batch], None],
         on_start: Callable[[int], int],
         stop: threading.Event,
         on_samples: Callable[[list[TelemetrySample]], None],
