@@ -50,6 +50,7 @@ class WorkerResult:
     error: str
     rows: npt.NDArray[np.int64] | None = None  # the schedule rows it owned
     lost: bool = False  # its node died: its unrecorded rows are `lost` (reason in `error`)
+    started: bool = True  # False: it died before it started, its rows `not_sent` (`error`)
     info: Mapping[str, Any] = field(default_factory=dict)  # more of its manifest `workers` entry
 
 
