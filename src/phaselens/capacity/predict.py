@@ -29,8 +29,14 @@ from phaselens.capacity.probe import (
     ProbeResult,
     ProbeSettings,
 )
-from phaselens.capacity.queuemodel import Saturation
+from phaselens.capacity.queuemodel import (
+    FLOOD_MIN_DONE,
+    Saturation,
+    measure_saturation,
+    service_times,
+)
 from phaselens.errors import InputError
+from phaselens.execute import HttpTarget
 from phaselens.spec import WorkloadSpec
 from phaselens.store import load_run
 from phaselens.whatif.calibfile import load_deploy_mapping
@@ -104,6 +110,30 @@ def predict_queue(
         + ("" if knee is not None else "; it meets the SLO at every load tried: no knee")
     )
     return {"knee_scale": knee, "points": points, "saturation": sat.to_json()}
+
+
+def queue_prediction(
+    ws: WorkloadSpec,
+    target: HttpTarget,
+    light: ProbeResult,
+    ps: ProbeSettings,
+    light_scale: float,
+    out: Path,
+    notes: list[str],
+    fan: Fanout,
+) -> tuple[dict[str, Any], Model | None]:
+    """The saturation probe and the queue fitted to it (capacity/queuemodel.py), and that
+    queue as a model (for the blind band)."""
+    svc = service_times(load_run(light.run).requests)
+    sat = measure_saturation(ws, target, light, svc, ps, out, "saturation")
+    if sat is None:
+        notes.append(
+            f"the saturation probe completed fewer than {FLOOD_MIN_DONE} requests: no "
+            "prediction; a doubling search from the light probe"
+        )
+        return {"knee_scale": None, "points": []}, None
+    pred = predict_queue(ws, light, svc, sat, ps, light_scale, notes, fan)
+    return pred, QueueModel(svc, sat)
 
 
 def knee_of(

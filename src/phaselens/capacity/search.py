@@ -18,15 +18,10 @@ from typing import Any
 
 from phaselens.analysis.stats import fnum
 from phaselens.capacity.blindband import Band, Model, capacity_band
-from phaselens.capacity.fanout import Fanout, QueueModel
-from phaselens.capacity.predict import predict_knee, predict_queue
+from phaselens.capacity.fanout import Fanout
+from phaselens.capacity.predict import predict_knee, queue_prediction
 from phaselens.capacity.probe import ProbeResult, ProbeSettings, run_probe
-from phaselens.capacity.queuemodel import (
-    FLOOD_MAX_S,
-    FLOOD_MIN_DONE,
-    measure_saturation,
-    service_times,
-)
+from phaselens.capacity.queuemodel import FLOOD_MAX_S
 from phaselens.capacity.result import (
     CapacityResult,
     bracket,
@@ -264,30 +259,6 @@ def unreachable(search: _Search) -> dict[str, Any]:
     }
 
 
-def _queue_prediction(
-    ws: WorkloadSpec,
-    target: HttpTarget,
-    light: ProbeResult,
-    ps: ProbeSettings,
-    light_scale: float,
-    out: Path,
-    notes: list[str],
-    fan: Fanout,
-) -> tuple[dict[str, Any], Model | None]:
-    """The saturation probe and the queue fitted to it (capacity/queuemodel.py), and that
-    queue as a model (for the blind band)."""
-    svc = service_times(load_run(light.run).requests)
-    sat = measure_saturation(ws, target, light, svc, ps, out, "saturation")
-    if sat is None:
-        notes.append(
-            f"the saturation probe completed fewer than {FLOOD_MIN_DONE} requests: no "
-            "prediction; a doubling search from the light probe"
-        )
-        return {"knee_scale": None, "points": []}, None
-    pred = predict_queue(ws, light, svc, sat, ps, light_scale, notes, fan)
-    return pred, QueueModel(svc, sat)
-
-
 def find_capacity(
     ws: WorkloadSpec,
     target: SimTarget | HttpTarget,
@@ -375,7 +346,7 @@ def find_capacity(
                 )
             elif isinstance(target, HttpTarget) and cfg.flood:
                 if spent() + FLOOD_MAX_S + ps.probe_s <= cfg.budget_s:
-                    pred, model = _queue_prediction(
+                    pred, model = queue_prediction(
                         ws, target, light, ps, light_scale, out, notes, fan
                     )
                     save("running")
