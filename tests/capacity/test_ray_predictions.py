@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,3 +161,25 @@ def test_a_fixed_rate_sweep_without_deploy_refuses_ray(
     err = capsys.readouterr().err
     assert "--ray: a fixed-rate sweep without --deploy simulates nothing" in err
     assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    """In its own process: this one may have joined the module's cluster already."""
+    return subprocess.run(
+        [sys.executable, *argv], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+
+
+def test_an_address_where_no_cluster_answers_is_one_line_exit_2(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(SPEC))
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump(DEPLOY))
+    out = tmp_path / "cap"
+    argv = ["-m", "phaselens.cli", "capacity", str(spec), "--target", f"sim:{tmp_path / 'd.yaml'}"]
+    p = _cli(*argv, "--out", str(out), "--ray", "127.0.0.1:9")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "--ray 127.0.0.1:9: nothing answers at " in p.stderr and not out.exists()
+    table = ROOT / "scripts" / "validation" / "gpu_table.py"
+    p = _cli(str(table), "--check", "--ray", "127.0.0.1:9")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "gpu_table.py: error: --ray 127.0.0.1:9: nothing answers" in p.stderr
