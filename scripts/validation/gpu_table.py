@@ -2,6 +2,7 @@
 
     python scripts/validation/gpu_table.py            # writes docs/validation-gpu.md
     python scripts/validation/gpu_table.py --check    # prints the summary only
+    python scripts/validation/gpu_table.py --ray auto # every row a Ray task (the same table)
 
 Each row is one published figure at a fixed batch (or concurrency) and fixed input/output
 lengths. The row becomes a deployment (the row's GPU type, TP degree, model, FP8 or 16-bit,
@@ -167,8 +168,27 @@ def measure(row: dict[str, Any], cost: dict[str, float]) -> float:
     raise SystemExit(f"{row['id']}: unknown metric {metric!r}")
 
 
-def evaluate(rows: list[dict[str, Any]], cost: dict[str, float] | None = None) -> list[Result]:
-    return [Result(r, measure(r, cost or {}), measure(r, ROOFLINE)) for r in rows]
+def evaluate(
+    rows: list[dict[str, Any]], cost: dict[str, float] | None = None, ray: str | None = None
+) -> list[Result]:
+    """Every row simulated with `cost` and with the roofline; `ray`: each row a Ray task on the
+    cluster at that address (the same deterministic simulations, so the same table)."""
+    if ray is None:
+        pairs = [_pair(cost or {}, r) for r in rows]
+    else:
+        from ray import cloudpickle
+
+        from phaselens.driver.raypool import ray_map
+
+        # this file is not importable on the nodes (scripts/ is no package): send it by value
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+        pairs = ray_map(ray, _pair, cost or {}, rows)
+    return [Result(r, sim, roof) for r, (sim, roof) in zip(rows, pairs, strict=True)]
+
+
+def _pair(cost: dict[str, float], row: dict[str, Any]) -> tuple[float, float]:
+    """The row's metric simulated with `cost`, and with the ideal roofline (a Ray task)."""
+    return measure(row, cost), measure(row, ROOFLINE)
 
 
 def load(path: Path = DATA) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -344,9 +364,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="print the summary, write nothing")
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        metavar="ADDRESS",
+        help="every row a Ray task on this cluster (auto, HOST:PORT, local); the same table",
+    )
     a = ap.parse_args(argv)
     sources, rows = load(a.data)
-    results = evaluate(rows)
+    ray = None
+    if a.ray is not None:
+        from phaselens.driver.raypool import connect
+        from phaselens.errors import InputError
+
+        ray = a.ray.strip() or "auto"
+        try:
+            connect(ray)
+        except InputError as e:
+            print(f"gpu_table.py: error: {e}", file=sys.stderr)
+            return 2
+    results = evaluate(rows, ray=ray)
     if a.check:
         print("\n".join(summary(results, sources)))
         for r in results:

@@ -151,3 +151,24 @@ def check_out_dir(path: Path, opt: str) -> Path:
         return path
     _probe_dir(_nearest_existing(path, opt), opt, path)
     return path
+
+
+RAY_SIM_HELP = (
+    "Run the simulated predictions as tasks on a Ray cluster: auto (alone: RAY_ADDRESS or this "
+    "host's `ray start`), HOST:PORT, or local (docs/scale.md). The same result as without."
+)
+
+
+def ray_for_simulations(value: Optional[str], simulates: str | None) -> str | None:  # noqa: UP045
+    """`--ray VALUE` as an address (None without it), the cluster joined now so that a wrong
+    address is one line before any probe. `simulates`: "" when the command simulates
+    something, else why it does not (then `--ray` is refused: it could not be honoured)."""
+    if value is None:
+        return None
+    address = value.strip() or "auto"
+    if simulates:
+        raise InputError(f"--ray: {simulates}; drop --ray")
+    from phaselens.driver.raypool import connect
+
+    connect(address)
+    return address

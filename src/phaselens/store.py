@@ -217,6 +217,15 @@ class RequestColumns:
         """Keep `r`; a record that does not fit the columns raises ValueError, keeping nothing."""
         self.append_checked(r, check_record(r))
 
+    def extend(self, other: RequestColumns) -> None:
+        """Keep every record of `other` after these (a batch packed elsewhere, `driver.packed`)."""
+        for k, col in self.scalars.items():
+            col.extend(other.scalars[k])
+        base = self.offsets[-1] - other.offsets[0]
+        self.token_ns.extend(other.token_ns)
+        self.token_counts.extend(other.token_counts)
+        self.offsets.extend(array("q", [base + x for x in other.offsets[1:]]))
+
     def append_checked(self, r: RequestRecord, token_ns: array[int]) -> None:
         """Keep `r`, already checked by `check_record` (which gave `token_ns`)."""
         for k, col in self.scalars.items():
@@ -330,11 +339,20 @@ class RunWriter:
     def add_record(self, r: RequestRecord) -> None:
         """Log and keep `r`; ValueError (nothing logged or kept) when a value does not fit."""
         token_ns = check_record(r)
-        row = [getattr(r, k) for k in _SCALARS]  # schema order; the two lists come last
-        self._push([_KIND_REQ, *row, _pack(token_ns), _pack(r.token_counts)], flush=False)
+        self._buf.append(request_line(r, token_ns))
         if self._mem is not None:
             self._mem[0].append_checked(r, token_ns)
         self._flush_if_due()  # (last: a failing flush leaves the record kept in memory)
+
+    def add_encoded(self, lines: list[str], cols: RequestColumns) -> None:
+        """Log and keep records already checked and encoded (`request_line`, `cols`) by
+        whoever produced them: the event log and the columns are what `add_record` of each
+        would have written. Why: the coordinator of `--workers` and `--ray` then does no
+        per-record work (`driver.packed`)."""
+        self._buf.extend(lines)
+        if self._mem is not None:
+            self._mem[0].extend(cols)
+        self._flush_if_due()
 
     def add_samples(self, samples: Iterable[TelemetrySample]) -> None:
         for s in samples:
@@ -354,7 +372,7 @@ class RunWriter:
         _atomic_write_json(self.path / MANIFEST, self.manifest)
 
     def _push(self, row: list[Any], flush: bool = True) -> None:
-        self._buf.append(json.dumps(row, separators=(",", ":")))
+        self._buf.append(json.dumps(row, separators=_SEP))
         if flush:
             self._flush_if_due()
 
@@ -420,6 +438,15 @@ def _log_frames(log: EventLog) -> dict[str, pl.DataFrame]:
         "telemetry": _rows_frame(tel, TELEMETRY_SCHEMA),
         "steps": _rows_frame(log.steps, STEP_SCHEMA),
     }
+
+
+def request_line(r: RequestRecord, token_ns: array[int]) -> str:
+    """`r`'s line of the event log (`token_ns`: its token times, from `check_record`)."""
+    row = [getattr(r, k) for k in _SCALARS]  # schema order; the two lists come last
+    return json.dumps([_KIND_REQ, *row, _pack(token_ns), _pack(r.token_counts)], separators=_SEP)
+
+
+_SEP = (",", ":")
 
 
 def _pack(values: Sequence[int]) -> str:

@@ -19,7 +19,6 @@ by what a probe of that length cannot see (docs/metrics.md, "Capacity: the blind
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import polars as pl
 
 from phaselens.analysis.stats import fnum, pkey_to_q
+from phaselens.capacity.fanout import LOCAL, Fanout, bisect, midpoints, speculate
 from phaselens.capacity.probe import (
     ProbeResult,
     ProbeSettings,
@@ -130,26 +130,36 @@ def model_knee(
     simulate: Model,
     light: ProbeResult,
     guess: float,
+    fan: Fanout = LOCAL,
 ) -> float | None:
     """The model's own knee: the highest load whose probe KNEE_LENGTH × as long has every
     all-requests target's point inside its threshold, bisected in [guess / 2, guess × 2]."""
     long = replace(ps, probe_s=ps.probe_s * KNEE_LENGTH)
-
-    def inside(s: float) -> bool:
-        r = model_verdict(ws, long, simulate, light, s, ps.seed + 104_729)
-        return r.stopped_early is None and all(
-            t.observed_ms is not None and t.observed_ms <= t.threshold_ms
-            for t in r.targets
-            if t.model == "*"
-        )
-
+    shared = (ws, long, simulate, light, ps.seed + 104_729)
+    at = speculate(lambda scales: fan.map(_inside, shared, scales), fan.width())
     lo, hi = guess / 2, guess * 2
-    if not inside(lo) or inside(hi):
+    if not at(lo, [hi, *midpoints(lo, hi, KNEE_BISECT)]) or at(hi, midpoints(lo, hi, KNEE_BISECT)):
         return None
-    for _ in range(KNEE_BISECT):
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if inside(mid) else (lo, mid)
-    return lo
+    return bisect(at, lo, hi, KNEE_BISECT)
+
+
+def _inside(shared: tuple[WorkloadSpec, ProbeSettings, Model, ProbeResult, int], s: float) -> bool:
+    """Every all-requests target's point inside at load `s` (model_knee's test; a Ray task)."""
+    ws, long, simulate, light, seed = shared
+    r = model_verdict(ws, long, simulate, light, s, seed)
+    return r.stopped_early is None and all(
+        t.observed_ms is not None and t.observed_ms <= t.threshold_ms
+        for t in r.targets
+        if t.model == "*"
+    )
+
+
+def _passes(
+    shared: tuple[WorkloadSpec, ProbeSettings, Model, ProbeResult, float], seed: int
+) -> bool:
+    """One simulated probe at a load passes (sampling_band's draw; a Ray task)."""
+    ws, ps, simulate, light, scale = shared
+    return model_verdict(ws, ps, simulate, light, scale, seed).verdict == "pass"
 
 
 def sampling_band(
@@ -159,20 +169,18 @@ def sampling_band(
     light: ProbeResult,
     guess: float,
     repeats: int,
+    fan: Fanout = LOCAL,
 ) -> tuple[float | None, float | None, list[tuple[float, float]], str]:
     """(band, the model's knee scale, [(b, single-probe pass share)], note): the least b of
     BAND_STEPS at which BAND_DRAWS simulated probes at (1 + b) × the model's knee pass with a
     share p, p^repeats ≤ BAND_ALPHA (repeats are independent draws)."""
-    knee = model_knee(ws, ps, simulate, light, guess)
+    knee = model_knee(ws, ps, simulate, light, guess, fan)
     if knee is None:
         return None, None, [], "the fitted queue has no knee within 2x its predicted one"
     rates: list[tuple[float, float]] = []
     for b in BAND_STEPS:
         seeds = range(ps.seed + 7_000, ps.seed + 7_000 + BAND_DRAWS)
-        passed = sum(
-            model_verdict(ws, ps, simulate, light, knee * (1 + b), s).verdict == "pass"
-            for s in seeds
-        )
+        passed = sum(fan.map(_passes, (ws, ps, simulate, light, knee * (1 + b)), seeds))
         rates.append((b, passed / BAND_DRAWS))
         if (passed / BAND_DRAWS) ** max(repeats, 1) <= BAND_ALPHA:
             return b, knee, rates, ""
@@ -188,6 +196,7 @@ def capacity_band(
     knee: float | None,
     cache: dict[int, tuple[Any, ...]],
     repeats: int | None = None,
+    fan: Fanout = LOCAL,
 ) -> Band | None:
     """The capacity's blind band: growth from its repeats, sampling from the fitted model
     when there is one for `repeats` (None: the capacity's own count; `cache`: by repeats, the
@@ -202,6 +211,6 @@ def capacity_band(
     if model is None:
         return Band(growth, None, r, note="no fitted model: the growth part only")
     if r not in cache:
-        cache[r] = sampling_band(ws, ps, model, light, knee or lo, r)
+        cache[r] = sampling_band(ws, ps, model, light, knee or lo, r, fan)
     samp, k, rates, note = cache[r]
     return Band(growth, samp, r, k, tuple(rates), note)

@@ -18,15 +18,10 @@ from typing import Any
 
 from phaselens.analysis.stats import fnum
 from phaselens.capacity.blindband import Band, Model, capacity_band
-from phaselens.capacity.predict import predict_knee, predict_queue
+from phaselens.capacity.fanout import Fanout
+from phaselens.capacity.predict import predict_knee, queue_prediction
 from phaselens.capacity.probe import ProbeResult, ProbeSettings, run_probe
-from phaselens.capacity.queuemodel import (
-    FLOOD_MAX_S,
-    FLOOD_MIN_DONE,
-    measure_saturation,
-    queue_requests,
-    service_times,
-)
+from phaselens.capacity.queuemodel import FLOOD_MAX_S
 from phaselens.capacity.result import (
     CapacityResult,
     bracket,
@@ -71,6 +66,7 @@ class SearchConfig:
     telemetry: str = "auto"
     driver: DriverOptions | None = None
     flood: bool = True  # a URL without a deployment: the saturation probe and fitted queue
+    ray: str | None = None  # the simulated predictions as Ray tasks there (capacity/fanout.py)
 
 
 def spec_seconds(ws: WorkloadSpec) -> float | None:
@@ -263,29 +259,6 @@ def unreachable(search: _Search) -> dict[str, Any]:
     }
 
 
-def _queue_prediction(
-    ws: WorkloadSpec,
-    target: HttpTarget,
-    light: ProbeResult,
-    ps: ProbeSettings,
-    light_scale: float,
-    out: Path,
-    notes: list[str],
-) -> tuple[dict[str, Any], Model | None]:
-    """The saturation probe and the queue fitted to it (capacity/queuemodel.py), and that
-    queue as a model (for the blind band)."""
-    svc = service_times(load_run(light.run).requests)
-    sat = measure_saturation(ws, target, light, svc, ps, out, "saturation")
-    if sat is None:
-        notes.append(
-            f"the saturation probe completed fewer than {FLOOD_MIN_DONE} requests: no "
-            "prediction; a doubling search from the light probe"
-        )
-        return {"knee_scale": None, "points": []}, None
-    pred = predict_queue(ws, light, svc, sat, ps, light_scale, notes)
-    return pred, lambda sched, seed: queue_requests(sched, svc, sat, seed)
-
-
 def find_capacity(
     ws: WorkloadSpec,
     target: SimTarget | HttpTarget,
@@ -303,6 +276,7 @@ def find_capacity(
     light_scale = _light_scale(ws, ps, cfg)
     search = _Search(cfg, ps, light_scale)
     deploy = _deploy_of(target, cfg)
+    fan = Fanout(cfg.ray)
     notes: list[str] = []
     pred: dict[str, Any] = {"knee_scale": None, "points": []}
     model: Model | None = None
@@ -367,10 +341,14 @@ def find_capacity(
             if light.verdict != "pass":
                 notes.append("the light probe did not pass: no prediction; the search goes down")
             elif deploy is not None:
-                pred = predict_knee(ws, light, deploy, ps, light_scale, notes, cfg.deploy_knobs)
+                pred = predict_knee(
+                    ws, light, deploy, ps, light_scale, notes, cfg.deploy_knobs, fan
+                )
             elif isinstance(target, HttpTarget) and cfg.flood:
                 if spent() + FLOOD_MAX_S + ps.probe_s <= cfg.budget_s:
-                    pred, model = _queue_prediction(ws, target, light, ps, light_scale, out, notes)
+                    pred, model = queue_prediction(
+                        ws, target, light, ps, light_scale, out, notes, fan
+                    )
                     save("running")
             else:
                 why = " (--no-flood)" if isinstance(target, HttpTarget) else ""
@@ -386,7 +364,7 @@ def find_capacity(
             while status == "running" and len(search.probes) < MAX_PROBES:
                 if model is not None and search.blind is None and search.converged():
                     knee = pred.get("knee_scale")
-                    b = capacity_band(ws, search.probes, ps, model, knee, sampled, cfg.repeats)
+                    b = capacity_band(ws, search.probes, ps, model, knee, sampled, cfg.repeats, fan)
                     search.blind = b.sampling if b else None
                 s = search.next_scale()
                 if s is None:
@@ -401,7 +379,8 @@ def find_capacity(
         status = "interrupted"
     try:
         if status in ("complete", "budget"):
-            band = capacity_band(ws, search.probes, ps, model, pred.get("knee_scale"), sampled)
+            knee = pred.get("knee_scale")
+            band = capacity_band(ws, search.probes, ps, model, knee, sampled, None, fan)
     except KeyboardInterrupt:
         status = "interrupted"
     return save(status)

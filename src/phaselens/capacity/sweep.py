@@ -350,7 +350,7 @@ def run_sweep(
             if cfg.rate_scale is None:
                 doc["prediction"] = knee_rows(cfg.prediction, rows)
             else:
-                doc["prediction"] = predict_rows(cfg.prediction, rows, sweep_dir)
+                doc["prediction"] = predict_rows(cfg.prediction, rows, sweep_dir, cfg.search.ray)
         doc["complete"] = True
     except (Interrupted, KeyboardInterrupt):
         doc["interrupted"] = True

@@ -87,11 +87,11 @@ def _err_pct(pred: Any, meas: Any) -> float | None:
 
 
 def predict_rows(
-    plan: PredictPlan, rows: Sequence[dict[str, Any]], sweep_dir: Path
+    plan: PredictPlan, rows: Sequence[dict[str, Any]], sweep_dir: Path, ray: str | None = None
 ) -> dict[str, Any]:
-    """Calibrate on the first measured setting, predict every setting; each row gets its
-    `prediction` (predicted, measured, error per metric). A failed fit is reported, not raised:
-    the measurements stand without it."""
+    """Calibrate on the first measured setting, predict every setting (`ray`: as Ray tasks
+    there, `whatif --ray`'s); each row gets its `prediction` (predicted, measured, error per
+    metric). A failed fit is reported, not raised: the measurements stand without it."""
     from phaselens.store import load_run
     from phaselens.whatif.calibrate import calibrate
     from phaselens.whatif.knobs import apply_deploy
@@ -119,7 +119,7 @@ def predict_rows(
         run = load_run(sweep_dir / rep0["run"])
         dmap = apply_deploy(plan.deployment, plan.combos[row0["index"]])
         calib = calibrate(run, dmap, plan.source, allow_invalid=True)
-        res = sweep(run, calib, [plan.combos[r["index"]] for r in rows])
+        res = sweep(run, calib, [plan.combos[r["index"]] for r in rows], ray=ray)
     except InputError as e:
         return {**out, "error": str(e)}
     out.update(method=calib.method, notes=list(calib.notes))

@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from phaselens.cli.app import app
-from phaselens.cliargs import MAX_SEED, check_out_dir, integer, number
+from phaselens.cliargs import (
+    MAX_SEED,
+    RAY_SIM_HELP,
+    check_out_dir,
+    integer,
+    number,
+    ray_for_simulations,
+)
 from phaselens.errors import InputError
 
 if TYPE_CHECKING:
@@ -129,6 +136,19 @@ def summary_lines(res: CapacityResult, path: Path) -> list[str]:
     return out
 
 
+def no_prediction(tgt: Any, deploy: Path | None, flood: bool) -> str:
+    """Why a search simulates nothing ("" when it predicts a knee): `--ray` has no work then."""
+    from phaselens.execute import HttpTarget
+
+    if deploy is not None:
+        return ""
+    if isinstance(tgt, HttpTarget):
+        return "" if flood else "with --no-flood and no --deploy the search simulates nothing"
+    if tgt.spec.startswith("sim:"):
+        return ""
+    return "--target sim without --deploy: the search simulates no prediction"
+
+
 def write_page(doc: Any, d: Path) -> Path:
     """capacity.html beside capacity.json (docs/capacity.md, "Pages"), through a temporary file
     renamed over it as capacity.json is: a killed search leaves a whole page."""
@@ -192,6 +212,10 @@ def capacity(
             help="Without --deploy: a short saturation flood aims the first probes.",
         ),
     ] = True,
+    ray: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--ray", help=RAY_SIM_HELP),
+    ] = None,
 ) -> None:
     """Find the highest load (the spec's mix scaled) held inside the SLO, with its interval."""
     from phaselens.capacity.search import SearchConfig, find_capacity
@@ -224,6 +248,7 @@ def capacity(
         telemetry=telemetry,
         driver=driver,
         flood=flood,
+        ray=ray_for_simulations(ray, no_prediction(tgt, deploy, flood)),
     )
     d = out or Path("runs") / f"capacity-{ws.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_out_dir(d, "--out")

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from phaselens.cli.app import app
-from phaselens.cliargs import MAX_SEED, check_out_dir, integer, number
+from phaselens.cliargs import MAX_SEED, RAY_SIM_HELP, check_out_dir, integer, number
 
 
 def _num(x: Any, fmt: str = "{:.3g}") -> str:
@@ -185,6 +185,10 @@ def sweep(
         int, typer.Option("--seed", callback=integer(0, MAX_SEED), help="Bootstrap seed.")
     ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print sweep.json.")] = False,
+    ray: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--ray", help=RAY_SIM_HELP),
+    ] = None,
 ) -> None:
     """Start the engine fresh for every setting, run the same load, stop it; rank the settings."""
     import json
@@ -208,7 +212,10 @@ def sweep(
 
         plan = plan_prediction(deploy, map_ or [], sets)
     from phaselens.capacity.search import SearchConfig, settings
+    from phaselens.cliargs import ray_for_simulations
 
+    nothing = "a fixed-rate sweep without --deploy simulates nothing"
+    address = ray_for_simulations(ray, "" if capacity or deploy is not None else nothing)
     search = SearchConfig(
         budget_s=budget_s,
         repeats=edge_repeats,
@@ -216,6 +223,7 @@ def sweep(
         probe_s=probe_s,
         warmup_s=warmup_s,
         telemetry=telemetry,
+        ray=address,
     )
     settings(ws, search)  # no SLO, a warm-up longer than the probe: refused before any engine
     from phaselens.telemetry.choose import parse_spec

@@ -120,7 +120,8 @@ class ClockEcho:
     takes tens of microseconds. Where the datagrams do not come back (a firewall), the
     coordinator falls back to Ray calls (`via: ray`)."""
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s  # (tests: an answer this late, `rayactor.TEST_ECHO_DELAY_ENV`)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind((host, 0))
         self.address: tuple[str, int] = self.sock.getsockname()
@@ -132,7 +133,10 @@ class ClockEcho:
         while True:
             try:
                 data, addr = self.sock.recvfrom(64)
-                self.sock.sendto(data[:8] + struct.pack("<q", clock()), addr)
+                now = clock()
+                if self.delay_s:
+                    time.sleep(self.delay_s)
+                self.sock.sendto(data[:8] + struct.pack("<q", now), addr)
             except OSError:
                 return
 

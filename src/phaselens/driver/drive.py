@@ -21,6 +21,7 @@ import numpy as np
 from phaselens.driver.eventloop import relay_stop, resolve_loop, run_loop
 from phaselens.driver.fleet import WorkerPool, node_checks, owners, unrecorded
 from phaselens.driver.options import DriverOptions, check_targets
+from phaselens.driver.packed import scrub_batch
 from phaselens.driver.preflight import context_preflight
 from phaselens.driver.prompts import PromptMaker
 from phaselens.driver.runner import RunSummary, run_schedule
@@ -247,7 +248,7 @@ def drive(
                     targets,
                     options,
                     workers,
-                    lambda rs: wt.records([scrub_record(r, secrets) for r in rs]),
+                    lambda rs: wt.records(scrub_batch(rs, secrets)),
                     on_start,
                     stop,
                     wt.samples,

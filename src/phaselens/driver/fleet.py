@@ -4,7 +4,8 @@ their unrecorded rows become, and the self-check per node.
 Why apart from `drive`: a pool of remote workers (`raypool.py`) plugs into the same run
 (`drive(..., pool=...)`), and both kinds of pool end the same way: exactly one record per
 planned request, the rows of a failed worker `client_error`, those of a worker lost with its
-node `lost`, each with its reason.
+node `lost`, those of a worker whose node died before it started `not_sent`, each with its
+reason.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import numpy as np
 
 from phaselens.driver.clocksync import CLOCK_ERROR_MAX_NS
 from phaselens.driver.options import DriverOptions
+from phaselens.driver.packed import Batch
 from phaselens.driver.selfcheck import LatencyScale, verdict
 from phaselens.driver.shard import WorkerResult
 from phaselens.driver.state import LiveStats
-from phaselens.types import RequestRecord, Schedule, Status, TelemetrySample
+from phaselens.types import Schedule, Status, TelemetrySample
 
 
 class WorkerPool(Protocol):
@@ -34,7 +36,7 @@ class WorkerPool(Protocol):
         targets: Mapping[str, str],
         options: DriverOptions,
         workers: int,
-        on_records: Callable[[list[RequestRecord]], None],
+        on_records: Callable[[Batch], None],
         on_start: Callable[[int], int],
         stop: threading.Event,
         on_samples: Callable[[list[TelemetrySample]], None],
@@ -70,6 +72,8 @@ def unrecorded(
         r = by.get(int(own[row]))
         if failure:
             out.append((row, "client_error", f"worker process failed: {failure}"))
+        elif r is not None and r.lost and not r.started:
+            out.append((row, "not_sent", f"not sent: {r.error}"))
         elif r is not None and r.lost:
             out.append((row, "lost", f"lost with its node: {r.error}"))
         elif r is not None and r.error:

@@ -29,6 +29,25 @@ from phaselens.store import clock_anchor
 from phaselens.types import Schedule
 
 DRAIN_MAX = 64  # messages per drain (each a batch of up to shard.BATCH_MAX records)
+# Test only (docs/scale.md, "Testing the clock checks"): set in a node's environment, its
+# actors' clock runs this many ns ahead (time.perf_counter_ns in the actor's process: every
+# stamp of its driver loop, its clock echo), its echo answers this many seconds late (a round
+# trip that long), and its actor takes this many seconds to start (a node can die meanwhile).
+# The offset moves perf_counter_ns only, not the kernel's CLOCK_MONOTONIC that the timerfd
+# pacer's absolute deadlines use (a really skewed host moves both): test with `pacing="spin"`.
+TEST_CLOCK_OFFSET_ENV = "PHASELENS_TEST_CLOCK_OFFSET_NS"
+TEST_ECHO_DELAY_ENV = "PHASELENS_TEST_ECHO_DELAY_S"
+TEST_START_DELAY_ENV = "PHASELENS_TEST_ACTOR_START_DELAY_S"
+
+
+def _test_hooks() -> float:
+    """Apply the test-only environment above; the echo's delay (s)."""
+    offset = int(os.environ.get(TEST_CLOCK_OFFSET_ENV) or 0)
+    if offset:
+        real = time.perf_counter_ns
+        time.perf_counter_ns = lambda: real() + offset  # (this actor's own process)
+    time.sleep(float(os.environ.get(TEST_START_DELAY_ENV) or 0))
+    return float(os.environ.get(TEST_ECHO_DELAY_ENV) or 0)
 
 
 class ShardActor:
@@ -45,6 +64,7 @@ class ShardActor:
     ) -> None:
         import ray  # (inside a Ray worker: installed)
 
+        echo_delay_s = _test_hooks()
         node_ip = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
         self.node_id = str(ray.get_runtime_context().get_node_id())
         self.index = index
@@ -57,7 +77,7 @@ class ShardActor:
         self.anchor = clock_anchor()
         self.prompts = PromptMaker(options.prompt_seed, options.tokenizer)  # setup before t = 0
         try:
-            self.echo: ClockEcho | None = ClockEcho(node_ip)
+            self.echo: ClockEcho | None = ClockEcho(node_ip, echo_delay_s)
         except OSError:
             self.echo = None  # the coordinator probes over Ray calls instead
         self.node_ip = node_ip

@@ -25,10 +25,11 @@ from typing import Any, TypeVar
 
 from phaselens.driver.clocksync import Offset, clock_block, estimate, probe_udp, probe_with
 from phaselens.driver.options import DriverOptions
+from phaselens.driver.packed import Batch
 from phaselens.driver.shard import Intake, WorkerResult, split, users_per_worker
 from phaselens.driver.state import LiveStats
 from phaselens.errors import InputError
-from phaselens.types import RequestRecord, Schedule, TelemetrySample
+from phaselens.types import Schedule, TelemetrySample
 
 READY_S = 60.0  # the longest the cluster may take to place every actor
 LEAD_S = 1.0  # at least this long between the start calls and t = 0
@@ -149,7 +150,7 @@ class RayPool:
         targets: Mapping[str, str],
         options: DriverOptions,
         workers: int,
-        on_records: Callable[[list[RequestRecord]], None],
+        on_records: Callable[[Batch], None],
         on_start: Callable[[int], int],
         stop: threading.Event,
         on_samples: Callable[[list[TelemetrySample]], None],
@@ -180,20 +181,20 @@ class RayPool:
                 strat = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=w)
                 a = cls.options(num_cpus=1, max_concurrency=4, scheduling_strategy=strat)
                 self.actors.append(a.remote(w, ref, rows[w], targets, opts[w]))
-            infos = ray.get([a.info.remote() for a in self.actors], timeout=READY_S)
-            before = [self._measure(a, i) for a, i in zip(self.actors, infos, strict=True)]
+            infos, dead = self._infos(pg)
+            alive = [w for w in range(workers) if w not in dead]
+            before = {w: self._measure(self.actors[w], infos[w]) for w in alive}
             t0 = on_start(time.perf_counter_ns() + int(max(lead_s, LEAD_S) * 1e9))
             tag = f"{t0 & 0xFFFFFFFF:08x}"  # (the run's one tag, as --workers processes have)
-            ray.get(
-                [
-                    a.start.remote(t0 + b.offset_ns, tag)
-                    for a, b in zip(self.actors, before, strict=True)
-                ]
-            )
-            results = self._collect(workers, Intake(on_records, on_samples, stats), stop, infos)
+            ray.get([self.actors[w].start.remote(t0 + before[w].offset_ns, tag) for w in alive])
+            intake = Intake(on_records, on_samples, stats)
+            results = self._collect(workers, intake, stop, infos, dict(dead))
             run_s = (time.perf_counter_ns() - t0) / 1e9
             out = []
             for w, r in enumerate(results):
+                if w in dead:
+                    out.append(replace(r, rows=rows[w], info=infos[w]))
+                    continue
                 after = None if r.lost else _try(partial(self._measure, self.actors[w], infos[w]))
                 info = {k: v for k, v in infos[w].items() if k not in ("echo", "clock", "pid")}
                 info["clock_sync"] = clock_block(before[w], after, run_s)
@@ -203,13 +204,43 @@ class RayPool:
         finally:
             self.kill()
 
-    def _collect(
-        self, workers: int, intake: Intake, stop: threading.Event, infos: list[dict[str, Any]]
-    ) -> list[WorkerResult]:
-        """Drain every actor until each has ended or is lost."""
+    def _infos(self, pg: Any) -> tuple[list[dict[str, Any]], dict[int, WorkerResult]]:
+        """Every actor's `info` once it has started; an actor that could not start (its node
+        died first) is a result at once: lost, not started, its rows `not_sent` with why."""
         ray = _ray()
-        results: dict[int, WorkerResult] = {}
-        pending = {a.drain.remote(DRAIN_S): w for w, a in enumerate(self.actors)}
+        refs = [a.info.remote() for a in self.actors]
+        ray.wait(refs, num_returns=len(refs), timeout=READY_S)
+        infos: list[dict[str, Any]] = []
+        dead: dict[int, WorkerResult] = {}
+        for w, ref in enumerate(refs):
+            try:
+                infos.append(dict(ray.get(ref, timeout=0.1)))
+            except Exception as e:
+                node = _bundle_node(pg, w)
+                why = "its node died" if _node_dead(node) else "it did not start"
+                infos.append({"node": f"?/{node[:8]}", "node_id": node})
+                dead[w] = replace(
+                    _lost(
+                        w,
+                        f"on node {node[:8] or '?'}: {why} before its actor started ({_short(e)})",
+                    ),
+                    started=False,
+                )
+        return infos, dead
+
+    def _collect(
+        self,
+        workers: int,
+        intake: Intake,
+        stop: threading.Event,
+        infos: list[dict[str, Any]],
+        results: dict[int, WorkerResult],
+    ) -> list[WorkerResult]:
+        """Drain every actor (but those in `results`) until each has ended or is lost."""
+        ray = _ray()
+        pending = {
+            a.drain.remote(DRAIN_S): w for w, a in enumerate(self.actors) if w not in results
+        }
         seen = dict.fromkeys(range(workers), time.monotonic())
         retry: dict[int, float] = {}  # actors unreachable for now: poll again then
         stopping = False
@@ -256,6 +287,14 @@ class RayPool:
                     results[w] = _lost(w, f"no answer for {SILENT_S:g} s")
                     _try(partial(ray.kill, self.actors[w]))
         return [results[w] for w in range(workers)]
+
+
+def _bundle_node(pg: Any, w: int) -> str:
+    """The node id the placement group put bundle `w` on ("" when it cannot say)."""
+    from ray.util import placement_group_table
+
+    table = _try(lambda: placement_group_table(pg)) or {}
+    return str((table.get("bundles_to_node_id") or {}).get(w, ""))
 
 
 def _node_dead(node_id: str) -> bool:

@@ -137,24 +137,26 @@ class LatencyScale:
             self._bin()
 
     def _add(self, r: RequestRecord) -> None:
-        if r.status != "ok" or r.first_token_ns is None:
-            return
-        ttft = float(r.first_token_ns - r.scheduled_ns)
-        gaps: np.ndarray | None = None
-        w: np.ndarray | None = None
-        if len(r.token_ns) > 1:
-            t = np.asarray(r.token_ns, dtype=np.float64)
-            k = np.asarray(r.token_counts[1:], dtype=np.float64) if r.token_counts else None
-            gaps = np.diff(t)
-            if k is not None and k.shape == gaps.shape:
-                keep = k > 0
-                gaps, w = gaps[keep] / k[keep], k[keep]
-            else:
-                w = np.ones_like(gaps)
-        self._ttfts.append(ttft)  # (last: a record that raised above adds nothing)
+        v = latency_values(r)
+        if v is not None:
+            self.add_values(*v)
+
+    def add_values(self, ttft: float, gaps: np.ndarray | None, w: np.ndarray | None) -> None:
+        self._ttfts.append(ttft)
         if gaps is not None and w is not None:
             self._gaps.append(gaps)
             self._weights.append(w)
+
+    def flush(self) -> None:
+        """Bin what waits (before the scale is shipped: a packed batch's, `driver.packed`)."""
+        self._bin()
+
+    def merge(self, other: LatencyScale) -> None:
+        """Count `other`'s records too (binned: histograms add exactly, so the same medians)."""
+        other._bin()
+        self.ttft += other.ttft
+        self.itl += other.itl
+        self.skipped += other.skipped
 
     def _bin(self) -> None:
         if self._ttfts:
@@ -178,6 +180,26 @@ class LatencyScale:
     def itl_p50_ns(self) -> float | None:
         self._bin()
         return _hist_median(self.itl)
+
+
+def latency_values(r: RequestRecord) -> tuple[float, np.ndarray | None, np.ndarray | None] | None:
+    """What `LatencyScale` counts of `r`: its TTFT and its chunk gaps per token with their
+    weights (None: nothing, it did not succeed); raises on a record it cannot read."""
+    if r.status != "ok" or r.first_token_ns is None:
+        return None
+    ttft = float(r.first_token_ns - r.scheduled_ns)
+    gaps: np.ndarray | None = None
+    w: np.ndarray | None = None
+    if len(r.token_ns) > 1:
+        t = np.asarray(r.token_ns, dtype=np.float64)
+        k = np.asarray(r.token_counts[1:], dtype=np.float64) if r.token_counts else None
+        gaps = np.diff(t)
+        if k is not None and k.shape == gaps.shape:
+            keep = k > 0
+            gaps, w = gaps[keep] / k[keep], k[keep]
+        else:
+            w = np.ones_like(gaps)
+    return ttft, gaps, w
 
 
 def _hist_add(h: np.ndarray, v: np.ndarray, w: np.ndarray | None = None) -> None:

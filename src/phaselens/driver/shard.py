@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from phaselens.driver.eventloop import relay_stop, run_loop
 from phaselens.driver.options import DriverOptions
+from phaselens.driver.packed import Batch, Packed, pack
 from phaselens.driver.prompts import PromptMaker
 from phaselens.driver.runner import RunSummary, run_schedule
 from phaselens.driver.state import LiveStats
@@ -49,6 +50,7 @@ class WorkerResult:
     error: str
     rows: npt.NDArray[np.int64] | None = None  # the schedule rows it owned
     lost: bool = False  # its node died: its unrecorded rows are `lost` (reason in `error`)
+    started: bool = True  # False: it died before it started, its rows `not_sent` (`error`)
     info: Mapping[str, Any] = field(default_factory=dict)  # more of its manifest `workers` entry
 
 
@@ -136,7 +138,7 @@ def drive_shard(
 
     def flush() -> None:
         nonlocal last
-        put(("recs", index, list(batch)))
+        put(("recs", index, pack(batch)))  # checked and encoded here, not by the coordinator
         batch.clear()
         last = time.monotonic()
 
@@ -192,7 +194,7 @@ class Intake:
     """The parent's side of the message format (`drive_shard`): records to the writer,
     samples to telemetry, the live counts summed over the workers."""
 
-    on_records: Callable[[list[RequestRecord]], None]
+    on_records: Callable[[Batch], None]
     on_samples: Callable[[list[TelemetrySample]], None]
     stats: LiveStats
     wstats: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -204,8 +206,12 @@ class Intake:
             done = msg[2]
             self.on_records(done)
             stats.done += len(done)
-            stats.errors += sum(r.status != "ok" for r in done)
-            stats.output_tokens += sum(r.output_tokens for r in done)
+            if isinstance(done, Packed):
+                stats.errors += done.errors
+                stats.output_tokens += done.output_tokens
+            else:
+                stats.errors += sum(r.status != "ok" for r in done)
+                stats.output_tokens += sum(r.output_tokens for r in done)
         elif kind == "tel":
             self.on_samples(msg[2])
         elif kind == "stats":
@@ -230,7 +236,7 @@ def run_workers(
     targets: Mapping[str, str],
     options: DriverOptions,
     workers: int,
-    on_records: Callable[[list[RequestRecord]], None],
+    on_records: Callable[[Batch], None],
     on_start: Callable[[int], int],
     stop: threading.Event,
     on_samples: Callable[[list[TelemetrySample]], None],

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from phaselens.driver.packed import Packed, stand_in, unpack
 from phaselens.driver.selfcheck import LatencyScale
 from phaselens.store import RunWriter
 from phaselens.types import RequestRecord, TelemetrySample
@@ -63,24 +64,31 @@ class WriterThread:
             self.writer.add_record(r)
         except ValueError as e:  # a value that does not fit its column: nothing was kept
             self._fail(e, "record not stored: ")
-            stand_in = RequestRecord(
-                id=r.id,
-                model=r.model,
-                stage=r.stage,
-                scheduled_ns=r.scheduled_ns,
-                status="client_error",
-                priority=r.priority,
-                input_tokens=r.input_tokens,
-                error=f"record could not be stored: {e}",
-            )
-            self._guard(self.writer.add_record, stand_in)
+            self._guard(self.writer.add_record, stand_in(r, e))
         except Exception as e:  # e.g. a failed flush: the record is kept
             self._fail(e)
+
+    def _store_packed(self, p: Packed) -> None:
+        """A batch packed by its worker (`driver.packed`): in bulk, or, when one of its ids is
+        already recorded, record by record (what it counted and what failed still count)."""
+        for text in p.failures:
+            self.failures += 1
+            self.failure = self.failure or text
+        if not self.ids.isdisjoint(p.ids):  # (a stand-in's original then counts no latency)
+            for r in unpack(p):
+                self._store(r)
+            return
+        self.scale.merge(p.scale)
+        self.ids.update(p.ids)
+        self._guard(self.writer.add_encoded, p.lines, p.cols)
 
     def record(self, r: RequestRecord) -> None:
         self.q.put(("r", r))
 
-    def records(self, rs: list[RequestRecord]) -> None:
+    def records(self, rs: list[RequestRecord] | Packed) -> None:
+        if isinstance(rs, Packed):
+            self.q.put(("p", rs))
+            return
         for r in rs:
             self.q.put(("r", r))
 
@@ -103,6 +111,8 @@ class WriterThread:
                 obj.set()
             elif kind == "r":
                 self._store(obj)
+            elif kind == "p":
+                self._store_packed(obj)
             else:
                 self._guard(w.add_samples, obj)
 
