@@ -62,6 +62,8 @@ class ScriptedEngine:
         self._last = 0.0
         self._lock = threading.Lock()
         self._down = False
+        self.delay_s = 0.0  # each /metrics answer waits this long (a slow engine)
+        self.served = 0
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
@@ -72,6 +74,13 @@ class ScriptedEngine:
         self.t0 = self.clock()
         self._thread.start()
         return self
+
+    def reset_clock(self) -> None:
+        """The script starts again now, from zero counters (the watch's t = 0)."""
+        with self._lock:
+            self.t0 = self.clock()
+            self._last = 0.0
+            self._c = _Counters()
 
     def now(self) -> float:
         return self.clock() - self.t0
