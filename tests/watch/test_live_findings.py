@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
+from tests.telemetry.fake_nvml import FakeGpu, make_fake
+from tests.watch.scripted import Phase, ScriptedEngine
 
 from phaselens.watch.engines import parse_engines
 from phaselens.watch.loop import WatchConfig, WatchResult, watch
 from phaselens.watch.panel import render
 from phaselens.watch.rules import CLEAR_HOLD_S, RAISE_HOLD_S
-from tests.telemetry.fake_nvml import FakeGpu, make_fake
-from tests.watch.scripted import Phase, ScriptedEngine
 
 SHORT, LONG = 1.0, 3.0
 DURATION = float(__import__("os").environ.get("W20_DUR", "21"))
