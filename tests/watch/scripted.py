@@ -171,6 +171,9 @@ class ScriptedEngine:
 
         class H(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                if eng.delay_s:
+                    time.sleep(eng.delay_s)
+                eng.served += 1
                 if eng._down or self.path != "/metrics":
                     self.send_response(503 if eng._down else 404)
                     self.send_header("Content-Length", "0")
