@@ -64,14 +64,12 @@ class ScrapeSource:
         clock: RunClock,
         timeout_s: float = SCRAPE_TIMEOUT_S,
         keep: tuple[str, ...] | None = None,
-        buckets: bool = False,
     ) -> None:
         u = urllib.parse.urlsplit(check_url(url, "--telemetry"))
         self.url = url  # sent as is (user:password as Basic auth); stored only redacted
         self.name = f"{kind}@{redact_url(url)}"
         self.kind = kind
-        self._keep = keep or (DCGM_KEEP if kind == "dcgm" else ENGINE_KEEP)
-        self._buckets = buckets  # histogram buckets kept (`phaselens watch`: its quantiles)
+        self._keep = keep or (DCGM_KEEP if kind == "dcgm" else ENGINE_KEEP)  # families parsed
         self._clock = clock
         self._timeout = timeout_s
         self._https = u.scheme == "https"
@@ -112,7 +110,7 @@ class ScrapeSource:
         try:
             text = self._fetch()
             t1 = self._clock.now_ns()
-            parsed = parse_prometheus_counted(text, self._keep, buckets=self._buckets)
+            parsed = parse_prometheus_counted(text, self._keep, buckets=False)
             families = parsed.families
             if not families:
                 why = f" ({parsed.first_skipped})" if parsed.skipped else ""
@@ -151,7 +149,7 @@ class ScrapeSource:
 
     @property
     def last(self) -> Scrape | None:
-        """The last successful scrape (its families, buckets too when asked for)."""
+        """The last successful scrape (its families)."""
         return self._prev
 
     def missed(self, t_ns: int) -> list[TelemetrySample]:
