@@ -58,13 +58,18 @@ class ScrapeSource:
     """Scrapes one URL; `kind` is "engine" (vllm:/sglang:/tgi_/llamacpp: kept) or "dcgm"."""
 
     def __init__(
-        self, url: str, kind: str, clock: RunClock, timeout_s: float = SCRAPE_TIMEOUT_S
+        self,
+        url: str,
+        kind: str,
+        clock: RunClock,
+        timeout_s: float = SCRAPE_TIMEOUT_S,
+        keep: tuple[str, ...] | None = None,
     ) -> None:
         u = urllib.parse.urlsplit(check_url(url, "--telemetry"))
         self.url = url  # sent as is (user:password as Basic auth); stored only redacted
         self.name = f"{kind}@{redact_url(url)}"
         self.kind = kind
-        self._keep = DCGM_KEEP if kind == "dcgm" else ENGINE_KEEP
+        self._keep = keep or (DCGM_KEEP if kind == "dcgm" else ENGINE_KEEP)  # families parsed
         self._clock = clock
         self._timeout = timeout_s
         self._https = u.scheme == "https"
@@ -78,6 +83,7 @@ class ScrapeSource:
             self._headers["Authorization"] = auth
         self._labels = {"target": redact_url(url)}
         self._prev: Scrape | None = None
+        self.last_text = ""  # the last successful scrape's text (the watch reads its buckets)
         self._baseline: Scrape | None = None
         self.ok_count = 0
         self.missing_count = 0  # ticks without a sample: failed, or skipped by an overrun
@@ -120,6 +126,7 @@ class ScrapeSource:
             self.last_error = redact_urls_in(f"{type(e).__name__}: {e}")[:200]
             return self._meta((t0 + t1) // 2, ok=False, latency_ns=t1 - t0)
         mid = (t0 + t1) // 2
+        self.last_text = text
         cur = Scrape(mid, families)
         source = "dcgm" if self.kind == "dcgm" else (detect_source(families) or "engine")
         out = self._meta(mid, ok=True, latency_ns=t1 - t0)
@@ -139,6 +146,11 @@ class ScrapeSource:
         self._prev = cur
         self.ok_count += 1
         return out
+
+    @property
+    def last(self) -> Scrape | None:
+        """The last successful scrape (its families)."""
+        return self._prev
 
     def missed(self, t_ns: int) -> list[TelemetrySample]:
         """A tick slot skipped because the previous scrape overran: marked missing."""
