@@ -21,12 +21,14 @@ from phaselens.analysis.latency import RequestTable
 from phaselens.analysis.stats import interval_integral
 from phaselens.types import BIN_NS, F64
 
-_PREF = {
+# Per GPU metric, its sources best first (also how `phaselens watch` picks one).
+GPU_SOURCE_PREFERENCE: dict[str, tuple[str, ...]] = {
     "gpu.busy_pct": ("dcgm", "nvml", "gpm", "sim"),
     "gpu.sm_pct": ("gpm", "dcgm", "sim"),
     "gpu.dram_bw_pct": ("gpm", "dcgm", "sim"),
     "gpu.power_w": ("nvml", "dcgm", "sim"),
 }
+_PREF = GPU_SOURCE_PREFERENCE
 
 
 _EMPTY_TEL = pl.DataFrame(

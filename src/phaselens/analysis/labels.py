@@ -33,6 +33,15 @@ def label_bins(share: F64, active: Any) -> Any:
     return np.where(active, lab, "idle")
 
 
+def token_labels(prefill: F64, decode: F64) -> tuple[F64, Any, Any]:
+    """(share, active, label) per bin from prefill and decode tokens processed in it: the label
+    rule without engine steps (also `phaselens watch`'s live label)."""
+    tot = prefill + decode
+    share: F64 = np.where(tot > 0, prefill / np.maximum(tot, 1e-12), 0.0)
+    active = tot > 0
+    return share, active, label_bins(share, active)
+
+
 STEP_BATCH = 500_000
 
 
@@ -138,9 +147,7 @@ def work_lanes(
         p, d, src = ep, ed, "engine"
     else:
         p, d, src = rec_prefill, rec_decode, "records"
-    tot = p + d
-    share = np.where(tot > 0, p / np.maximum(tot, 1e-12), 0.0)
-    active = tot > 0
+    share, active, label = token_labels(p, d)
     nanv = np.full(n, np.nan)
     return (
         pl.DataFrame(
@@ -152,7 +159,7 @@ def work_lanes(
                 "busy": nanv,
                 "active": active,
                 "share": share,
-                "label": label_bins(share, active),
+                "label": label,
                 "flops": nanv,
                 "bytes": nanv,
                 "prefill_tokens": p,

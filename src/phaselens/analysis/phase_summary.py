@@ -18,6 +18,23 @@ from phaselens.analysis.phases import Timeline
 from phaselens.analysis.stats import as_float, fnum
 from phaselens.types import BIN_NS
 
+PEAK_Q = 95.0  # the prefill-phase utilization peak: this percentile of prefill bins' util
+TROUGH_Q = 5.0  # the decode-phase utilization trough: this percentile of decode bins' util
+
+
+def prefill_peak(u: Any) -> float | None:
+    """The seed's prefill-phase peak: p95 of the utilization of prefill bins (None: no bins)."""
+    v = np.asarray(u, dtype=np.float64)
+    v = v[~np.isnan(v)]
+    return float(np.percentile(v, PEAK_Q)) if v.size else None
+
+
+def decode_trough(u: Any) -> float | None:
+    """The seed's decode-phase trough: p5 of the utilization of decode bins (None: no bins)."""
+    v = np.asarray(u, dtype=np.float64)
+    v = v[~np.isnan(v)]
+    return float(np.percentile(v, TROUGH_Q)) if v.size else None
+
 
 def phase_summary(tl: Timeline) -> dict[str, Any]:
     """The seed's dashboard figures per label, plus the columnar bin timeline."""
@@ -75,12 +92,17 @@ def phase_summary(tl: Timeline) -> dict[str, Any]:
             f"{IDLE_BUSY:.0%} of the bin (or no tokens were processed)"
         ),
         "by_label": by_label,
-        "prefill_peak_util": by_label["prefill"]["util_p95"],
-        "decode_trough_util": by_label["decode"]["util_p5"],
+        "prefill_peak_util": fnum(prefill_peak(_util(lanes, "prefill"))),
+        "decode_trough_util": fnum(decode_trough(_util(lanes, "decode"))),
         "util_mean": fnum(float(u_all.mean())) if u_all.size else None,
         "timeline_bin_s": timeline_bin_s(b.height),
         "bins": timeline_columns(b, keep),
     }
+
+
+def _util(lanes: pl.DataFrame, label: str) -> Any:
+    sub = lanes.filter(pl.col("label") == label) if lanes.height else lanes
+    return sub["util"].drop_nulls().to_numpy() if sub.height else np.zeros(0)
 
 
 def _mean(df: pl.DataFrame, col: str) -> float | None:

@@ -4,7 +4,7 @@ Why thin: every command must be scriptable from Python too; logic lives in the m
 `app.py` holds the typer app and `main`/`invoke` (one line per failure, exit 2 for bad input);
 the commands register on it from `workload.py` (plan, run, demo), `views.py` (analyze, report,
 trace, compare), `capacity.py` (capacity), `model.py` (calibrate, whatif) and `sweep.py`
-(sweep), imported below in the order `--help` lists.
+(sweep) and `watch.py` (watch), imported below in the order `--help` lists.
 """
 # ruff: noqa: I001  (the import order is the order of the commands in --help)
 
@@ -14,6 +14,7 @@ from phaselens.cli import views as _views  # noqa: F401  (analyze, report, trace
 from phaselens.cli import capacity as _capacity  # noqa: F401  (capacity)
 from phaselens.cli import model as _model  # noqa: F401  (calibrate, whatif)
 from phaselens.cli import sweep as _sweep  # noqa: F401  (sweep)
+from phaselens.cli import watch as _watch  # noqa: F401  (watch)
 from phaselens.cli.workload import _parse_pairs
 
 __all__ = ["_parse_pairs", "app", "invoke", "main"]

@@ -58,13 +58,20 @@ class ScrapeSource:
     """Scrapes one URL; `kind` is "engine" (vllm:/sglang:/tgi_/llamacpp: kept) or "dcgm"."""
 
     def __init__(
-        self, url: str, kind: str, clock: RunClock, timeout_s: float = SCRAPE_TIMEOUT_S
+        self,
+        url: str,
+        kind: str,
+        clock: RunClock,
+        timeout_s: float = SCRAPE_TIMEOUT_S,
+        keep: tuple[str, ...] | None = None,
+        buckets: bool = False,
     ) -> None:
         u = urllib.parse.urlsplit(check_url(url, "--telemetry"))
         self.url = url  # sent as is (user:password as Basic auth); stored only redacted
         self.name = f"{kind}@{redact_url(url)}"
         self.kind = kind
-        self._keep = DCGM_KEEP if kind == "dcgm" else ENGINE_KEEP
+        self._keep = keep or (DCGM_KEEP if kind == "dcgm" else ENGINE_KEEP)
+        self._buckets = buckets  # histogram buckets kept (`phaselens watch`: its quantiles)
         self._clock = clock
         self._timeout = timeout_s
         self._https = u.scheme == "https"
@@ -104,7 +111,7 @@ class ScrapeSource:
         try:
             text = self._fetch()
             t1 = self._clock.now_ns()
-            parsed = parse_prometheus_counted(text, self._keep, buckets=False)
+            parsed = parse_prometheus_counted(text, self._keep, buckets=self._buckets)
             families = parsed.families
             if not families:
                 why = f" ({parsed.first_skipped})" if parsed.skipped else ""
@@ -139,6 +146,11 @@ class ScrapeSource:
         self._prev = cur
         self.ok_count += 1
         return out
+
+    @property
+    def last(self) -> Scrape | None:
+        """The last successful scrape (its families, buckets too when asked for)."""
+        return self._prev
 
     def missed(self, t_ns: int) -> list[TelemetrySample]:
         """A tick slot skipped because the previous scrape overran: marked missing."""

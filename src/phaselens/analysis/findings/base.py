@@ -68,10 +68,13 @@ def span(mask: Any, bins: Any) -> tuple[int | None, int | None]:
 
 
 def active_window(a: Analysis) -> Any:
-    """Bins from the first send (one bin early) to the last request end: where load was on."""
+    """Bins from the first send (one bin early) to the last request end: where load was on.
+    A run without requests (`phaselens watch --record`: a watched period) is all of it."""
     f = a.rt.frame
     first, last = f["sent_ns"].min(), f["end_ns"].max()
     bins = a.tl.bins["bin"].to_numpy()
+    if f.height == 0:
+        return np.ones(bins.size, dtype=bool)
     if first is None or last is None:
         return np.zeros(bins.size, dtype=bool)
     return (bins * BIN_NS >= as_int(first) - BIN_NS) & (bins * BIN_NS < as_int(last))

@@ -73,8 +73,9 @@ def kv_pressure(a: Analysis) -> RuleResult:
     ]
 
 
-_HITS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")
-_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")
+# vLLM's prefix-cache counters as printed (with and without `_total`); also read live by watch
+PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")
+PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")
 
 
 def prefix_hit_rate(
@@ -91,7 +92,7 @@ def prefix_hit_rate(
             return None
         return as_float(r["value"].sum())
 
-    h, q = delta(_HITS), delta(_QUERIES)
+    h, q = delta(PREFIX_HITS), delta(PREFIX_QUERIES)
     if h is not None and q is not None and q > 0:
         return 100.0 * h / q, q, "vllm:prefix_cache_hits/queries"
     eh = tel.filter(pl.col("metric") == "engine.prefix_cache_hits")["value"]

@@ -1,0 +1,7 @@
+"""`phaselens watch`: attach to running engines and GPUs, no load sent (docs/watch.md).
+
+`loop.watch(WatchConfig)` is the entry point. Modules: `engines` (the scraped engines and their
+histograms), `state` (100 ms bins in rings), `indicators` (the live figures per window),
+`rules` (live findings with hysteresis), `exporter` (Prometheus), `panel` (the terminal),
+`record` (--record run directories).
+"""

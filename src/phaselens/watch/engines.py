@@ -1,0 +1,194 @@
+"""The watched engines: `--engine [NAME=]URL` parsed, and each one's /metrics scraped with its
+latency histograms' buckets and its restarts.
+
+Why a wrapper around `ScrapeSource` and not a new scraper: the sampler's scrape is the one that
+turns engine text into the canonical samples a run stores (docs/run-format.md), and the watch
+records the same samples. What the watch needs beyond them comes from the same parsed scrape:
+the bucket increments of the TTFT and ITL histograms (for live quantiles) and counter resets (an
+engine that restarted), emitted as `watch.*` samples beside the others.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from phaselens.analysis.findings.kv import PREFIX_HITS, PREFIX_QUERIES
+from phaselens.errors import InputError
+from phaselens.redact import redact_url
+from phaselens.telemetry.clock import RunClock
+from phaselens.telemetry.prometheus import CANONICAL, Scrape
+from phaselens.telemetry.scrape import ScrapeSource, metrics_url
+from phaselens.types import TelemetrySample
+from phaselens.urls import check_url
+
+WATCH_SOURCE = "watch"
+# Latency histograms, best first per engine: kind -> printed family names (seconds).
+HISTOGRAMS: dict[str, tuple[str, ...]] = {
+    "ttft": (
+        "vllm:time_to_first_token_seconds",
+        "sglang:time_to_first_token_seconds",
+    ),
+    "itl": (
+        "vllm:inter_token_latency_seconds",
+        "vllm:time_per_output_token_seconds",  # older vLLM: the same per-token gap
+        "sglang:inter_token_latency_seconds",
+        "sglang:time_per_output_token_seconds",
+    ),
+}
+SGLANG_HIT_RATE = "sglang:cache_hit_rate"
+# Families the watch parses: those with a canonical name, the prefix-cache counters and the two
+# histograms (a narrow `keep`: prometheus-client's parser costs ~60 µs a line).
+WATCH_KEEP: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        [n.removesuffix("_total") for n in CANONICAL if not n.startswith("DCGM_")]
+        + [n for n in PREFIX_HITS + PREFIX_QUERIES if not n.endswith("_total")]
+        + [SGLANG_HIT_RATE]
+        + [n for names in HISTOGRAMS.values() for n in names]
+    )
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """One `--engine`: its short name (the `engine` label) and its /metrics URL."""
+
+    name: str
+    url: str
+
+    @property
+    def target(self) -> str:
+        """The `target` label its scrape samples carry (the URL, redacted)."""
+        return redact_url(self.url)
+
+
+def parse_engines(values: Sequence[str]) -> tuple[EngineSpec, ...]:
+    """`[NAME=]URL` each; URL an engine base (`http://h:p` or `/v1`) or its /metrics. The name
+    defaults to host:port; names must be distinct. Bad input: InputError."""
+    out: list[EngineSpec] = []
+    for v in values:
+        name, eq, url = v.partition("=")
+        if not eq or "://" in name:
+            name, url = "", v
+        url = url.strip()
+        u = urllib.parse.urlsplit(check_url(url, "--engine"))
+        murl = url if u.path.rstrip("/").endswith("/metrics") else metrics_url(url)
+        name = name.strip() or (u.netloc.rpartition("@")[2])
+        if not name or any(c in name for c in '"\\\n{}'):
+            raise InputError(f"--engine: bad engine name {name[:40]!r}")
+        out.append(EngineSpec(name, murl))
+    names = [e.name for e in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise InputError(f"--engine: the name {dup[0]!r} is given twice (use NAME=URL)")
+    if not out:
+        raise InputError("--engine: at least one engine URL is needed")
+    return tuple(out)
+
+
+def _cumulative(scrape: Scrape, family: str) -> dict[float, float]:
+    """le -> cumulative count of a histogram family, summed over its label sets."""
+    fam = scrape.families.get(family)
+    out: dict[float, float] = {}
+    if fam is None:
+        return out
+    for s in fam.samples:
+        if s.name.endswith("_bucket") and "le" in s.labels:
+            try:
+                le = float(s.labels["le"])
+            except ValueError:
+                continue
+            out[le] = out.get(le, 0.0) + s.value
+    return out
+
+
+def _sum_of(scrape: Scrape, family: str) -> float | None:
+    fam = scrape.families.get(family)
+    if fam is None:
+        return None
+    vals = [s.value for s in fam.samples if s.name.endswith("_sum")]
+    return sum(vals) if vals else None
+
+
+def counter_reset(prev: Scrape, cur: Scrape) -> bool:
+    """Did any counter (or histogram count) go down: the engine restarted between the two."""
+    before = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in prev.families.values()
+        if f.type in ("counter", "histogram")
+        for s in f.samples
+        if f.type == "counter" or s.name.endswith("_count")
+    }
+    for f in cur.families.values():
+        if f.type not in ("counter", "histogram"):
+            continue
+        for s in f.samples:
+            if f.type == "histogram" and not s.name.endswith("_count"):
+                continue
+            old = before.get((s.name, tuple(sorted(s.labels.items()))))
+            if old is not None and s.value < old:
+                return True
+    return False
+
+
+def histogram_increments(
+    prev: Scrape | None, cur: Scrape, kind: str
+) -> tuple[str, dict[float, float], float] | None:
+    """(family, le -> increase of its cumulative count, increase of its sum) between two
+    scrapes, for the engine's best histogram of `kind`; a decrease (a restart) counts from 0,
+    as Prometheus' `increase()` does. None when the engine has no such histogram."""
+    for family in HISTOGRAMS[kind]:
+        now = _cumulative(cur, family)
+        if not now:
+            continue
+        old = _cumulative(prev, family) if prev is not None else {}
+        reset = any(now.get(le, 0.0) < v for le, v in old.items())
+        inc = {le: (v if reset else v - old.get(le, 0.0)) for le, v in now.items()}
+        s_now = _sum_of(cur, family) or 0.0
+        s_old = (_sum_of(prev, family) or 0.0) if prev is not None and not reset else 0.0
+        return family, inc, max(s_now - s_old, 0.0)
+    return None
+
+
+class WatchedEngine:
+    """A `ScrapeSource` for one engine, plus `watch.*` samples: histogram bucket increments
+    (`watch.ttft_bucket` / `watch.itl_bucket`, label `le`), their sums (`watch.*_sum`, seconds)
+    and `watch.restart` (1 when counters went down since the last good scrape)."""
+
+    def __init__(self, spec: EngineSpec, clock: RunClock, timeout_s: float) -> None:
+        self.spec = spec
+        self.inner = ScrapeSource(spec.url, "engine", clock, timeout_s, WATCH_KEEP, buckets=True)
+        self.name = self.inner.name
+        self._labels: Mapping[str, str] = {"target": spec.target}
+
+    def tick(self) -> list[TelemetrySample]:
+        prev = self.inner.last
+        out = self.inner.tick()
+        cur = self.inner.last
+        if cur is None or cur is prev:
+            return out  # the scrape failed: scrape.ok 0 says so
+        t = cur.t_ns
+        if prev is not None and counter_reset(prev, cur):
+            out.append(TelemetrySample(t, WATCH_SOURCE, "watch.restart", 1.0, self._labels))
+        if prev is None:
+            return out  # the first scrape is the baseline of every increase
+        for kind in HISTOGRAMS:
+            inc = histogram_increments(prev, cur, kind)
+            if inc is None:
+                continue
+            _, buckets, total = inc
+            for le, v in buckets.items():
+                lab = {**self._labels, "le": repr(le) if le != float("inf") else "+Inf"}
+                out.append(TelemetrySample(t, WATCH_SOURCE, f"watch.{kind}_bucket", v, lab))
+            out.append(TelemetrySample(t, WATCH_SOURCE, f"watch.{kind}_sum", total, self._labels))
+        return out
+
+    def missed(self, t_ns: int) -> list[TelemetrySample]:
+        return self.inner.missed(t_ns)
+
+    def statuses(self) -> dict[str, str]:
+        return self.inner.statuses()
+
+    def close(self) -> None:
+        self.inner.close()
