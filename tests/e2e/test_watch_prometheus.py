@@ -21,7 +21,7 @@ from phaselens.store import load_run
 pytestmark = pytest.mark.e2e
 
 LOAD_S = 24.0
-RATE = 3.0  # requests/s per engine: keeps the tiny models busy without saturating 2 cores
+RATE = 2.0  # requests/s per engine: busy tiny models (3/s saturated llama-server on 2 loaded cores)
 OUT_TOKENS = 32
 SPEC = f"""\
 name: watch-load
