@@ -62,6 +62,8 @@ class ScriptedEngine:
         self._last = 0.0
         self._lock = threading.Lock()
         self._down = False
+        self.delay_s = 0.0  # each /metrics answer waits this long (a slow engine)
+        self.served = 0
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
@@ -72,6 +74,13 @@ class ScriptedEngine:
         self.t0 = self.clock()
         self._thread.start()
         return self
+
+    def reset_clock(self) -> None:
+        """The script starts again now, from zero counters (the watch's t = 0)."""
+        with self._lock:
+            self.t0 = self.clock()
+            self._last = 0.0
+            self._c = _Counters()
 
     def now(self) -> float:
         return self.clock() - self.t0
@@ -162,6 +171,9 @@ class ScriptedEngine:
 
         class H(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                if eng.delay_s:
+                    time.sleep(eng.delay_s)
+                eng.served += 1
                 if eng._down or self.path != "/metrics":
                     self.send_response(503 if eng._down else 404)
                     self.send_header("Content-Length", "0")

@@ -346,6 +346,13 @@ def run(
     ] = None,
     skip_bad_lines: Annotated[bool, SKIP_BAD_LINES] = False,
     anonymize: Annotated[bool, ANONYMIZE] = False,
+    listen: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--listen",
+            help="HOST:PORT: serve the live watch metrics (phaselens watch) during the run.",
+        ),
+    ] = None,
     ray: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
@@ -375,6 +382,14 @@ def run(
     if loop not in LOOPS:
         raise InputError(f"--loop: expected {', '.join(LOOPS)}, got {loop!r}")
     tgt = target_of(target)
+    if listen is not None and not isinstance(tgt, HttpTarget):
+        raise InputError(
+            "--listen: the simulator has no live engines to watch (use an http --target)"
+        )
+    if listen is not None:
+        from phaselens.watch.exporter import parse_listen
+
+        parse_listen(listen)
     if ray is not None:
         if not isinstance(tgt, HttpTarget):
             raise InputError("--ray: drives real servers; the simulator runs in this process")
@@ -417,7 +432,14 @@ def run(
         asked=_asked(ctx),
     )
     info = RunInfo.of(ws)
-    res = execute(schedule, tgt, options, out, dataclasses.replace(info, extra=extra))
+    live: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if listen is not None and not isinstance(tgt, SimTarget):
+        from phaselens.cli.watch import sidecar
+
+        gpu = telemetry == "auto" or "gpu" in telemetry
+        live = sidecar(tgt.urls, listen, gpu=gpu)
+    with live:
+        res = execute(schedule, tgt, options, out, dataclasses.replace(info, extra=extra))
     if isinstance(tgt, SimTarget):
         typer.echo(str(res.path))
         _headline_line(res.path)

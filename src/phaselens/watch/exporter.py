@@ -27,6 +27,12 @@ def _g(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(P + name, doc, labels=labels)
 
 
+def _add(fam: Any, labels: list[str], value: float | None) -> None:
+    """One series, only when its number is known (absent, never a made-up 0)."""
+    if value is not None:
+        fam.add_metric(labels, value)
+
+
 def families(s: Snapshot, codes: tuple[str, ...]) -> list[Any]:
     """Every metric family of one snapshot (docs/watch.md lists them)."""
     up = _g("engine_up", "1 when the engine answered its last scrape", ["engine"])
@@ -54,27 +60,18 @@ def families(s: Snapshot, codes: tuple[str, ...]) -> list[Any]:
         if e.up is not None:
             up.add_metric([name], 1.0 if e.up else 0.0)
         restarts.add_metric([name], float(e.restarts))
-        if e.latency_s is not None:
-            lat.add_metric([name], e.latency_s)
-        if e.queue is not None:
-            queue.add_metric([name], e.queue)
-        if e.running is not None:
-            running.add_metric([name], e.running)
-        if e.kv_ratio is not None:
-            kv.add_metric([name], e.kv_ratio)
+        _add(lat, [name], e.latency_s)
+        _add(queue, [name], e.queue)
+        _add(running, [name], e.running)
+        _add(kv, [name], e.kv_ratio)
         for lab in LABELS:
             psec.add_metric([name, lab], e.phase_seconds.get(lab, 0.0))
     for (name, w), f in sorted(s.by_engine.items()):
-        if f.ttft_p90_s is not None:
-            ttft.add_metric([name, w], f.ttft_p90_s)
-        if f.itl_p99_s is not None:
-            itl.add_metric([name, w], f.itl_p99_s)
-        if f.prefix_hit_ratio is not None:
-            hit.add_metric([name, w], f.prefix_hit_ratio)
-        if f.prompt_tps is not None:
-            tps.add_metric([name, "prompt", w], f.prompt_tps)
-        if f.generation_tps is not None:
-            tps.add_metric([name, "generation", w], f.generation_tps)
+        _add(ttft, [name, w], f.ttft_p90_s)
+        _add(itl, [name, w], f.itl_p99_s)
+        _add(hit, [name, w], f.prefix_hit_ratio)
+        _add(tps, [name, "prompt", w], f.prompt_tps)
+        _add(tps, [name, "generation", w], f.generation_tps)
         for lab, v in f.phase_share.items():
             pshare.add_metric([name, lab, w], v)
     gw = ["gpu", "window"]
@@ -87,12 +84,9 @@ def families(s: Snapshot, codes: tuple[str, ...]) -> list[Any]:
         ["gpu", "phase", "window"],
     )
     for (gpu, w), gf in sorted(s.by_gpu.items()):
-        if gf.util is not None:
-            util.add_metric([gpu, w], gf.util)
-        if gf.prefill_peak is not None:
-            peak.add_metric([gpu, w], gf.prefill_peak)
-        if gf.decode_trough is not None:
-            trough.add_metric([gpu, w], gf.decode_trough)
+        _add(util, [gpu, w], gf.util)
+        _add(peak, [gpu, w], gf.prefill_peak)
+        _add(trough, [gpu, w], gf.decode_trough)
         for lab, v in gf.by_phase.items():
             by_phase.add_metric([gpu, lab, w], v)
     active = _g("finding_active", "1 while the finding is raised", ["code", "engine"])
@@ -103,11 +97,9 @@ def families(s: Snapshot, codes: tuple[str, ...]) -> list[Any]:
         active.add_metric([code, eng], 1.0 if on else 0.0)
         changes.add_metric([code, eng], float(s.changes.get((code, eng), 0)))
     cpu = _g("watch_cpu_ratio", "Watcher CPU as a share of one core (10 s)", [])
-    if s.cpu_ratio is not None:
-        cpu.add_metric([], s.cpu_ratio)
+    _add(cpu, [], s.cpu_ratio)
     lag = _g("watch_sample_lag_seconds", "How late the last 100 ms tick ran", [])
-    if s.sample_lag_s is not None:
-        lag.add_metric([], s.sample_lag_s)
+    _add(lag, [], s.sample_lag_s)
     return [up, restarts, lat, queue, running, kv, ttft, itl, hit, tps, psec, pshare,
             util, peak, trough, by_phase, active, changes, cpu, lag]  # fmt: skip
 

@@ -40,6 +40,8 @@ MARGIN_PCT = 5.0  # clear thresholds sit this many percentage points on the safe
 PI_CLEAR_RATIO = 1.5  # prefill-interference clears below this ITL ratio (raises at PI_RATIO)
 UDIR_ITL_RISE = 1.5  # ITL p99 now / before the drop that, with a util drop, raises
 UDIR_ITL_CLEAR = 1.2  # ... and below which it clears
+BEFORE_GAP_BINS = 2  # "before the drop" ends this many bins before its last high bin (a
+# scrape's increments land up to a bin late)
 # util-drop needs the seed's whole pattern in view: the high bin ≤ 10 s before a low run > 3 s
 DROP_HISTORY_S = DROP_WITHIN_S + DROP_MIN_LOW_S + 2.0
 ALL = "all"  # the `engine` of findings about the whole deployment (GPU-wide rules)
@@ -130,8 +132,8 @@ def util_drop_itl_rise(c: Ctx) -> dict[str, Verdict]:
         return {ALL: Verdict(False, True, {"util_drop": False})}
     worst: tuple[float, dict[str, Any]] | None = None
     for e in c.st.engines.values():
-        start = c.st.closed - int(ev[0]["bins_ago_start"])
-        les, inc, _ = hist_window(e, "itl", start + 1, c.short)
+        start = c.st.closed - int(ev[0]["bins_ago_start"]) - BEFORE_GAP_BINS
+        les, inc, _ = hist_window(e, "itl", start, c.short)
         before = histogram_quantile(0.99, les, inc) if les else None
         les, inc, _ = hist_window(e, "itl", c.st.closed, c.short)
         now = histogram_quantile(0.99, les, inc) if les else None

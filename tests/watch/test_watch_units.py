@@ -1,0 +1,156 @@
+"""The watch's pure parts: histogram quantiles, window names, engine and listen parsing, the
+hysteresis, counter resets; and the CLI's bad-input lines."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from phaselens.cli import invoke
+from phaselens.errors import InputError
+from phaselens.telemetry.prometheus import Scrape, parse_prometheus
+from phaselens.watch.engines import counter_reset, histogram_increments, parse_engines
+from phaselens.watch.exporter import parse_listen
+from phaselens.watch.indicators import histogram_quantile, window_name
+from phaselens.watch.rules import CLEAR_HOLD_S, RAISE_HOLD_S, Tracker, Verdict
+
+
+def test_histogram_quantile_by_hand() -> None:
+    les = [0.1, 0.2, 0.4, math.inf]
+    # 10 observations <= 0.1, 30 in (0.1, 0.2], 50 in (0.2, 0.4], 10 above: cumulative increments
+    inc = np.array([10.0, 40.0, 90.0, 100.0])
+    # p90: rank 90 is the top of (0.2, 0.4]: 0.4; p50: rank 50 -> 0.2 + 0.2 * (50 - 40) / 50
+    assert histogram_quantile(0.9, les, inc) == pytest.approx(0.4)
+    assert histogram_quantile(0.5, les, inc) == pytest.approx(0.24)
+    assert histogram_quantile(0.05, les, inc) == pytest.approx(0.05)  # first bucket from 0
+    assert histogram_quantile(0.99, les, inc) == pytest.approx(0.4)  # in +Inf: largest bound
+    assert histogram_quantile(0.9, les, np.zeros(4)) is None
+
+
+def test_window_names() -> None:
+    assert [window_name(w) for w in (10, 300, 90, 1, 0.5, 3600)] == [
+        "10s",
+        "5m",
+        "90s",
+        "1s",
+        "0.5s",
+        "60m",
+    ]
+
+
+def test_parse_engines_and_listen() -> None:
+    e = parse_engines(["http://127.0.0.1:8000/v1", "big=http://h:9/metrics"])
+    assert [(x.name, x.url) for x in e] == [
+        ("127.0.0.1:8000", "http://127.0.0.1:8000/metrics"),
+        ("big", "http://h:9/metrics"),
+    ]
+    with pytest.raises(InputError, match="twice"):
+        parse_engines(["a=http://h:1", "a=http://h:2"])
+    with pytest.raises(InputError):
+        parse_engines([])
+    assert parse_listen("127.0.0.1:9400") == ("127.0.0.1", 9400)
+    assert parse_listen(":9400") == ("0.0.0.0", 9400)
+    with pytest.raises(InputError):
+        parse_listen("nope")
+
+
+def _scrape(text: str) -> Scrape:
+    return Scrape(0, parse_prometheus(text))
+
+
+def test_counter_reset_and_histogram_increments() -> None:
+    a = _scrape(
+        "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total 100\n"
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        'vllm:time_to_first_token_seconds_bucket{le="0.1"} 4\n'
+        'vllm:time_to_first_token_seconds_bucket{le="+Inf"} 10\n'
+        "vllm:time_to_first_token_seconds_count 10\nvllm:time_to_first_token_seconds_sum 2\n"
+    )
+    b = _scrape(
+        "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total 130\n"
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        'vllm:time_to_first_token_seconds_bucket{le="0.1"} 6\n'
+        'vllm:time_to_first_token_seconds_bucket{le="+Inf"} 15\n'
+        "vllm:time_to_first_token_seconds_count 15\nvllm:time_to_first_token_seconds_sum 3.5\n"
+    )
+    restarted = _scrape(
+        "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total 5\n"
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        'vllm:time_to_first_token_seconds_bucket{le="0.1"} 1\n'
+        'vllm:time_to_first_token_seconds_bucket{le="+Inf"} 2\n'
+        "vllm:time_to_first_token_seconds_count 2\nvllm:time_to_first_token_seconds_sum 0.5\n"
+    )
+    assert not counter_reset(a, b)
+    assert counter_reset(b, restarted)
+    inc = histogram_increments(a, b, "ttft")
+    assert inc is not None and inc[1] == {0.1: 2.0, math.inf: 5.0} and inc[2] == pytest.approx(1.5)
+    inc = histogram_increments(b, restarted, "ttft")  # from 0 after a reset, never negative
+    assert inc is not None and inc[1] == {0.1: 1.0, math.inf: 2.0} and inc[2] == 0.5
+    assert histogram_increments(a, b, "itl") is None
+
+
+def test_hysteresis_holds() -> None:
+    tr = Tracker()
+    key = ("kv-pressure", "e")
+    up, down, neither = (
+        Verdict(True, False, {}),
+        Verdict(False, True, {}),
+        Verdict(False, False, {}),
+    )
+    t = 0.0
+    assert tr.step(key, up, t, "") is None
+    assert tr.step(key, neither, t + 0.5, "") is None  # the condition broke: the hold restarts
+    assert tr.step(key, up, t + 1.0, "") is None
+    ch = tr.step(key, up, t + 1.0 + RAISE_HOLD_S, "")
+    assert ch is not None and ch.raised
+    assert tr.step(key, up, t + 5.0, "") is None  # raised stays raised
+    assert tr.step(key, down, t + 6.0, "") is None
+    assert tr.step(key, down, t + 6.0 + CLEAR_HOLD_S - 0.1, "") is None
+    ch = tr.step(key, down, t + 6.0 + CLEAR_HOLD_S, "")
+    assert ch is not None and not ch.raised
+    assert tr.counts()[key] == 2 and tr.active()[key] is False
+
+
+def test_cli_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    for args in (
+        ["watch"],
+        ["watch", "--engine", "ftp://x"],
+        ["watch", "--engine", "http://127.0.0.1:9", "--listen", "nope"],
+        ["watch", "--engine", "http://127.0.0.1:9", "--window", "0.1"],
+        ["watch", "--engine", "http://127.0.0.1:9", "--slo", "ttft_ms=1"],
+    ):
+        assert invoke(args) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith("phaselens: error:") and err.count("\n") == 1, (args, err)
+
+
+def test_run_listen_refused_for_the_simulator(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "name: t\nduration_s: 2\nmodels:\n  - name: m\n    rate: 1\n"
+        "    input_tokens: {dist: fixed, value: 10}\n    output_tokens: {dist: fixed, value: 5}\n"
+    )
+    code = invoke(
+        ["run", str(spec), "--target", "sim", "--listen", "127.0.0.1:9", "--out", str(tmp_path)]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "--listen" in err and err.count("\n") == 1, err
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # no run directory was made
+
+
+def test_write_assets_copies_what_is_shipped(tmp_path: Path) -> None:
+    from phaselens.cli.watch import write_assets
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "dashboard.json").write_text('{"title": "x"}')
+    out = write_assets(tmp_path / "out", src)
+    assert [p.name for p in out] == ["dashboard.json"]
+    assert (tmp_path / "out" / "dashboard.json").read_text() == '{"title": "x"}'
+    with pytest.raises(InputError):
+        write_assets(tmp_path / "out2", tmp_path / "missing")
