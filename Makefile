@@ -25,7 +25,7 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-unit: install
+unit: install prometheus
 	$(PY) -m pytest -m "not e2e"
 
 # Real engines (llama.cpp server, vLLM CPU build), built once and cached outside the clone.

@@ -141,8 +141,8 @@ def _seed_row(d: db.Dashboard) -> db.Dashboard:
     d = d.with_panel(
         _ts(
             "Prefill-phase utilization peak",
-            "Peak utilization over the window's prefill and mixed 100 ms bins, per GPU "
-            "(indicator 2). Lower peaks with a prefix cache: fewer prefill tokens per batch.",
+            "Utilization peak (p95) over the window's prefill 100 ms bins, per GPU "
+            "(indicator 2). A prefix cache lowers it: fewer prefill tokens per batch.",
             "percentunit",
             _q(f"phaselens_prefill_util_peak_ratio{{{GPU},{WIN}}}", "gpu {{gpu}}"),
         )
@@ -150,9 +150,9 @@ def _seed_row(d: db.Dashboard) -> db.Dashboard:
     d = d.with_panel(
         _ts(
             "Decode-phase utilization trough",
-            "Lowest utilization over the window's decode bins, per GPU (indicator 3). Decode "
-            "below 20% with requests waiting: memory bandwidth is saturated, more requests "
-            "only widen the swings.",
+            "Utilization trough (p5) over the window's decode bins, per GPU (indicator 3). "
+            "Decode below 20% with requests waiting: memory bandwidth is saturated, more "
+            "requests only widen the swings.",
             "percentunit",
             _q(f"phaselens_decode_util_trough_ratio{{{GPU},{WIN}}}", "gpu {{gpu}}"),
         )

@@ -98,3 +98,13 @@ def test_every_scenario_alert_exists() -> None:
     used = {c["alertname"] for t in test["tests"] for c in t.get("alert_rule_test", [])}
     assert used <= names, used - names
     assert len(used) == len(names - {None}), names - used
+
+
+def test_forwarded_findings_have_advice_for_every_live_code() -> None:
+    """PhaselensFinding says what to change per code: every code the watcher raises has its own
+    branch (a new code falls through to the generic line until it is given one)."""
+    from phaselens.watch.rules import CODES
+
+    fwd = next(r for r in rules() if r.get("alert") == "PhaselensFinding")
+    branches = set(re.findall(r'eq \$labels\.code "([a-z-]+)"', fwd["annotations"]["description"]))
+    assert branches == set(CODES)
