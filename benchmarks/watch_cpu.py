@@ -107,15 +107,16 @@ def _watcher(urls: list[str], gpus: int, conn: Any) -> None:  # runs in a child 
     sys.path.insert(0, str(ROOT / "src"))
     import io
 
+    from tests.telemetry.fake_nvml import FakeGpu, make_fake
+
     from phaselens.watch.engines import parse_engines
     from phaselens.watch.loop import WatchConfig, watch
-    from tests.telemetry.fake_nvml import FakeGpu, make_fake
 
     fake = [FakeGpu(util=(40 + 5 * i, 20)) for i in range(gpus)]
     nv = make_fake(fake)
     cfg = WatchConfig(
         engines=parse_engines([f"e{i}={u}" for i, u in enumerate(urls)]),
-        gpu=True,
+        gpu=gpus > 0,
         listen="127.0.0.1:0",
         quiet=True,
     )
