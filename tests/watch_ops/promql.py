@@ -34,7 +34,8 @@ def off_contract(expr: str) -> list[str]:
     """What `expr` uses that the metric contract does not define (empty: all of it is)."""
     c = contract()
     r = refs(expr)
-    all_labels = {lab for _, labs in c.values() for lab in labs}
+    # plus the target labels Prometheus adds to every scraped series
+    all_labels = {lab for _, labs in c.values() for lab in labs} | {"instance", "job"}
     bad = [f"metric {m}" for m in sorted(r.metrics - c.keys())]
     bad += [
         f"label {lab} on {m}"
