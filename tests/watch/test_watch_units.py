@@ -12,7 +12,13 @@ import pytest
 from phaselens.cli import invoke
 from phaselens.errors import InputError
 from phaselens.telemetry.prometheus import Scrape, parse_prometheus
-from phaselens.watch.engines import counter_reset, histogram_increments, parse_engines
+from phaselens.watch.engines import (
+    bucket_totals,
+    counter_reset,
+    histogram_increments,
+    parse_engines,
+    pick_histograms,
+)
 from phaselens.watch.exporter import parse_listen
 from phaselens.watch.indicators import histogram_quantile, window_name
 from phaselens.watch.rules import CLEAR_HOLD_S, RAISE_HOLD_S, Tracker, Verdict
@@ -61,35 +67,30 @@ def _scrape(text: str) -> Scrape:
     return Scrape(0, parse_prometheus(text))
 
 
+def _text(tokens: int, le01: int, n: int, total: float) -> str:
+    return (
+        f"# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total {tokens}\n"
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        f'vllm:time_to_first_token_seconds_bucket{{le="0.1"}} {le01}\n'
+        f'vllm:time_to_first_token_seconds_bucket{{le="+Inf"}} {n}\n'
+        f"vllm:time_to_first_token_seconds_count {n}\n"
+        f"vllm:time_to_first_token_seconds_sum {total}\n"
+    )
+
+
 def test_counter_reset_and_histogram_increments() -> None:
-    a = _scrape(
-        "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total 100\n"
-        "# TYPE vllm:time_to_first_token_seconds histogram\n"
-        'vllm:time_to_first_token_seconds_bucket{le="0.1"} 4\n'
-        'vllm:time_to_first_token_seconds_bucket{le="+Inf"} 10\n'
-        "vllm:time_to_first_token_seconds_count 10\nvllm:time_to_first_token_seconds_sum 2\n"
-    )
-    b = _scrape(
-        "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total 130\n"
-        "# TYPE vllm:time_to_first_token_seconds histogram\n"
-        'vllm:time_to_first_token_seconds_bucket{le="0.1"} 6\n'
-        'vllm:time_to_first_token_seconds_bucket{le="+Inf"} 15\n'
-        "vllm:time_to_first_token_seconds_count 15\nvllm:time_to_first_token_seconds_sum 3.5\n"
-    )
-    restarted = _scrape(
-        "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total 5\n"
-        "# TYPE vllm:time_to_first_token_seconds histogram\n"
-        'vllm:time_to_first_token_seconds_bucket{le="0.1"} 1\n'
-        'vllm:time_to_first_token_seconds_bucket{le="+Inf"} 2\n'
-        "vllm:time_to_first_token_seconds_count 2\nvllm:time_to_first_token_seconds_sum 0.5\n"
-    )
-    assert not counter_reset(a, b)
-    assert counter_reset(b, restarted)
-    inc = histogram_increments(a, b, "ttft")
-    assert inc is not None and inc[1] == {0.1: 2.0, math.inf: 5.0} and inc[2] == pytest.approx(1.5)
-    inc = histogram_increments(b, restarted, "ttft")  # from 0 after a reset, never negative
-    assert inc is not None and inc[1] == {0.1: 1.0, math.inf: 2.0} and inc[2] == 0.5
-    assert histogram_increments(a, b, "itl") is None
+    a, b, r = _text(100, 4, 10, 2.0), _text(130, 6, 15, 3.5), _text(5, 1, 2, 0.5)
+    assert not counter_reset(_scrape(a), _scrape(b))
+    assert counter_reset(_scrape(b), _scrape(r))
+    fam = "vllm:time_to_first_token_seconds"
+    ba, bb, br = (bucket_totals(t, [fam])[fam] for t in (a, b, r))
+    assert ba == {0.1: 4.0, math.inf: 10.0}
+    inc, total = histogram_increments(ba, bb, 2.0, 3.5)
+    assert inc == {0.1: 2.0, math.inf: 5.0} and total == pytest.approx(1.5)
+    inc, total = histogram_increments(bb, br, 3.5, 0.5)  # a reset: counted from 0, not negative
+    assert inc == {0.1: 1.0, math.inf: 2.0} and total == 0.5
+    assert pick_histograms({fam: ba}) == {"ttft": fam}
+    assert histogram_increments(None, ba, None, 2.0)[0] == ba
 
 
 def test_hysteresis_holds() -> None:

@@ -141,6 +141,7 @@ _TYPES = frozenset(
         "gaugehistogram",
     )
 )
+_NAME_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_:")
 MAX_ABS_VALUE = 1e18  # a reading beyond this is not a measurement: the line is skipped
 MAX_LINE_CHARS = 16384  # a longer line (vLLM's longest: ~300) is skipped and counted
 MAX_SAMPLES = 50_000  # sample lines kept per scrape (vLLM: ~650); the rest skipped, counted
@@ -192,6 +193,10 @@ def _prefilter(text: str, keep: tuple[str, ...], buckets: bool) -> _Lines:
     """
     out = _Lines()
     for n, line in enumerate(text.splitlines(), 1):
+        if keep and (
+            (line[:1] in _NAME_START and not line.startswith(keep)) or line.startswith("# HELP ")
+        ):
+            continue  # another family's sample (its name cannot start with ours), or a HELP
         if not line.strip():
             continue
         if len(line) > MAX_LINE_CHARS:

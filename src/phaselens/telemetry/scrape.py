@@ -85,6 +85,7 @@ class ScrapeSource:
             self._headers["Authorization"] = auth
         self._labels = {"target": redact_url(url)}
         self._prev: Scrape | None = None
+        self.last_text = ""  # the last successful scrape's text (the watch reads its buckets)
         self._baseline: Scrape | None = None
         self.ok_count = 0
         self.missing_count = 0  # ticks without a sample: failed, or skipped by an overrun
@@ -127,6 +128,7 @@ class ScrapeSource:
             self.last_error = redact_urls_in(f"{type(e).__name__}: {e}")[:200]
             return self._meta((t0 + t1) // 2, ok=False, latency_ns=t1 - t0)
         mid = (t0 + t1) // 2
+        self.last_text = text
         cur = Scrape(mid, families)
         source = "dcgm" if self.kind == "dcgm" else (detect_source(families) or "engine")
         out = self._meta(mid, ok=True, latency_ns=t1 - t0)

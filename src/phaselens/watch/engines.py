@@ -10,6 +10,8 @@ engine that restarted), emitted as `watch.*` samples beside the others.
 
 from __future__ import annotations
 
+import math
+import re
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,11 +40,13 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {
     ),
 }
 SGLANG_HIT_RATE = "sglang:cache_hit_rate"
-# Families the watch parses: those with a canonical name, the prefix-cache counters and the two
-# histograms (a narrow `keep`: prometheus-client's parser costs ~60 µs a line).
+# Families the watch parses: those with a canonical name (counters by their printed `_total`
+# name, as in their TYPE line), the prefix-cache counters and the histograms (their _count and
+# _sum; buckets are read apart, `bucket_totals`): a narrow `keep`, as prometheus-client's
+# parser costs ~60 µs a line.
 WATCH_KEEP: tuple[str, ...] = tuple(
     dict.fromkeys(
-        [n.removesuffix("_total") for n in CANONICAL if not n.startswith("DCGM_")]
+        [n for n in CANONICAL if not n.startswith("DCGM_")]
         + [n for n in PREFIX_HITS + PREFIX_QUERIES if not n.endswith("_total")]
         + [SGLANG_HIT_RATE]
         + [n for names in HISTOGRAMS.values() for n in names]
@@ -87,24 +91,38 @@ def parse_engines(values: Sequence[str]) -> tuple[EngineSpec, ...]:
     return tuple(out)
 
 
-def _cumulative(scrape: Scrape, family: str) -> dict[float, float]:
-    """le -> cumulative count of a histogram family, summed over its label sets."""
-    fam = scrape.families.get(family)
-    out: dict[float, float] = {}
-    if fam is None:
-        return out
-    for s in fam.samples:
-        if s.name.endswith("_bucket") and "le" in s.labels:
-            try:
-                le = float(s.labels["le"])
-            except ValueError:
-                continue
-            out[le] = out.get(le, 0.0) + s.value
+_BUCKET = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)_bucket\{(.*)\}[ \t]+([^ \t]+)")
+_LE = re.compile(r'(?:^|,)\s*le\s*=\s*"([^"]*)"')
+
+
+def bucket_totals(text: str, families: Sequence[str]) -> dict[str, dict[float, float]]:
+    """family -> le -> cumulative count (label sets summed), read from the scrape's text.
+
+    Why not through the parser: buckets are most of a histogram's lines, and prometheus-client
+    costs ~60 µs a line; only `<family>_bucket{...,le="x"} value` lines of these families are
+    read here (a line that does not fit is ignored; the family's _count/_sum still parse)."""
+    prefixes = tuple(f"{f}_bucket" for f in families)
+    out: dict[str, dict[float, float]] = {}
+    for line in text.splitlines():
+        if not line.startswith(prefixes):
+            continue
+        m = _BUCKET.fullmatch(line.rstrip())
+        le = _LE.search(m[2]) if m else None
+        if m is None or le is None or m[1] not in families:
+            continue
+        try:
+            bound, value = float(le[1]), float(m[3])
+        except ValueError:
+            continue
+        if not math.isfinite(value):
+            continue
+        fam = out.setdefault(m[1], {})
+        fam[bound] = fam.get(bound, 0.0) + value
     return out
 
 
-def _sum_of(scrape: Scrape, family: str) -> float | None:
-    fam = scrape.families.get(family)
+def _sum_of(scrape: Scrape | None, family: str) -> float | None:
+    fam = scrape.families.get(family) if scrape is not None else None
     if fam is None:
         return None
     vals = [s.value for s in fam.samples if s.name.endswith("_sum")]
@@ -133,34 +151,44 @@ def counter_reset(prev: Scrape, cur: Scrape) -> bool:
 
 
 def histogram_increments(
-    prev: Scrape | None, cur: Scrape, kind: str
-) -> tuple[str, dict[float, float], float] | None:
-    """(family, le -> increase of its cumulative count, increase of its sum) between two
-    scrapes, for the engine's best histogram of `kind`; a decrease (a restart) counts from 0,
-    as Prometheus' `increase()` does. None when the engine has no such histogram."""
-    for family in HISTOGRAMS[kind]:
-        now = _cumulative(cur, family)
-        if not now:
-            continue
-        old = _cumulative(prev, family) if prev is not None else {}
-        reset = any(now.get(le, 0.0) < v for le, v in old.items())
-        inc = {le: (v if reset else v - old.get(le, 0.0)) for le, v in now.items()}
-        s_now = _sum_of(cur, family) or 0.0
-        s_old = (_sum_of(prev, family) or 0.0) if prev is not None and not reset else 0.0
-        return family, inc, max(s_now - s_old, 0.0)
-    return None
+    prev: Mapping[float, float] | None,
+    cur: Mapping[float, float],
+    prev_sum: float | None,
+    cur_sum: float | None,
+) -> tuple[dict[float, float], float]:
+    """(le -> increase of the cumulative count, increase of the sum) of one histogram between
+    two scrapes; a decrease (a restart) counts from 0, as Prometheus' `increase()` does."""
+    old = prev or {}
+    reset = any(cur.get(le, 0.0) < v for le, v in old.items())
+    inc = {le: (v if reset else v - old.get(le, 0.0)) for le, v in cur.items()}
+    s_old = 0.0 if reset or prev_sum is None else prev_sum
+    return inc, max((cur_sum or 0.0) - s_old, 0.0)
+
+
+def pick_histograms(found: Mapping[str, Mapping[float, float]]) -> dict[str, str]:
+    """kind -> the engine's best histogram family of that kind among those it printed."""
+    out = {}
+    for kind, names in HISTOGRAMS.items():
+        best = next((n for n in names if found.get(n)), None)
+        if best is not None:
+            out[kind] = best
+    return out
 
 
 class WatchedEngine:
-    """A `ScrapeSource` for one engine, plus `watch.*` samples: histogram bucket increments
-    (`watch.ttft_bucket` / `watch.itl_bucket`, label `le`), their sums (`watch.*_sum`, seconds)
+    """A `ScrapeSource` for one engine, plus `watch.*` samples: histogram increments per bucket
+    (`watch.ttft_bucket` / `watch.itl_bucket`, label `le`: observations in (previous le, le];
+    every bucket the first time, then only those that got some), their sums (`watch.*_sum`, seconds)
     and `watch.restart` (1 when counters went down since the last good scrape)."""
 
     def __init__(self, spec: EngineSpec, clock: RunClock, timeout_s: float) -> None:
         self.spec = spec
-        self.inner = ScrapeSource(spec.url, "engine", clock, timeout_s, WATCH_KEEP, buckets=True)
+        self.inner = ScrapeSource(spec.url, "engine", clock, timeout_s, WATCH_KEEP)
         self.name = self.inner.name
         self._labels: Mapping[str, str] = {"target": spec.target}
+        self._buckets: dict[str, dict[float, float]] = {}
+        self._bounds: dict[str, list[float]] = {}
+        self._families = [n for names in HISTOGRAMS.values() for n in names]
 
     def tick(self) -> list[TelemetrySample]:
         prev = self.inner.last
@@ -171,16 +199,23 @@ class WatchedEngine:
         t = cur.t_ns
         if prev is not None and counter_reset(prev, cur):
             out.append(TelemetrySample(t, WATCH_SOURCE, "watch.restart", 1.0, self._labels))
+        found = bucket_totals(self.inner.last_text, self._families)
+        before, self._buckets = self._buckets, found
         if prev is None:
             return out  # the first scrape is the baseline of every increase
-        for kind in HISTOGRAMS:
-            inc = histogram_increments(prev, cur, kind)
-            if inc is None:
-                continue
-            _, buckets, total = inc
-            for le, v in buckets.items():
-                lab = {**self._labels, "le": repr(le) if le != float("inf") else "+Inf"}
-                out.append(TelemetrySample(t, WATCH_SOURCE, f"watch.{kind}_bucket", v, lab))
+        for kind, family in pick_histograms(found).items():
+            inc, total = histogram_increments(
+                before.get(family), found[family], _sum_of(prev, family), _sum_of(cur, family)
+            )
+            les = sorted(inc)
+            every = self._bounds.get(kind) != les  # all bounds once (and when they change)
+            self._bounds[kind] = les
+            below = 0.0
+            for le in les:  # per bucket, not cumulative: only the buckets that got some
+                v, below = max(inc[le] - below, 0.0), max(inc[le], below)
+                if v > 0 or every:
+                    lab = {**self._labels, "le": repr(le) if le != math.inf else "+Inf"}
+                    out.append(TelemetrySample(t, WATCH_SOURCE, f"watch.{kind}_bucket", v, lab))
             out.append(TelemetrySample(t, WATCH_SOURCE, f"watch.{kind}_sum", total, self._labels))
         return out
 

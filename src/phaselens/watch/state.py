@@ -15,7 +15,6 @@ all engines' tokens together, as analysis' lane "all".
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -37,6 +36,11 @@ _CODE = {lab: i for i, lab in enumerate(LABELS)}
 _COUNTERS = {"engine.prefill_tokens": "ptok", "engine.decode_tokens": "dtok"}
 _GAUGES = {"engine.running": "sum", "engine.waiting": "sum", "engine.kv_usage_pct": "max"}
 GPU_METRICS = ("gpu.busy_pct", "gpu.sm_pct", "gpu.dram_bw_pct")
+_WANTED = frozenset(
+    [*_COUNTERS, *_GAUGES, "engine.preemptions", *PREFIX_HITS, *PREFIX_QUERIES, SGLANG_HIT_RATE]
+    + ["scrape.ok", "scrape.latency_ms", "watch.restart", *GPU_METRICS]
+    + [f"watch.{k}_{w}" for k in ("ttft", "itl") for w in ("bucket", "sum")]
+)
 
 
 class Ring:
@@ -92,7 +96,7 @@ class EngineState:
         self.last_ok_ns: int | None = None
         self.restarts = 0
         self.last_error = ""
-        self.gauges: dict[str, dict[str, float]] = {}
+        self.gauges: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
         self.seen: set[str] = set()  # the metrics this engine has shown (absent vs 0)
         self.open: dict[int, _Acc] = {}
         self.rings = {k: Ring(cap) for k in _RING_NAMES}
@@ -156,6 +160,8 @@ class WatchState:
     # --- arriving samples -------------------------------------------------------------------
     def add(self, samples: Iterable[TelemetrySample]) -> None:
         for s in samples:
+            if s.metric not in _WANTED:
+                continue  # a raw name the watch does not read (it still goes to --record)
             b = max(int((s.t_ns - 1) // BIN_NS), 0)
             target = s.labels.get("target")
             eng = self._by_target.get(target) if target is not None else None
@@ -206,7 +212,7 @@ class WatchState:
         elif m in PREFIX_QUERIES:
             key = "queries"
         elif m in _GAUGES or m == SGLANG_HIT_RATE:
-            e.gauges.setdefault(m, {})[json.dumps(dict(s.labels), sort_keys=True)] = s.value
+            e.gauges.setdefault(m, {})[tuple(sorted(s.labels.items()))] = s.value
             e.seen.add(m)
             return
         else:
@@ -272,10 +278,10 @@ class WatchState:
             inc = a.hist.get(kind)
             h = e.hist.get(kind)
             if inc and (h is None or not set(inc) <= set(h.les)):
-                h = e.hist[kind] = Hist(self.cap, list(inc))
+                h = e.hist[kind] = Hist(self.cap, list(set(inc) | set(h.les if h else [])))
             if h is None:
                 continue
-            row = np.array([(inc or {}).get(le, 0.0) for le in h.les])
+            row = np.cumsum([(inc or {}).get(le, 0.0) for le in h.les])  # cumulative again
             h.ring.put(b, row)
             h.sum.put(b, a.counts.get(f"{kind}_sum", 0.0))
 
