@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from tests.watch.scripted import Phase, ScriptedEngine
 
 from phaselens.watch.engines import parse_engines
@@ -85,3 +86,50 @@ def test_restart_outage_and_slow_answers() -> None:
     assert max(gaps) < 2.0, gaps
     kinds: Any = res.statuses
     assert any(k.startswith("engine@") for k in kinds)
+
+
+def test_dcgm_exporter_gives_the_gpu_figures() -> None:
+    """GPUs from a dcgm-exporter's /metrics: SM active (preferred over GPU_UTIL, as analysis)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = (
+        b"# TYPE DCGM_FI_PROF_SM_ACTIVE gauge\n"
+        b'DCGM_FI_PROF_SM_ACTIVE{gpu="0",UUID="GPU-a",Hostname="h"} 0.6\n'
+        b'DCGM_FI_PROF_SM_ACTIVE{gpu="1",UUID="GPU-b",Hostname="h"} 0.2\n'
+        b"# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+        b'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a",Hostname="h"} 80\n'
+        b'DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-b",Hostname="h"} 30\n'
+    )
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    dcgm = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=dcgm.serve_forever, daemon=True).start()
+    eng = ScriptedEngine([Phase(0, prompt_tps=100, gen_tps=900, running=2)]).start()
+    cfg = WatchConfig(
+        engines=parse_engines([eng.url]),
+        dcgm=(f"http://127.0.0.1:{dcgm.server_address[1]}/metrics",),
+        windows_s=(1.0, 2.0),
+        duration_s=3.5,
+        quiet=True,
+    )
+    try:
+        res = watch(cfg, out=io.StringIO())
+    finally:
+        eng.close()
+        dcgm.shutdown()
+        dcgm.server_close()
+    assert res.snapshot is not None
+    g0, g1 = res.snapshot.by_gpu[("0", "2s")], res.snapshot.by_gpu[("1", "2s")]
+    assert g0.util == pytest.approx(0.6) and g1.util == pytest.approx(0.2)
+    assert res.snapshot.util_sources == {"0": "dcgm:gpu.sm_pct", "1": "dcgm:gpu.sm_pct"}
+    # 100 prompt vs 900 generated tok/s: decode bins, so the trough is the decode bins' p5
+    assert g0.decode_trough == pytest.approx(0.6)

@@ -134,7 +134,7 @@ def test_run_listen_refused_for_the_simulator(
     spec = tmp_path / "s.yaml"
     spec.write_text(
         "name: t\nduration_s: 2\nmodels:\n  - name: m\n    rate: 1\n"
-        "    input_tokens: {dist: fixed, value: 10}\n    output_tokens: {dist: fixed, value: 5}\n"
+        "    input_tokens: {type: fixed, value: 10}\n    output_tokens: {type: fixed, value: 5}\n"
     )
     code = invoke(
         ["run", str(spec), "--target", "sim", "--listen", "127.0.0.1:9", "--out", str(tmp_path)]

@@ -38,6 +38,14 @@ def write_assets(dest: Path, src: Path = ASSETS) -> list[Path]:
     return out
 
 
+def _dcgm_url(url: str) -> str:
+    """A dcgm-exporter given as `http://host:9400` scrapes `/metrics` (as --telemetry dcgm=)."""
+    import urllib.parse
+
+    u = urllib.parse.urlsplit(url)
+    return url if u.path not in ("", "/") else f"{u.scheme}://{u.netloc}/metrics"
+
+
 @app.command()
 def watch(
     engine: Annotated[
@@ -124,7 +132,7 @@ def watch(
     cfg = WatchConfig(
         engines=specs,
         gpu=gpu,
-        dcgm=tuple(check_url(u, "--dcgm") for u in dcgm or []),
+        dcgm=tuple(_dcgm_url(check_url(u, "--dcgm")) for u in dcgm or []),
         slo=parse_slo(slo) if slo else {},
         listen=listen,
         record=record,

@@ -16,6 +16,7 @@ name the server actually printed, so raw names always match the text on the wire
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -184,6 +185,14 @@ def _value_check(text: str) -> int:
     return 1 if abs(v) <= MAX_ABS_VALUE else -1
 
 
+@functools.lru_cache(maxsize=32)
+def _heads(keep: tuple[str, ...]) -> tuple[int, frozenset[str]]:
+    """(k, the first k characters of every kept prefix): a line whose first k characters are
+    not among them cannot start with any of them (one set lookup instead of a startswith each)."""
+    k = min((len(p) for p in keep), default=0)
+    return k, frozenset(p[:k] for p in keep)
+
+
 def _prefilter(text: str, keep: tuple[str, ...], buckets: bool) -> _Lines:
     """Keep only the families we want before the (slow) parser sees them; collect printed
     names; skip (and count) lines of ours that are not the exposition format.
@@ -192,11 +201,14 @@ def _prefilter(text: str, keep: tuple[str, ...], buckets: bool) -> _Lines:
     and one bad line makes it reject the whole scrape.
     """
     out = _Lines()
+    k, heads = _heads(keep)
     for n, line in enumerate(text.splitlines(), 1):
         if keep and (
-            (line[:1] in _NAME_START and not line.startswith(keep)) or line.startswith("# HELP ")
+            (line[:1] in _NAME_START and (line[:k] not in heads or not line.startswith(keep)))
+            or line.startswith("# HELP ")
+            or (line.startswith("# TYPE ") and line[7 : 7 + k] not in heads)
         ):
-            continue  # another family's sample (its name cannot start with ours), or a HELP
+            continue  # another family's sample or TYPE (its name cannot start with ours), HELP
         if not line.strip():
             continue
         if len(line) > MAX_LINE_CHARS:

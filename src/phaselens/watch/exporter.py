@@ -33,7 +33,7 @@ def _add(fam: Any, labels: list[str], value: float | None) -> None:
         fam.add_metric(labels, value)
 
 
-def families(s: Snapshot, codes: tuple[str, ...]) -> list[Any]:
+def families(s: Snapshot) -> list[Any]:
     """Every metric family of one snapshot (docs/watch.md lists them)."""
     up = _g("engine_up", "1 when the engine answered its last scrape", ["engine"])
     restarts = CounterMetricFamily(
@@ -107,14 +107,13 @@ def families(s: Snapshot, codes: tuple[str, ...]) -> list[Any]:
 class SnapshotCollector:
     """prometheus-client's collector protocol over the latest snapshot (swapped atomically)."""
 
-    def __init__(self, codes: tuple[str, ...]) -> None:
-        self.codes = codes
+    def __init__(self) -> None:
         self.snap: Snapshot | None = None
 
     def collect(self) -> Iterator[Any]:
         s = self.snap
         if s is not None:
-            yield from families(s, self.codes)
+            yield from families(s)
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -129,9 +128,9 @@ def parse_listen(value: str) -> tuple[str, int]:
 class Exporter:
     """The HTTP server on --listen: `port` is the bound one (0 asks for a free one)."""
 
-    def __init__(self, listen: str, codes: tuple[str, ...]) -> None:
+    def __init__(self, listen: str) -> None:
         host, port = parse_listen(listen)
-        self.collector = SnapshotCollector(codes)
+        self.collector = SnapshotCollector()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
         try:

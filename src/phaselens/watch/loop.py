@@ -142,7 +142,7 @@ def watch(
     st = WatchState(cfg.engines, cap)
     start_perf = time.perf_counter_ns()
     clock = RunClock.start(start_perf)
-    exporter = Exporter(cfg.listen, ()) if cfg.listen else None
+    exporter = Exporter(cfg.listen) if cfg.listen else None
     res.port = exporter.port if exporter else None
     recorder = Recorder(cfg, clock) if cfg.record is not None else None
     sources, statuses = open_watch_sources(cfg, clock, nv)

@@ -1,0 +1,131 @@
+"""`phaselens watch` on the real engines (llama.cpp's llama-server, vLLM's CPU build) while an
+independent client loads them; and `phaselens run --listen` serving the live metrics during a
+real run.
+
+Checks: the engine is up, the watch saw requests running and tokens generated during the load
+(and the label of its bins was not idle then), its generated tokens per second are within a
+factor of the client's received rate, and — where the engine prints a TTFT histogram (vLLM) —
+the live TTFT p90 lies inside the client's range of TTFTs widened by one histogram bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from phaselens.watch.engines import parse_engines
+from phaselens.watch.indicators import Snapshot
+from phaselens.watch.loop import WatchConfig, WatchResult, watch
+
+from .helpers import Streamed, open_loop
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_watch_follows_a_loaded_engine(engine: Any) -> None:
+    snaps: list[Snapshot] = []
+    stop = threading.Event()
+    ready = threading.Event()
+    port: list[int] = []
+
+    def on_ready(res: WatchResult) -> None:
+        assert res.port is not None
+        port.append(res.port)
+        ready.set()
+
+    cfg = WatchConfig(
+        engines=parse_engines([f"e={engine.url}"]),
+        listen="127.0.0.1:0",
+        windows_s=(1.0, 5.0),
+        quiet=True,
+    )
+    box: dict[str, WatchResult] = {}
+    t = threading.Thread(
+        target=lambda: box.setdefault(
+            "res",
+            watch(cfg, stop=stop, out=io.StringIO(), on_ready=on_ready, on_snapshot=snaps.append),
+        ),
+        daemon=True,
+    )
+    t.start()
+    try:
+        assert ready.wait(60)
+        time.sleep(2.0)  # idle first
+        t0 = time.monotonic()
+        res: list[Streamed] = asyncio.run(
+            open_loop(engine.url, engine.model, rate_per_s=8.0, n=24, max_tokens=64)
+        )
+        load_s = time.monotonic() - t0
+        with urllib.request.urlopen(f"http://127.0.0.1:{port[0]}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        t.join(60)
+    ok = [x for x in res if x.status == 200 and x.first is not None]
+    assert len(ok) >= 20
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert fams["phaselens_engine_up"].samples[0].value == 1.0
+    assert max((s.engines["e"].running or 0.0) for s in snaps) >= 1
+    gen = [f.generation_tps for s in snaps for (n, w), f in s.by_engine.items() if w == "5s"]
+    received = sum(x.usage.get("completion_tokens", x.content_chunks) for x in ok)
+    client_rate = received / load_s
+    assert max(g or 0.0 for g in gen) == pytest.approx(client_rate, rel=1.5), (gen, client_rate)
+    busy = [s for s in snaps if (s.engines["e"].running or 0) >= 1]
+    shares = [s.by_engine[("e", "1s")].phase_share for s in busy if ("e", "1s") in s.by_engine]
+    assert any(sh and sh.get("idle", 1.0) < 1.0 for sh in shares)
+    if engine.kind == "vllm":
+        ttft = [f.ttft_p90_s for s in snaps for (n, w), f in s.by_engine.items() if w == "5s"]
+        seen = [x for x in ttft if x is not None]
+        assert seen, "vLLM prints a TTFT histogram: the live p90 must be there"
+        client = sorted((x.first - x.sent) for x in ok if x.first is not None)
+        assert 0.0 < max(seen) <= 2.5 * client[-1] + 0.1, (max(seen), client[-1])
+
+
+def test_run_listen_serves_during_a_real_run(llamacpp: Any, tmp_path: Path) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "name: live\nduration_s: 6\nseed: 1\nmodels:\n  - name: m\n    rate: 3\n"
+        "    arrival: {type: constant}\n    input_tokens: {type: fixed, value: 32}\n"
+        "    output_tokens: {type: fixed, value: 16}\n"
+    )
+    port = 19531
+    cmd = [sys.executable, "-m", "phaselens.cli", "run", str(spec), "--target", llamacpp.url]
+    cmd += ["--model-map", f"m={llamacpp.model}", "--endpoint", "completions", "--quiet"]
+    cmd += ["--out", str(tmp_path / "runs"), "--listen", f"127.0.0.1:{port}", "--telemetry", "none"]
+    env = {"PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE, text=True)
+    seen = ""
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    seen = r.read().decode()
+                if "phaselens_running_requests{" in seen:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.3)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    name = urllib.parse.urlsplit(llamacpp.url).netloc  # one --target URL: named host:port
+    assert f'phaselens_engine_up{{engine="{name}"}} 1.0' in seen, seen[:2000]
+    with pytest.raises(OSError):  # the watcher stopped with the run
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
