@@ -2,7 +2,8 @@
 the vLLM CPU build from other processes (`phaselens run`, one per engine). Its query API returns
 the indicator series for both engines, the series move with the load (tokens per second, running
 requests, phase shares), the throughput it stored agrees with what the load runs received, and
-the shipped rules evaluate on the real series without firing an engine-down alert."""
+the shipped rules evaluate on the real series without firing an engine-down alert; and
+`phaselens run --listen` serves the same series to Prometheus while it loads an engine."""
 
 from __future__ import annotations
 
@@ -40,12 +41,12 @@ def _by_engine(p: Prom, expr: str) -> dict[str, float]:
     return {s["metric"]["engine"]: float(s["value"][1]) for s in p.query(expr)}
 
 
-def _load(tmp: Path, name: str, eng: Any) -> subprocess.Popen[str]:
+def _load(tmp: Path, name: str, eng: Any, *extra: str) -> subprocess.Popen[str]:
     spec = tmp / f"{name}.yaml"
     spec.write_text(SPEC)
     cmd = [sys.executable, "-m", "phaselens.cli", "run", str(spec), "--target", eng.url]
     cmd += ["--model-map", f"m={eng.model}", "--out", str(tmp / f"runs-{name}")]
-    cmd += ["--telemetry", "none", "--quiet"]
+    cmd += ["--telemetry", "none", "--quiet", *extra]
     return subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ)
     )
@@ -146,3 +147,31 @@ def test_prometheus_scrapes_watch_while_engines_are_loaded(
             watch.kill()
             watch.wait(10)
         log.close()
+
+
+def test_prometheus_scrapes_run_listen_during_a_load_test(llamacpp: Any, tmp_path: Path) -> None:
+    """`phaselens run --listen`: the same live metrics while phaselens itself loads the engine."""
+    port = free_port()
+    with prometheus(tmp_path / "prom", [f"127.0.0.1:{port}"]) as p:
+        run = _load(tmp_path, "llama", llamacpp, "--listen", f"127.0.0.1:{port}")
+        try:
+
+            def live() -> dict[str, float] | None:
+                if run.poll() is not None:
+                    err = run.stderr.read() if run.stderr else ""
+                    pytest.fail(
+                        f"the run ended (rc {run.returncode}) before Prometheus saw it: {err}"
+                    )
+                tps = _by_engine(p, 'phaselens_tokens_per_second{kind="generation",window="10s"}')
+                return tps if tps and max(tps.values()) > 0 else None
+
+            tps = wait_for("live generation tokens/s from run --listen", live, LOAD_S + 60, p)
+            assert len(tps) == 1, tps  # one engine: the run's one server
+            (engine,) = tps
+            assert _by_engine(p, "phaselens_engine_up") == {engine: 1.0}
+            _, err = run.communicate(timeout=LOAD_S + 180)
+            assert run.returncode == 0, err
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait(10)
