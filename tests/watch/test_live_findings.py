@@ -25,9 +25,9 @@ from tests.telemetry.fake_nvml import FakeGpu, make_fake
 from tests.watch.scripted import Phase, ScriptedEngine
 
 from phaselens.watch.engines import parse_engines
+from phaselens.watch.hysteresis import CLEAR_HOLD_S, RAISE_HOLD_S
 from phaselens.watch.loop import WatchConfig, WatchResult, watch
 from phaselens.watch.panel import render
-from phaselens.watch.rules import CLEAR_HOLD_S, RAISE_HOLD_S
 
 SHORT, LONG = 1.0, 3.0
 DURATION = float(__import__("os").environ.get("W20_DUR", "21"))

@@ -20,8 +20,8 @@ from phaselens.watch.engines import (
     pick_histograms,
 )
 from phaselens.watch.exporter import parse_listen
+from phaselens.watch.hysteresis import CLEAR_HOLD_S, RAISE_HOLD_S, Tracker, Verdict
 from phaselens.watch.indicators import histogram_quantile, window_name
-from phaselens.watch.rules import CLEAR_HOLD_S, RAISE_HOLD_S, Tracker, Verdict
 
 
 def test_histogram_quantile_by_hand() -> None:

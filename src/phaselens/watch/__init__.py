@@ -2,6 +2,6 @@
 
 `loop.watch(WatchConfig)` is the entry point. Modules: `engines` (the scraped engines and their
 histograms), `state` (100 ms bins in rings), `indicators` (the live figures per window),
-`rules` (live findings with hysteresis), `exporter` (Prometheus), `panel` (the terminal),
-`record` (--record run directories).
+`rules` (live findings), `hysteresis` (when they raise and clear), `exporter` (Prometheus),
+`panel` (the terminal), `record` (--record run directories).
 """

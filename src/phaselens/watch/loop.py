@@ -29,8 +29,9 @@ from phaselens.telemetry.source import Source, Unavailable
 from phaselens.types import TelemetrySample
 from phaselens.watch.engines import EngineSpec, WatchedEngine
 from phaselens.watch.exporter import Exporter
+from phaselens.watch.hysteresis import Change, Tracker
 from phaselens.watch.indicators import BINS_PER_S, Snapshot, snapshot, window_name
-from phaselens.watch.rules import DROP_HISTORY_S, Change, Ctx, Tracker
+from phaselens.watch.rules import DROP_HISTORY_S, Ctx, evaluate
 from phaselens.watch.state import WatchState
 
 TICK_S = 0.1
@@ -186,7 +187,7 @@ def watch(
                     window_name(short),
                     window_name(longest),
                 )
-                changes = tracker.evaluate(ctx, t_s, wall_stamp()) if st.closed > 0 else []
+                changes = evaluate(tracker, ctx, t_s, wall_stamp()) if st.closed > 0 else []
                 snap = replace(
                     snap,
                     cpu_ratio=cpu.sample(),

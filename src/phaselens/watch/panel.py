@@ -20,8 +20,8 @@ from phaselens.redact import redact_url
 from phaselens.watch.indicators import Snapshot
 
 if TYPE_CHECKING:
+    from phaselens.watch.hysteresis import Change
     from phaselens.watch.loop import WatchConfig, WatchResult
-    from phaselens.watch.rules import Change
 
 REFRESH_S = 1.0
 

@@ -29,8 +29,8 @@ from phaselens.watch.engines import WATCH_SOURCE
 from phaselens.watch.state import NO_LABEL, WatchState
 
 if TYPE_CHECKING:
+    from phaselens.watch.hysteresis import Change
     from phaselens.watch.loop import WatchConfig
-    from phaselens.watch.rules import Change
 
 MAX_MANIFEST_CHANGES = 10_000  # finding changes kept in a segment's manifest (all in telemetry)
 _SKIP = frozenset(CANONICAL)

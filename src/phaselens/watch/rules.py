@@ -6,12 +6,12 @@ condition (analysis' thresholds, the same constants) and a looser clear conditio
 threshold moved by a margin); a finding is raised once its raise condition held RAISE_HOLD_S,
 and cleared once its clear condition held CLEAR_HOLD_S. A rule whose data is missing (an engine
 down, no GPU) counts as clear. Windows: `short` is the smallest --window, `long` the largest.
-Thresholds and scopes are documented in docs/watch.md ("Live findings").
+Hold times: `hysteresis.py`. Thresholds and scopes: docs/watch.md ("Live findings").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,11 +31,10 @@ from phaselens.analysis.findings.utilization import (
 from phaselens.analysis.fluctuation import DROP_MIN_LOW_S, DROP_WITHIN_S, drop_events
 from phaselens.analysis.labels import LABELS
 from phaselens.types import F64
+from phaselens.watch.hysteresis import Change, Tracker, Verdict
 from phaselens.watch.indicators import BINS_PER_S, Snapshot, hist_window, histogram_quantile
 from phaselens.watch.state import WatchState
 
-RAISE_HOLD_S = 1.0  # a raise condition must hold this long
-CLEAR_HOLD_S = 3.0  # a clear condition must hold this long
 MARGIN_PCT = 5.0  # clear thresholds sit this many percentage points on the safe side
 PI_CLEAR_RATIO = 1.5  # prefill-interference clears below this ITL ratio (raises at PI_RATIO)
 UDIR_ITL_RISE = 1.5  # ITL p99 now / before the drop that, with a util drop, raises
@@ -58,15 +57,6 @@ TITLES: dict[str, str] = {
     "prefix-cache-low": f"Prefix-cache hit rate below {PC_HIT:.0f}%",
 }
 CODES: tuple[str, ...] = tuple(TITLES)
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """One rule on one scope now: raise holds, clear holds (both False: keep the state)."""
-
-    raise_: bool
-    clear: bool
-    evidence: Mapping[str, Any]
 
 
 MISSING = Verdict(False, True, {"missing": True})
@@ -354,63 +344,12 @@ RULES: dict[str, Callable[[Ctx], dict[str, Verdict]]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Change:
-    """A finding raised or cleared: when (watch seconds and wall time), and why."""
-
-    t_s: float
-    wall: str
-    code: str
-    engine: str
-    raised: bool
-    evidence: Mapping[str, Any]
-
-    def line(self) -> str:
-        what = "RAISED " if self.raised else "cleared"
-        ev = ", ".join(f"{k}={v}" for k, v in self.evidence.items() if k != "thresholds")
-        return f"{self.wall} {what} {self.code} [{self.engine}] {ev}"[:400]
-
-
-@dataclass(slots=True)
-class _Track:
-    active: bool = False
-    pending: float | None = None  # since when the condition that would flip it holds
-    changes: int = 0
-    evidence: Mapping[str, Any] | None = None
-
-
-class Tracker:
-    """The hysteresis state of every (code, engine)."""
-
-    def __init__(self) -> None:
-        self.tracks: dict[tuple[str, str], _Track] = {}
-
-    def step(self, key: tuple[str, str], v: Verdict, t_s: float, wall: str) -> Change | None:
-        tr = self.tracks.setdefault(key, _Track())
-        flip = v.clear if tr.active else v.raise_
-        if not flip:
-            tr.pending = None
-            return None
-        if tr.pending is None:
-            tr.pending = t_s
-        hold = CLEAR_HOLD_S if tr.active else RAISE_HOLD_S
-        if t_s - tr.pending + 1e-9 < hold:
-            return None
-        tr.active, tr.pending, tr.changes = not tr.active, None, tr.changes + 1
-        tr.evidence = v.evidence
-        return Change(t_s, wall, key[0], key[1], tr.active, v.evidence)
-
-    def evaluate(self, ctx: Ctx, t_s: float, wall: str) -> list[Change]:
-        out = []
-        for code, rule in RULES.items():
-            for scope, verdict in rule(ctx).items():
-                ch = self.step((code, scope), verdict, t_s, wall)
-                if ch is not None:
-                    out.append(ch)
-        return out
-
-    def active(self) -> dict[tuple[str, str], bool]:
-        return {k: t.active for k, t in self.tracks.items() if t.active or t.changes}
-
-    def counts(self) -> dict[tuple[str, str], int]:
-        return {k: t.changes for k, t in self.tracks.items()}
+def evaluate(tracker: Tracker, ctx: Ctx, t_s: float, wall: str) -> list[Change]:
+    """Every rule on every scope now, through the hysteresis: the changes it makes."""
+    out = []
+    for code, rule in RULES.items():
+        for scope, verdict in rule(ctx).items():
+            ch = tracker.step((code, scope), verdict, t_s, wall)
+            if ch is not None:
+                out.append(ch)
+    return out
