@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test lint typecheck unit e2e engines browser bench clean fuzz
+.PHONY: install demo test lint typecheck unit e2e engines browser prometheus bench clean fuzz
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-unit: install
+unit: install prometheus
 	$(PY) -m pytest -m "not e2e"
 
 # Real engines (llama.cpp server, vLLM CPU build), built once and cached outside the clone.
@@ -36,10 +36,15 @@ engines: install
 browser:
 	bash scripts/install_browser.sh
 
-e2e: engines
+# Debian's Prometheus (prometheus, promtool) for the watch tests: `promtool check/test rules` on
+# the shipped alert rules, and a real server on loopback scraping `phaselens watch --listen`.
+prometheus:
+	bash scripts/install_prometheus.sh
+
+e2e: engines prometheus
 	$(PY) -m pytest -m e2e
 
-test: lint typecheck engines browser
+test: lint typecheck engines browser prometheus
 	$(PY) -m pytest
 
 # The fuzzing suite at length: bad specs, deployments, traces, calibrations, options and damaged
