@@ -444,6 +444,19 @@ def execute(
     return target.run(schedule, options, writer, prepared)
 
 
+def open_recording(out: Path | str, name: str, manifest: Mapping[str, Any]) -> RunWriter:
+    """A run directory with no schedule: a `watch --record` segment (telemetry only).
+
+    Why here: the seam stays the one place that creates run directories, so every run (planned or
+    recorded) carries the same `versions` entry and goes through the same secret scrub."""
+    entries = dict(manifest)
+    entries.setdefault(
+        "versions",
+        {"phaselens": __version__, "python": sys.version.split()[0], "numpy": np.__version__},
+    )
+    return RunWriter.create(out, name, scrub_json(entries, Secrets()))
+
+
 __all__ = [
     "OPTION_FLAGS",
     "HttpTarget",
@@ -457,6 +470,7 @@ __all__ = [
     "Target",
     "build_manifest",
     "execute",
+    "open_recording",
     "refuse_unhonoured",
     "target_of",
 ]

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from phaselens.analysis.labels import LABELS
+from phaselens.execute import open_recording
 from phaselens.redact import redact_url
-from phaselens.store import EVENTS, RunWriter
+from phaselens.store import EVENTS
 from phaselens.telemetry.clock import RunClock
 from phaselens.telemetry.prometheus import CANONICAL
 from phaselens.types import BIN_NS, TelemetrySample
@@ -80,7 +81,7 @@ class Recorder:
 
     def _open(self, offset_ns: int) -> None:
         self.offset = offset_ns
-        self.writer = RunWriter.create(self.root, "watch", self._manifest(offset_ns))
+        self.writer = open_recording(self.root, "watch", self._manifest(offset_ns))
         self.dirs.append(self.writer.path)
         self._changes = []
 
