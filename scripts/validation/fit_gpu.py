@@ -25,6 +25,7 @@ SEARCH = {
     "per_layer_overhead_s": (0.7, 1.4),
     "gemm_m_half": (0.5, 2.0),
     "per_head_kv_reread": (0.8, 1.25),
+    "per_head_elems_per_clk": (0.8, 1.25),
     "fp8_gemm_ratio": (0.9, 1.1),
     "kv_bandwidth_ratio": (0.9, 1.1),
     "allreduce_latency_s": (0.6, 1.6),

@@ -48,6 +48,7 @@ ROOFLINE = {
     "fp8_gemm_ratio": 1.0,
     "gemm_m_half": 0.0,
     "per_head_kv_reread": 0.0,  # a per-head kernel's re-reads all from L2
+    "per_head_elems_per_clk": 0.0,  # no CUDA-core bound on the per-head kernel
     "step_overhead_s": 0.0,
     "per_seq_overhead_s": 0.0,
     "per_layer_overhead_s": 0.0,
@@ -301,15 +302,16 @@ def table(results: list[Result], sources: dict[str, Any]) -> list[str]:
 
 # What the misses have in common (hypotheses, not fitted).
 MISS_NOTE = (
-    "Hypotheses (not fitted): the Mistral 7B rows of TensorRT-LLM 0.9 on L40S and A100 ran about "
-    "as fast as (L40S) or 15-20 % slower than (A100) a grouped kernel would, far faster than the "
-    "per-head kernel's modelled KV re-reads (ε = 0.625 of them from HBM, set on the H100/H200 "
-    "Llama-2-70B rows): how many re-reads the L2 cache absorbs depends on the GPU (L2 size and "
-    "bandwidth; 96 MB on L40S), which one ε does not capture; the L40S 70B TP8 first-token "
-    "latency is all-reduce-bound over PCIe, where 8 GPUs reach less of the nominal 32 GB/s than "
-    "the NVLink-fitted η_ar = 0.7 assumes. Said plainly: the Mistral rows' kernel (per-head) "
-    "was set after their errors under the grouped default were seen (+16 to +66 % on "
-    "H100/H200), from the source's reproduction steps, which enable XQA for Llama2-70b and "
+    "Hypotheses (not fitted): the L40S 70B TP8 first-token latency is all-reduce-bound over "
+    "PCIe, where 8 GPUs reach less of the nominal 32 GB/s than the NVLink-fitted η_ar = 0.7 "
+    "assumes. Fixed: the Mistral 7B rows of TensorRT-LLM 0.9 on L40S and A100 (they were 36-47 % "
+    "too slow) — the per-head (masked MHA) kernel had been priced as extra HBM re-reads "
+    "(ε = 0.625 of them, set on H100 alone), but its blocks of one GQA group hit L2; what it "
+    "costs is CUDA-core work per query head, bounded by SMs x clock "
+    "(`per_head_elems_per_clk`), which binds on H100/H200 FP8 (fast HBM for the SMs; Mistral "
+    "H200 ≈ H100 although H200 has 43 % more bandwidth) and not on L40S or A100 FP16. The "
+    "Mistral rows' kernel (per-head) was set after their errors under the grouped default were "
+    "seen, from the source's reproduction steps, which enable XQA for Llama2-70b and "
     "Falcon-180B only."
 )
 

@@ -119,3 +119,27 @@ def test_calibration_features_mirror_the_per_head_step() -> None:
         d.cost.allreduce_latency_s,
     )
     assert step_time(f, coefficients(d.cost))[0] == pytest.approx(ref.seconds, rel=1e-9)
+
+
+def test_per_head_cuda_core_bound_known_truth() -> None:
+    """A per-head decode step of Mistral-7B FP8 on an H100 at 1M cached tokens is bounded by
+    the kernel's CUDA-core work: 2·L·h_q·d_h·Σp / (c_ph·SMs·clock), by hand 2·32·32·128·1e6 /
+    (16·132·1.98e9) = 62.7 ms, not by its HBM read (65,536 B/token over 1e6 tokens =
+    65.5 GB at 0.81·3.35 TB/s = 24.2 ms); the same model grouped is HBM-bound."""
+    g = GPUS["H100-SXM"]
+    p = CostParams(step_overhead_s=0.0, per_seq_overhead_s=0.0, per_layer_overhead_s=0.0)
+    base = MODELS["mistral-7b"].quantized(1.0, 1.0)
+    args = (p, 1, g.peak_flops, g.bandwidth, g.link_gbs * 1e9, g.sm_clocks)
+    ph = EngineCost(replace(base, per_head_decode=True), *args)
+    gr = EngineCost(base, *args)
+    sp = 1_000_000
+    lin = gr.step(1, 1, float(sp + 1), float(sp), 1).seconds - (65536.0 * (sp + 1)) / (
+        0.9 * 0.9 * g.bandwidth
+    )
+    t_ph = ph.step(1, 1, float(sp + 1), float(sp), 1).seconds - lin
+    assert g.sm_clocks == pytest.approx(132 * 1.98e9)
+    assert t_ph == pytest.approx(2 * 32 * 32 * 128 * sp / (16.0 * 132 * 1.98e9))
+    assert t_ph == pytest.approx(0.0627, rel=1e-3)
+    # the fast-forward path agrees with the step
+    t_ff = ph.decode_step_fn(1)(sp)[0]
+    assert t_ff == pytest.approx(ph.step(1, 1, float(sp + 1), float(sp), 1).seconds)

@@ -54,6 +54,7 @@ class Cluster:
                 peak_flops=min(s.peak_flops for s in specs) * e.sm_fraction,
                 bandwidth=min(s.bandwidth for s in specs),
                 link_bandwidth=min(s.link_gbs for s in specs) * 1e9,
+                sm_clocks=min(s.sm_clocks for s in specs) * e.sm_fraction,
             )
             self.engines.append(
                 EngineState(

@@ -71,9 +71,17 @@ class CostParams:
     # tensor cores (`ModelSpec.gemm_peak_scale` > 1). 0 = FP8 weights dequantized, 16-bit GEMMs.
     fp8_gemm_ratio: float = 0.77
     # ε: share of a `per_head` decode attention kernel's KV re-reads (one per extra query head of
-    # a GQA group) that reach HBM rather than hitting L2 (`deploy.kv_read_scale`); fit 0.625 on
-    # TensorRT-LLM 0.5/0.6.1 Llama-2-70B decode (masked MHA: one thread block per query head)
-    per_head_kv_reread: float = 0.625
+    # a GQA group) that reach HBM rather than hitting L2 (`deploy.kv_read_scale`). 0: the blocks
+    # of one group run side by side, so their re-reads hit L2; what the per-head kernel costs is
+    # its CUDA-core work (c_ph below), not extra HBM bytes (it was 0.625, fitted on H100 alone,
+    # which put A100 and L40S Mistral-7B rows 36-47% too slow: docs/validation-gpu.md)
+    per_head_kv_reread: float = 0.0
+    # c_ph: cached KV elements one SM's `per_head` (masked MHA) decode attention processes per
+    # clock, per query head: that kernel does its dot products, FP8->FP16 conversion and softmax
+    # on CUDA cores, so a step also costs heads·2·d_h·Σp·L / (c_ph·SMs·clock). It binds where
+    # HBM is fast for the SMs (H100, H200 FP8), not on L40S or on A100 FP16. Fit on the fit
+    # split (TensorRT-LLM 0.5/0.6.1 Llama-2-70B on H100 and H200; grid 12-28: 16 best); 0 = none
+    per_head_elems_per_clk: float = 16.0
     # r_kv: KV-cache (attention) read efficiency relative to η_mem: paged per-sequence KV blocks
     # stream less well than contiguous weights (long-context decode)
     kv_bandwidth_ratio: float = 0.9
@@ -145,6 +153,7 @@ class EngineCost:
     peak_flops: float
     bandwidth: float
     link_bandwidth: float
+    sm_clocks: float = 0.0  # SM-clocks per second per GPU (SMs x clock), share-scaled; 0 = unknown
     _f_tok: float = field(init=False, repr=False)
     _f_samp: float = field(init=False, repr=False)
     _b_lin: float = field(init=False, repr=False)
@@ -159,6 +168,7 @@ class EngineCost:
     _ar_fixed: float = field(init=False, repr=False)
     _f_pad: float = field(init=False, repr=False)
     _kv_scale: float = field(init=False, repr=False)
+    _ph_tok: float = field(init=False, repr=False)
     _c0: float = field(init=False, repr=False)
     _cseq: float = field(init=False, repr=False)
     _extras: bool = field(init=False, repr=False)
@@ -176,6 +186,15 @@ class EngineCost:
         put(self, "_peak_a", p.eta_attention * self.peak_flops * tp)
         put(self, "_bw_scale", p.eta_memory * tp)
         put(self, "_kv_scale", p.eta_memory * p.kv_bandwidth_ratio * tp)
+        # seconds of per-head CUDA-core work per cached token (0: no per-head bound)
+        ph = m.per_head_decode and self.sm_clocks > 0 and p.per_head_elems_per_clk > 0
+        put(
+            self,
+            "_ph_tok",
+            2.0 * m.layers * m.heads * m.head_dim / (p.per_head_elems_per_clk * self.sm_clocks * tp)
+            if ph
+            else 0.0,
+        )
         put(self, "_f_pad", 2.0 * m.params_nonembed * p.gemm_m_half)
         put(self, "_fixed", p.per_layer_overhead_s * m.layers)
         put(self, "_c0", p.step_overhead_s)
@@ -248,6 +267,10 @@ class EngineCost:
         tb = b_att / (self._kv_scale * bandwidth)
         if tb > t_att:
             t_att = tb
+        if self._ph_tok:
+            tb = self._ph_tok * kv_read_tokens
+            if tb > t_att:
+                t_att = tb
         t = t_lin + t_att + self._c0 + self._cseq * seqs
         t += self._fixed
         if self._extras:
@@ -293,6 +316,7 @@ class EngineCost:
         queue = p.queue_overhead_s if waiting and p.queue_overhead_s else 0.0
         wake = p.wait_token_overhead_s * waiting * n if waiting and p.wait_token_overhead_s else 0.0
         ar_n, ar_fixed, tp = self._ar_tok * n, self._ar_fixed, self.tp
+        ph = self._ph_tok
 
         def step(sp: int) -> tuple[float, float, float]:
             f_att = fa * float(sp + n)
@@ -301,6 +325,10 @@ class EngineCost:
             tb = b_att / kv_bw
             if tb > t_att:
                 t_att = tb
+            if ph:
+                tb = ph * float(sp)
+                if tb > t_att:
+                    t_att = tb
             t = t_lin + t_att + c0 + cseq
             t += fixed
             if multi:
@@ -336,6 +364,8 @@ class EngineCost:
         bw = self._bw_scale * self.bandwidth
         t_lin = max((f_lin + self._f_pad) / self._peak_l, b_lin / bw)
         t_att = np.maximum(f_att / self._peak_a, b_att / (self._kv_scale * self.bandwidth))
+        if self._ph_tok:
+            t_att = np.maximum(t_att, self._ph_tok * kv)
         t = t_lin + t_att + p.step_overhead_s + p.per_seq_overhead_s * n
         t += self._fixed
         if n > 1 and p.extra_seq_overhead_s:

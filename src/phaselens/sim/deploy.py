@@ -279,6 +279,8 @@ def _resolve_gpu(g: GpuIn, i: int, source: str) -> Gpu:
             g.memory_gb or base.memory_gb,
             g.link_gbs or base.link_gbs,
             g.fp8_tflops or base.fp8_tflops,
+            base.sms,
+            base.boost_ghz,
         )
         return Gpu(g.name, spec)
     if g.tflops is None or g.bandwidth_gbs is None or g.memory_gb is None:
@@ -349,6 +351,8 @@ def _resolve(d: DeploymentIn, source: str) -> Deployment:
         reads = kv_read_scale(m, e.decode_attention, cost.per_head_kv_reread)
         if reads != m.kv_read_scale:
             m = replace(m, kv_read_scale=reads)
+        if e.decode_attention == "per_head" and m.heads > m.kv_heads:
+            m = replace(m, per_head_decode=True)
         models.append(m)
         if e.role == "prefill" and e.handoff is None:
             raise InputError(f"{where}.handoff: a prefill engine needs `handoff: {{to: ...}}`")

@@ -15,6 +15,11 @@ Sources (dense = half the datasheet's "with sparsity" figure):
 - L4: NVIDIA L4 datasheet: BF16 121 / FP8 242.5 TFLOPS dense (242 / 485 with sparsity),
   300 GB/s, 24 GB.
 - A10G (AWS): Ampere GA102, ~70 TFLOPS BF16 dense, 600 GB/s; no FP8 tensor cores.
+SM counts and boost clocks (the per-head decode attention bound,
+`CostParams.per_head_elems_per_clk`):
+A100 108 SMs at 1.41 GHz (A100 whitepaper), H100/H200 SXM 132 at 1.98 GHz (H100 whitepaper),
+L40S 142 at 2.52 GHz (L40S datasheet), A10G 80 at 1.71 GHz, L4 58 at 2.04 GHz (Ada/Ampere
+whitepapers and AWS).
 """
 
 from __future__ import annotations
@@ -32,6 +37,14 @@ class GPUSpec:
     memory_gb: float  # GB (1e9)
     link_gbs: float = 300.0
     fp8_tflops: float = 0.0  # dense FP8 tensor-core peak, TFLOP/s; 0 = no FP8 tensor cores
+    sms: int = 0  # streaming multiprocessors (datasheet); 0 = unknown
+    boost_ghz: float = 0.0  # boost clock, GHz (datasheet); 0 = unknown
+
+    @property
+    def sm_clocks(self) -> float:
+        """SM-clocks per second (SMs x boost clock): what bounds a kernel that is limited by
+        instructions per SM rather than by HBM (0 = unknown, no such bound)."""
+        return self.sms * self.boost_ghz * 1e9
 
     @property
     def peak_flops(self) -> float:
@@ -52,10 +65,10 @@ class GPUSpec:
 
 
 GPUS: dict[str, GPUSpec] = {
-    "A100-80G": GPUSpec("A100-80G", 312.0, 2039.0, 80.0, 300.0),
-    "H100-SXM": GPUSpec("H100-SXM", 989.0, 3350.0, 80.0, 450.0, 1979.0),
-    "H200": GPUSpec("H200", 989.0, 4800.0, 141.0, 450.0, 1979.0),
-    "L40S": GPUSpec("L40S", 362.0, 864.0, 48.0, 32.0, 733.0),
-    "A10G": GPUSpec("A10G", 70.0, 600.0, 24.0, 32.0),
-    "L4": GPUSpec("L4", 121.0, 300.0, 24.0, 32.0, 242.5),
+    "A100-80G": GPUSpec("A100-80G", 312.0, 2039.0, 80.0, 300.0, 0.0, 108, 1.41),
+    "H100-SXM": GPUSpec("H100-SXM", 989.0, 3350.0, 80.0, 450.0, 1979.0, 132, 1.98),
+    "H200": GPUSpec("H200", 989.0, 4800.0, 141.0, 450.0, 1979.0, 132, 1.98),
+    "L40S": GPUSpec("L40S", 362.0, 864.0, 48.0, 32.0, 733.0, 142, 2.52),
+    "A10G": GPUSpec("A10G", 70.0, 600.0, 24.0, 32.0, 0.0, 80, 1.71),
+    "L4": GPUSpec("L4", 121.0, 300.0, 24.0, 32.0, 242.5, 58, 2.04),
 }

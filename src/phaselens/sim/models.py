@@ -46,6 +46,10 @@ class ModelSpec:
     # (TensorRT-LLM's masked MHA kernel: "a single CUDA thread-block per head"). Set by the
     # deployment (`engines[].decode_attention`, `kv_read_scale`), never read from a config.json.
     kv_read_scale: float = 1.0
+    # The decode attention kernel runs one thread block per query head (`per_head`): each block
+    # processes its KV head's cached elements on CUDA cores, so the step is also bounded by
+    # heads x elements / (SM-clocks x `CostParams.per_head_elems_per_clk`). Set by the deployment.
+    per_head_decode: bool = False
 
     @property
     def params_layer(self) -> int:
