@@ -14,7 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phaselens.telemetry.clock import RunClock
-from phaselens.telemetry.prometheus import ENGINE_KEEP, parse_prometheus_counted
+from phaselens.telemetry.prometheus import (
+    ENGINE_KEEP,
+    _families,
+    _prefilter,
+    parse_prometheus,
+    parse_prometheus_counted,
+)
 from phaselens.telemetry.sampler import start_sources
 from phaselens.telemetry.scrape import ScrapeSource, health
 from phaselens.types import TelemetrySample
@@ -152,3 +158,33 @@ def test_oversized_lines_and_too_many_samples_are_skipped_and_counted(
     assert parsed.first_skipped.startswith("line 6: 'vllm:num_requests_waiting{x=\"aaa")
     waiting = parsed.families["vllm:num_requests_waiting"].samples  # untyped lines: one family
     assert [s.labels["i"] for s in waiting] == [str(i) for i in range(98)]
+
+
+def test_same_shape_new_values_parse_as_the_full_parser_does() -> None:
+    """The shape cache: a second scrape with the same lines and new values gets the new values
+    (hand-written), and equals prometheus-client's own parse of it, label sets and types too."""
+
+    def text(a: int, b: float, c: int) -> str:
+        return (
+            "# TYPE vllm:prompt_tokens_total counter\n"
+            f'vllm:prompt_tokens_total{{model_name="m"}} {a}\n'
+            "# TYPE vllm:kv_cache_usage_perc gauge\n"
+            f'vllm:kv_cache_usage_perc{{model_name="m"}} {b}\n'
+            "# TYPE vllm:e2e_request_latency_seconds histogram\n"
+            f'vllm:e2e_request_latency_seconds_count{{model_name="m"}} {c}\n'
+            f'vllm:e2e_request_latency_seconds_sum{{model_name="m"}} {c / 2}\n'
+        )
+
+    first = parse_prometheus(text(10, 0.25, 4), ("vllm:",))
+    second = parse_prometheus(text(17, 0.5, 6), ("vllm:",))
+    assert first["vllm:prompt_tokens_total"].samples[0].value == 10.0
+    assert second["vllm:prompt_tokens_total"].samples[0].value == 17.0
+    assert second["vllm:kv_cache_usage_perc"].samples[0].value == 0.5
+    hist = second["vllm:e2e_request_latency_seconds"]
+    assert hist.type == "histogram"
+    assert [(s.name, s.value) for s in hist.samples] == [
+        ("vllm:e2e_request_latency_seconds_count", 6.0),
+        ("vllm:e2e_request_latency_seconds_sum", 3.0),
+    ]
+    lines = _prefilter(text(17, 0.5, 6), ("vllm:",), True)
+    assert second == _families("\n".join(lines.kept) + "\n", lines.names)

@@ -95,17 +95,29 @@ _BUCKET = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)_bucket\{(.*)\}[ \t]+([^ \t]+)"
 _LE = re.compile(r'(?:^|,)\s*le\s*=\s*"([^"]*)"')
 
 
+def _prefixed_lines(text: str, prefixes: tuple[str, ...]) -> list[str]:
+    """The lines of `text` that start with one of `prefixes`, found by `str.find` (in C) rather
+    than by splitting all ~650 lines of a vLLM scrape for the few dozen bucket lines wanted."""
+    found: list[tuple[int, str]] = []
+    for p in prefixes:
+        i = text.find(p)
+        while i != -1:
+            j = text.find("\n", i)
+            j = len(text) if j == -1 else j
+            if i == 0 or text[i - 1] == "\n":
+                found.append((i, text[i:j]))
+            i = text.find(p, j)
+    return [line for _, line in sorted(found)]
+
+
 def bucket_totals(text: str, families: Sequence[str]) -> dict[str, dict[float, float]]:
     """family -> le -> cumulative count (label sets summed), read from the scrape's text.
 
     Why not through the parser: buckets are most of a histogram's lines, and prometheus-client
     costs ~60 µs a line; only `<family>_bucket{...,le="x"} value` lines of these families are
     read here (a line that does not fit is ignored; the family's _count/_sum still parse)."""
-    prefixes = tuple(f"{f}_bucket" for f in families)
     out: dict[str, dict[float, float]] = {}
-    for line in text.splitlines():
-        if not line.startswith(prefixes):
-            continue
+    for line in _prefixed_lines(text, tuple(f"{f}_bucket" for f in families)):
         m = _BUCKET.fullmatch(line.rstrip())
         le = _LE.search(m[2]) if m else None
         if m is None or le is None or m[1] not in families:
