@@ -223,3 +223,27 @@ def test_tokens_read_together_give_no_gap(cpu_run: Run) -> None:
     assert after.target.min() > 0
     # gaps 2→3, 3→4 and 4→5 touch the shared read: all three are dropped, nothing else
     assert int(before.gaps.sum()) - int(after.gaps.sum()) == 3
+
+
+def test_the_wake_up_after_idle_is_fitted_apart_from_the_request_overhead(tmp_path: Path) -> None:
+    """Truth with c_idle 1.5 ms (ramp 40 ms) at 4 r/s: lone requests arrive after idle times
+    spread over both sides of the ramp, so c_idle comes back and r stays r (before the term
+    the two were twins and r absorbed the wake-up)."""
+    cost = {**CPU_TRUE_COST, "idle_wake_s": 0.0015, "idle_ramp_s": 0.04}
+    run = cpu_truth(tmp_path, 4.0, 60, cost=cost)
+    c = calibrate(run, deploy_map(None, CPU_DEPLOY), "deploy.yaml")
+    assert c.identified["idle_wake_s"]
+    assert c.cost.idle_wake_s == pytest.approx(0.0015, rel=0.15)
+    total_r = c.request_overhead_s + c.cost.per_request_overhead_s
+    want_r = R_OUT + CPU_TRUE_COST["per_request_overhead_s"]
+    assert total_r == pytest.approx(want_r, rel=0.1)
+    con = Console(record=True, width=200)
+    print_calibration(c, con)
+    assert f"wake-up after idle {c.cost.idle_wake_s * 1e3:.3g} ms" in con.export_text()
+
+
+def test_without_the_wake_up_it_is_fitted_as_zero(tmp_path: Path) -> None:
+    run = cpu_truth(tmp_path, 4.0, 60)
+    c = calibrate(run, deploy_map(None, CPU_DEPLOY), "deploy.yaml")
+    assert c.identified["idle_wake_s"]
+    assert c.cost.idle_wake_s < 1e-4

@@ -106,6 +106,14 @@ class CostParams:
     # core: every token's result wakes each waiting request's HTTP thread, ~7 us each, so a
     # queue costs a step of 4 sequences twice what it costs a step of 2); 0 = none
     wait_token_overhead_s: float = 0.0
+    # c_idle: engine time paid by the first step after the engine sat idle, times
+    # min(idle / τ_idle, 1) (llama-server on one CPU core of this VM: a lone request sent after
+    # ≥ 50 ms of idle has a TTFT 1.8 ms longer than one sent back to back, 0.4 ms after 10 ms,
+    # 0.8 ms after 20 ms: the core's wake-up, cold caches and a halted vCPU); 0 = none
+    idle_wake_s: float = 0.0
+    # τ_idle: the idle time over which that wake-up cost ramps up to its full c_idle (0: full
+    # after any idle time); 40 ms matches the ramp measured above
+    idle_ramp_s: float = 0.04
     # α of one all-reduce: NCCL/custom all-reduce of a few KB over NVLink takes ~10-30 us
     allreduce_latency_s: float = 3e-5
     # η_ar: fraction of the nominal per-direction link bandwidth an all-reduce reaches (NCCL
@@ -200,6 +208,7 @@ class EngineCost:
             p.wait_overhead_s,
             p.queue_overhead_s,
             p.wait_token_overhead_s,
+            p.idle_wake_s,
         )
         put(self, "_extras", tp > 1 or any(extras))
         ar = tp > 1
@@ -239,10 +248,12 @@ class EngineCost:
         new_requests: int = 0,
         first_decodes: int = 0,
         waiting: int = 0,
+        idle: float = 0.0,
     ) -> StepCost:
         """As `step`, with an explicit per-GPU bandwidth (spatial sharing under contention), and
-        the requests whose prefill starts in the step, the sequences in their first decode step
-        and the requests waiting for a slot (their overheads are 0 unless fitted)."""
+        the requests whose prefill starts in the step, the sequences in their first decode step,
+        the requests waiting for a slot and, for the first step after the engine sat idle, the
+        wake-up ramp `idle` = min(idle time / τ_idle, 1) (their overheads are 0 unless fitted)."""
         f_lin = self._f_tok * tokens + self._f_samp * sampled
         b_lin = self._b_lin
         f_att = self._f_att * attn_units
@@ -276,6 +287,8 @@ class EngineCost:
                 t += p.queue_overhead_s
             if waiting and p.wait_token_overhead_s:
                 t += p.wait_token_overhead_s * waiting * sampled
+            if idle:
+                t += p.idle_wake_s * idle
             if self.tp > 1:
                 t += self._ar_tok * tokens
                 t += self._ar_fixed
@@ -385,3 +398,14 @@ def gemm_peak(peak_flops: float, m: ModelSpec, p: CostParams) -> float:
 def prefill_attn_units(new: int, cached: int) -> float:
     """Σ over the n new tokens of their causal attention span: n·p + n(n+1)/2."""
     return float(new) * cached + new * (new + 1) / 2.0
+
+
+def idle_ramp(idle_s: float, p: CostParams) -> float:
+    """The share of the wake-up cost c_idle a step pays after `idle_s` seconds of idle engine:
+    min(idle / τ_idle, 1) (the one definition: the simulator's engine and the calibration's
+    lone-request rows both use it)."""
+    if idle_s <= 0.0:
+        return 0.0
+    if p.idle_ramp_s <= 0.0:
+        return 1.0
+    return min(idle_s / p.idle_ramp_s, 1.0)

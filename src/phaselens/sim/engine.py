@@ -19,7 +19,7 @@ import heapq
 from collections.abc import Callable, MutableSequence
 
 from phaselens.sim.admission import ADMIT
-from phaselens.sim.cost import EngineCost, StepCost, prefill_attn_units
+from phaselens.sim.cost import EngineCost, StepCost, idle_ramp, prefill_attn_units
 from phaselens.sim.deploy import Policy
 from phaselens.sim.kvpool import KvPool
 from phaselens.sim.prefix import SESSION_GROUPS
@@ -59,6 +59,10 @@ class EngineState:
         self.cur_first = 0  # sequences in their first decode step in the planned step
         self.pending_first: list[tuple[Seq, int]] = []  # (seq, epoch) that decode next step
         self.cur_pad = False
+        # the wake-up after idle (`CostParams.idle_wake_s`; tracked only where it is fitted)
+        self.wakes = cost.params.idle_wake_s > 0.0
+        self.idle_from_ns: int | None = 0  # when the engine last went idle (None: busy)
+        self.cur_idle = 0.0  # the planned step's wake-up ramp
         # request-level batching (dynamic/static)
         self.batch_pmax = 0
         self.batch_slots = 0
@@ -249,7 +253,13 @@ class EngineState:
         if not self.cur_preempt and (self.waiting or self.request_level):
             self.admit(self, now_ns, budget)
         self.cur_dec = self.n_dec
-        return bool(chunks or self.cur_dec)
+        busy = bool(chunks or self.cur_dec)
+        if self.wakes:
+            self.cur_idle = 0.0
+            if busy and self.idle_from_ns is not None:
+                self.cur_idle = idle_ramp((now_ns - self.idle_from_ns) / 1e9, self.cost.params)
+                self.idle_from_ns = None
+        return busy
 
     def _admit_handoffs(self, s: int) -> None:
         keep: list[Seq] = []
@@ -310,6 +320,7 @@ class EngineState:
             self.cur_new,
             self.cur_first,
             len(self.waiting),
+            self.cur_idle,
         )
 
     def end_step(self, t0_ns: int, t1_ns: int, cost: StepCost) -> None:
@@ -380,6 +391,8 @@ class EngineState:
             nbytes,
         )
         self.step_idx = s + 1
+        if self.wakes and not running and not self.waiting and not self.decode_admits:
+            self.idle_from_ns = t1_ns
 
     def next_wake_ns(self) -> int | None:
         """Request-level batching: when the oldest waiting request times out (None: no timer)."""

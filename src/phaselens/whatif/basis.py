@@ -5,10 +5,11 @@ Why: `sim/cost.py` prices a step as
 (+ per-layer launches, all-reduces, and six terms that are 0 unless fitted: c_req per request
 whose prefill starts in the step, c_first per sequence in its first decode step, c_multi per
 sequence beyond the first, c_wait per request waiting for a slot, c_queue once per step while
-any request waits, c_wake per waiting request per token the step samples). With inverse
+any request waits, c_wake per waiting request per token the step samples; and c_idle times the
+wake-up ramp of the first step after the engine sat idle). With inverse
 efficiencies `u = 1/η` and the side of each max() fixed, the
 step time is linear in θ = (u_lin, u_att, u_mem, c0, c_seq, c_layer, c_req, c_first, c_multi,
-c_wait, c_queue, c_wake) — c_layer multiplies the layer count,
+c_wait, c_queue, c_wake, c_idle) — c_layer multiplies the layer count,
 separable from c0 only with several models —
 plus a per-request overhead `r` (HTTP, tokenization) that only TTFT pays, outside the engine
 (for a request served alone, r and c_req are twins). Non-negative least squares on that basis,
@@ -46,6 +47,7 @@ COLUMNS = (
     "wait_overhead_s",
     "queue_overhead_s",
     "wait_token_overhead_s",
+    "idle_wake_s",
 )
 K = len(COLUMNS)
 INVERTED = COLUMNS[:3]  # held as 1/η in θ
@@ -135,6 +137,7 @@ class Steps:
     first: F64  # sequences in their first decode step
     waiting: F64  # requests waiting for a slot during the step
     sampled: F64  # sequences that sample a token in the step
+    idle: F64  # the wake-up ramp min(idle / τ_idle, 1) of a step after idle (0: none)
 
 
 def step_features(
@@ -149,6 +152,7 @@ def step_features(
     new: F64 | None = None,
     first: F64 | None = None,
     waiting: F64 | None = None,
+    idle: F64 | None = None,
 ) -> Steps:
     """Roofline features of steps on engine `e` (mirrors `EngineCost.step_bw`)."""
     m = e.model
@@ -174,6 +178,7 @@ def step_features(
         first=np.zeros_like(f_lin) if first is None else np.asarray(first, dtype=np.float64),
         waiting=np.zeros_like(f_lin) if waiting is None else np.asarray(waiting, dtype=np.float64),
         sampled=np.broadcast_to(np.asarray(sampled, dtype=np.float64), f_lin.shape).copy(),
+        idle=np.zeros_like(f_lin) if idle is None else np.asarray(idle, dtype=np.float64),
     )
 
 
@@ -184,13 +189,13 @@ def concat(parts: list[Steps]) -> Steps:
 def step_time(s: Steps, th: F64) -> F64:
     """Seconds of each step at θ (the fitted form of `EngineCost.step_bw`)."""
     u_lin, u_att, u_mem, c0, c_seq, c_layer = th[:6]  # th[6]: r, outside the engine
-    c_req, c_first, c_multi, c_wait, c_queue, c_wake = th[7:]
+    c_req, c_first, c_multi, c_wait, c_queue, c_wake, c_idle = th[7:]
     t_lin = np.maximum(u_lin * s.a1, u_mem * s.a2)
     t_att = np.maximum(u_att * s.a3, u_mem * s.a4)
     out: F64 = t_lin + t_att + c0 + c_seq * s.seqs + c_layer * s.layers + s.fixed
     out = out + c_req * s.new + c_first * s.first
     out = out + c_multi * np.maximum(s.seqs - 1.0, 0.0) + c_wait * s.waiting
-    out = out + c_queue * (s.waiting > 0) + c_wake * s.waiting * s.sampled
+    out = out + c_queue * (s.waiting > 0) + c_wake * s.waiting * s.sampled + c_idle * s.idle
     return out
 
 
@@ -212,6 +217,7 @@ def linear_rows(s: Steps, th: F64) -> F64:
     rows[:, 10] = s.waiting
     rows[:, 11] = (s.waiting > 0).astype(np.float64)
     rows[:, 12] = s.waiting * s.sampled
+    rows[:, 13] = s.idle
     return rows
 
 
@@ -238,8 +244,12 @@ def isolated_basis(
     out: npt.NDArray[np.int64],
     want_tpot: bool = True,
     max_decode_steps: int = 64,
+    idle: F64 | None = None,
 ) -> Isolated:
     """Steps of each request served alone: its prefill chunks (TTFT) and its decode (TPOT).
+
+    `idle[k]`: the wake-up ramp of request k's first step (the engine idle before it); None:
+    1 for every request (alone, after a long idle).
 
     Request k yields observation 2k (TTFT) and, when `want_tpot` and out ≥ 2, 2k+1 (TPOT).
     Decode contexts are subsampled evenly to at most `max_decode_steps` per request (TPOT is
@@ -273,7 +283,11 @@ def isolated_basis(
         units = np.array([prefill_attn_units(int(c), int(d)) for c, d in chunks])
         new = np.zeros_like(cs)
         new[0] = 1.0
-        feats.append(step_features(e, hw, cs, sampled, units, cached, np.ones_like(cs), ar, new))
+        wake = np.zeros_like(cs)
+        wake[0] = 1.0 if idle is None else float(idle[k])
+        feats.append(
+            step_features(e, hw, cs, sampled, units, cached, np.ones_like(cs), ar, new, idle=wake)
+        )
         group.append(np.full(cs.shape[0], 2 * k, dtype=np.int64))
         weight.append(np.ones_like(cs))
         if pol.type != "continuous":

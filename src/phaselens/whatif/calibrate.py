@@ -43,7 +43,13 @@ from phaselens.whatif.basis import (
 )
 from phaselens.whatif.calibfile import Calibration, with_cost
 from phaselens.whatif.fit import scan_golden
-from phaselens.whatif.fitinputs import check_run, fit_kv_capacity, lone_requests, max_inflight
+from phaselens.whatif.fitinputs import (
+    check_run,
+    fit_kv_capacity,
+    idle_before,
+    lone_requests,
+    max_inflight,
+)
 from phaselens.whatif.fits import Replay, fit_lone, fit_steps, queue_terms, split_request_overhead
 from phaselens.whatif.gaps import decode_gaps
 from phaselens.whatif.predict import (
@@ -118,7 +124,8 @@ def calibrate(
         notes.append("request overhead not fitted from steps (0 s): TTFT is engine time only")
     elif lone.shape[0] >= MIN_ISOLATED:
         gaps = decode_gaps(run.requests, sched, deploy, lone)
-        lf, used, dropped = fit_lone(sched, meas, deploy, lone, gaps)
+        idle_s = idle_before(run.requests, ids)
+        lf, used, dropped = fit_lone(sched, meas, deploy, lone, gaps, idle_s)
         fit_info["lone_outliers_dropped"] = dropped
         th = lf.theta
         identified = dict(lf.identified)

@@ -177,6 +177,22 @@ def lone_requests(requests: pl.DataFrame) -> np.ndarray:
     return ids
 
 
+def idle_before(requests: pl.DataFrame, ids: np.ndarray) -> F64:
+    """Seconds the server sat idle before each request of `ids` was sent, as the client saw
+    it: its send minus the latest end of every request sent before it (0 when one was still in
+    flight; the run's start counts as the end of a request for the first one)."""
+    f = requests.filter(pl.col("sent_ns").is_not_null() & pl.col("end_ns").is_not_null())
+    f = f.sort("sent_ns")
+    a = f["sent_ns"].to_numpy().astype(np.int64)
+    b = f["end_ns"].to_numpy().astype(np.int64)
+    if a.shape[0] == 0:
+        return np.zeros(ids.shape[0])
+    reach = np.concatenate([[0], np.maximum.accumulate(b)[:-1]])
+    gap = np.maximum(a - reach, 0).astype(np.float64) / 1e9
+    by_id = dict(zip(f["id"].to_numpy().astype(np.int64).tolist(), gap.tolist(), strict=True))
+    return np.asarray([by_id.get(int(i), 0.0) for i in ids], dtype=np.float64)
+
+
 def max_inflight(requests: pl.DataFrame) -> int:
     f = requests.filter(pl.col("sent_ns").is_not_null() & pl.col("end_ns").is_not_null())
     if f.height == 0:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from phaselens.sim.cost import idle_ramp
 from phaselens.sim.deploy import Deployment, parse_deployment
 from phaselens.store import Run
 from phaselens.types import F64, Schedule
@@ -90,17 +91,31 @@ def fit_lone(
     deploy: Deployment,
     lone: np.ndarray,
     gaps: DecodeGaps | None = None,
+    idle_s: F64 | None = None,
 ) -> tuple[LinFit, int, int]:
     """NNLS on the exact equations of requests served alone (TTFT and TPOT rows), plus the
     clean decode gaps of the other requests (`gaps.py`) when given.
 
     Without gaps of two or more sequences per_seq_overhead_s is step_overhead_s's twin (one
     sequence per step) and is held at 0 here; the caller splits it off by replay. With them it
-    is fitted here."""
+    is fitted here.
+
+    `idle_s` (per schedule row: the server's idle time before the request, `idle_before`)
+    prices the wake-up after idle, c_idle, when the lone requests tell it from the request
+    overhead: enough of them sent soon after the server went idle and enough after a long
+    idle (`wake_identified`); otherwise c_idle is held at the deployment's value."""
     rows = np.flatnonzero(np.isin(sched.ids if sched.ids is not None else [], lone))
     eng = engine_of(deploy, sched)[rows]
+    ramp = None
+    if idle_s is not None:
+        ramp = np.asarray([idle_ramp(float(t), deploy.cost) for t in idle_s[rows]])
     b = isolated_basis(
-        deploy, eng, sched.input_tokens[rows], sched.output_tokens[rows], max_decode_steps=32
+        deploy,
+        eng,
+        sched.input_tokens[rows],
+        sched.output_tokens[rows],
+        max_decode_steps=32,
+        idle=ramp,
     )
     ttft = meas["ttft_ms"].to_numpy().astype(np.float64)[rows] / 1e3
     tpot = meas["tpot_ms"].to_numpy().astype(np.float64)[rows] / 1e3
@@ -122,7 +137,9 @@ def fit_lone(
 
     goal = target[use] if gaps is None else np.concatenate([target[use], gaps.target])
     base = with_values(coefficients(deploy.cost), per_seq_overhead_s=0.0, request_overhead_s=0.0)
-    lone_cols = ("request_overhead_s", "first_decode_overhead_s")
+    lone_cols: tuple[str, ...] = ("request_overhead_s", "first_decode_overhead_s")
+    if ramp is not None and wake_identified(ramp):
+        lone_cols = (*lone_cols, "idle_wake_s")
     if not batched:
         prior, cols = _prior_and_use(base, b.steps.layers, lone_cols)
         lf, dropped = fit_robust(rows_at, goal, prior, cols)
@@ -138,6 +155,16 @@ def fit_lone(
         fits.append(fit_robust(rows_at, goal, prior, cols))
     lf, dropped = min(fits, key=lambda f: f[0].rms_rel - (1e-9 if f is fits[0] else 0.0))
     return lf, int(rows.shape[0]), dropped
+
+
+MIN_WAKE_SIDE = 6  # lone requests needed on each side of the wake-up ramp to fit c_idle
+
+
+def wake_identified(ramp: F64) -> bool:
+    """c_idle is told apart from the request overhead r only by lone requests that pay
+    different shares of it: at least MIN_WAKE_SIDE sent within half the ramp of the server's
+    going idle, and as many after the full ramp."""
+    return int((ramp <= 0.5).sum()) >= MIN_WAKE_SIDE and int((ramp >= 1.0).sum()) >= MIN_WAKE_SIDE
 
 
 def queue_terms(gaps: DecodeGaps | None) -> tuple[str, ...]:

@@ -53,6 +53,7 @@ def print_calibration(c: Calibration, console: Console) -> None:
             ("per step while any request waits", p.queue_overhead_s),
             ("per waiting request per step", p.wait_overhead_s),
             ("per waiting request per sampled token", p.wait_token_overhead_s),
+            ("wake-up after idle", p.idle_wake_s),
         )
         if v
     ]
