@@ -395,6 +395,11 @@ _COMMON = frozenset(f.name for f in fields(Manifest) if f.name != "entries") | {
 }
 
 
+def _versions() -> dict[str, str]:
+    """The versions every run's manifest records (planned runs and recordings alike)."""
+    return {"phaselens": __version__, "python": sys.version.split()[0], "numpy": np.__version__}
+
+
 def build_manifest(
     schedule: Schedule, target: Target, info: RunInfo, entries: Mapping[str, Any]
 ) -> Manifest:
@@ -413,11 +418,7 @@ def build_manifest(
             "spec_hash": schedule.spec_hash,
             "duration_ns": schedule.duration_ns,
         },
-        versions={
-            "phaselens": __version__,
-            "python": sys.version.split()[0],
-            "numpy": np.__version__,
-        },
+        versions=_versions(),
         entries={k: v for k, v in {**info.extra, **entries}.items() if k not in _COMMON},
     )
 
@@ -450,10 +451,7 @@ def open_recording(out: Path | str, name: str, manifest: Mapping[str, Any]) -> R
     Why here: the seam stays the one place that creates run directories, so every run (planned or
     recorded) carries the same `versions` entry and goes through the same secret scrub."""
     entries = dict(manifest)
-    entries.setdefault(
-        "versions",
-        {"phaselens": __version__, "python": sys.version.split()[0], "numpy": np.__version__},
-    )
+    entries.setdefault("versions", _versions())
     return RunWriter.create(out, name, scrub_json(entries, Secrets()))
 
 
