@@ -202,10 +202,17 @@ def _latency_row(d: db.Dashboard) -> db.Dashboard:
     d = d.with_panel(
         _ts(
             "Queue and running requests",
-            "Waiting and running requests at the last sample, per engine.",
+            "Waiting and running requests at the last sample, per engine, and the mean running "
+            "over the window (the concurrency held: short requests that finish between two "
+            "scrapes show there and not in the last sample).",
             "short",
             _q(f"phaselens_queue_requests{{{ENG}}}", "waiting {{engine}}", "A"),
             _q(f"phaselens_running_requests{{{ENG}}}", "running {{engine}}", "B"),
+            _q(
+                f"phaselens_running_requests_mean{{{ENG},{WIN}}}",
+                "mean running {{engine}}",
+                "C",
+            ),
         )
     )
     d = d.with_panel(

@@ -79,13 +79,22 @@ def test_watch_follows_a_loaded_engine(engine: Any) -> None:
     assert len(ok) >= 20
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     assert fams["phaselens_engine_up"].samples[0].value == 1.0
-    assert max((s.engines["e"].running or 0.0) for s in snaps) >= 1
+    # requests ran: the 1 s window's mean running (every 100 ms bin's gauge) saw them, and it
+    # agrees with the client's own concurrency, Σ(end − sent) / load time (Little's L; the
+    # engine's gauge leaves out its queue, the client's time includes it). The last-scrape
+    # figure is not asserted on: a warm engine answers this load in ~40 ms, so it reads 0 at
+    # most evaluations (CI saw 0 at all of them).
+    little = sum(x.end - x.sent for x in ok) / load_s
+    run_1s = [
+        f.running_mean or 0.0 for s in snaps for (_, w), f in s.by_engine.items() if w == "1s"
+    ]
+    assert 0.3 * little <= max(run_1s) <= 2.5 * little + 1.0, (run_1s, little)
     gen = [f.generation_tps for s in snaps for (n, w), f in s.by_engine.items() if w == "5s"]
     received = sum(x.usage.get("completion_tokens", x.content_chunks) for x in ok)
     client_rate = received / load_s
     assert max(g or 0.0 for g in gen) == pytest.approx(client_rate, rel=1.5), (gen, client_rate)
-    busy = [s for s in snaps if (s.engines["e"].running or 0) >= 1]
-    shares = [s.by_engine[("e", "1s")].phase_share for s in busy if ("e", "1s") in s.by_engine]
+    in_1s = [s.by_engine[("e", "1s")] for s in snaps if ("e", "1s") in s.by_engine]
+    shares = [f.phase_share for f in in_1s if (f.running_mean or 0.0) > 0.0]
     assert any(sh and sh.get("idle", 1.0) < 1.0 for sh in shares)
     if engine.kind == "vllm":
         ttft = [f.ttft_p90_s for s in snaps for (n, w), f in s.by_engine.items() if w == "5s"]

@@ -175,6 +175,7 @@ def test_exporter_values_match_hand_computed(scripted_run: _Run) -> None:
     assert val("phaselens_engine_up", engine="e1") == 1.0
     assert val("phaselens_kv_usage_ratio", engine="e1") == pytest.approx(0.5)
     assert val("phaselens_running_requests", engine="e1") == 8.0
+    assert val("phaselens_running_requests_mean", engine="e1", window="3s") == pytest.approx(8.0)
     # 500 / 2500 of the tokens are prefill: every bin is a decode bin (share <= 0.3)
     assert val("phaselens_phase_share_ratio", engine="e1", phase="decode", window="3s") > 0.8
     assert val("phaselens_gpu_util_ratio", gpu="0", window="3s") == pytest.approx(0.9, abs=0.02)

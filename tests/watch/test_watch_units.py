@@ -155,3 +155,43 @@ def test_write_assets_copies_what_is_shipped(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "dashboard.json").read_text() == '{"title": "x"}'
     with pytest.raises(InputError):
         write_assets(tmp_path / "out2", tmp_path / "missing")
+
+
+def test_running_mean_over_the_window_by_hand() -> None:
+    """A 100 ms scrape sees running = 0 for 1 s, then 6 for 1 s, then 2: each bin holds the
+    value last scraped when it closed (GRACE_NS after its end), the window's mean is theirs."""
+    from phaselens.telemetry.scrape import SCRAPE_SOURCE
+    from phaselens.types import BIN_NS, TelemetrySample
+    from phaselens.watch.engines import EngineSpec
+    from phaselens.watch.indicators import engine_figures
+    from phaselens.watch.state import GRACE_NS, WatchState
+
+    spec = EngineSpec("e", "http://127.0.0.1:1/metrics")
+    st = WatchState([spec], cap_bins=600)
+    lab = {"target": spec.target}
+    seen: list[float] = []
+    for i in range(40):
+        t = i * BIN_NS + BIN_NS // 2
+        v = 0.0 if i < 10 else 6.0 if i < 20 else 2.0
+        seen.append(v)
+        st.add(
+            [
+                TelemetrySample(t, SCRAPE_SOURCE, "scrape.ok", 1.0, lab),
+                TelemetrySample(t, "llamacpp", "engine.running", v, lab),
+            ]
+        )
+        st.advance(t)
+    # bin b closes at the first tick t_i >= (b+1)·BIN + GRACE, i.e. i = b + 1 + GRACE/BIN,
+    # rounded up past the half-bin offset: it holds the value scraped at that tick
+    lag = math.ceil(((BIN_NS + GRACE_NS) - BIN_NS // 2) / BIN_NS)
+    end = st.closed
+    assert end == 40 - lag
+    e = st.engines["e"]
+    for k in (5, 10, 20, 30):
+        want = sum(seen[b + lag] for b in range(end - k, end)) / k
+        assert engine_figures(e, end, k).running_mean == pytest.approx(want)
+    # by hand (lag 4, 36 bins closed): the last 30 bins hold ticks 10..39 (ten 6s, twenty 2s);
+    # all 36 hold ticks 4..39 (six 0s, ten 6s, twenty 2s)
+    assert lag == 4
+    assert engine_figures(e, end, 30).running_mean == pytest.approx((10 * 6.0 + 20 * 2.0) / 30)
+    assert engine_figures(e, end, 36).running_mean == pytest.approx((10 * 6.0 + 20 * 2.0) / 36)

@@ -42,8 +42,9 @@ def families(s: Snapshot) -> list[Any]:
     lat = _g("engine_scrape_duration_seconds", "Last scrape's latency", ["engine"])
     queue = _g("queue_requests", "Waiting requests (last sample)", ["engine"])
     running = _g("running_requests", "Running requests (last sample)", ["engine"])
-    kv = _g("kv_usage_ratio", "KV cache usage (last sample)", ["engine"])
     ew = ["engine", "window"]
+    run_mean = _g("running_requests_mean", "Mean running requests over the window's bins", ew)
+    kv = _g("kv_usage_ratio", "KV cache usage (last sample)", ["engine"])
     ttft = _g("ttft_p90_seconds", "TTFT p90 from the engine's histogram increments", ew)
     itl = _g("itl_p99_seconds", "ITL p99 from the engine's histogram increments", ew)
     hit = _g("prefix_cache_hit_ratio", "Prefix-cache hits / queries over the window", ew)
@@ -70,6 +71,7 @@ def families(s: Snapshot) -> list[Any]:
         _add(ttft, [name, w], f.ttft_p90_s)
         _add(itl, [name, w], f.itl_p99_s)
         _add(hit, [name, w], f.prefix_hit_ratio)
+        _add(run_mean, [name, w], f.running_mean)
         _add(tps, [name, "prompt", w], f.prompt_tps)
         _add(tps, [name, "generation", w], f.generation_tps)
         for lab, v in f.phase_share.items():
@@ -100,7 +102,7 @@ def families(s: Snapshot) -> list[Any]:
     _add(cpu, [], s.cpu_ratio)
     lag = _g("watch_sample_lag_seconds", "How late the last 100 ms tick ran", [])
     _add(lag, [], s.sample_lag_s)
-    return [up, restarts, lat, queue, running, kv, ttft, itl, hit, tps, psec, pshare,
+    return [up, restarts, lat, queue, running, run_mean, kv, ttft, itl, hit, tps, psec, pshare,
             util, peak, trough, by_phase, active, changes, cpu, lag]  # fmt: skip
 
 

@@ -80,6 +80,7 @@ class EngineFigures:
     phase_share: Mapping[str, float]  # over the window's labelled bins; {} when none
     kv_high_share: float | None  # share of bins with KV usage ≥ a threshold (findings)
     preemptions: float
+    running_mean: float | None = None  # mean running requests over the bins (Little's L)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +173,7 @@ def engine_figures(e: EngineState, end: int, k: int, kv_high: float = KV_HIGH) -
         share,
         float((kvk >= kv_high).mean()) if kvk.size else None,
         float(np.nansum(r["preempt"].last(end, k))),
+        _mean(r["running"].last(end, k)),
     )
 
 
