@@ -14,13 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phaselens.telemetry.clock import RunClock
-from phaselens.telemetry.prometheus import (
-    ENGINE_KEEP,
-    _families,
-    _prefilter,
-    parse_prometheus,
-    parse_prometheus_counted,
-)
+from phaselens.telemetry.prometheus import ENGINE_KEEP, parse_prometheus, parse_prometheus_counted
+from phaselens.telemetry.promtext import ShapeCache, _families, _prefilter
 from phaselens.telemetry.sampler import start_sources
 from phaselens.telemetry.scrape import ScrapeSource, health
 from phaselens.types import TelemetrySample
@@ -147,7 +142,7 @@ def test_parser_never_raises_on_any_text(lines: list[str]) -> None:
 def test_oversized_lines_and_too_many_samples_are_skipped_and_counted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from phaselens.telemetry import prometheus
+    from phaselens.telemetry import promtext as prometheus
 
     monkeypatch.setattr(prometheus, "MAX_SAMPLES", 100)  # 50_000 by default: slow to build
     long = 'vllm:num_requests_waiting{x="' + "a" * prometheus.MAX_LINE_CHARS + '"} 1'
@@ -175,8 +170,11 @@ def test_same_shape_new_values_parse_as_the_full_parser_does() -> None:
             f'vllm:e2e_request_latency_seconds_sum{{model_name="m"}} {c / 2}\n'
         )
 
-    first = parse_prometheus(text(10, 0.25, 4), ("vllm:",))
-    second = parse_prometheus(text(17, 0.5, 6), ("vllm:",))
+    cache = ShapeCache()
+    first = parse_prometheus_counted(text(10, 0.25, 4), ("vllm:",), True, cache).families
+    assert len(cache) == 1
+    second = parse_prometheus_counted(text(17, 0.5, 6), ("vllm:",), True, cache).families
+    assert len(cache) == 1  # the same shape: parsed once, its values read from the new text
     assert first["vllm:prompt_tokens_total"].samples[0].value == 10.0
     assert second["vllm:prompt_tokens_total"].samples[0].value == 17.0
     assert second["vllm:kv_cache_usage_perc"].samples[0].value == 0.5
@@ -188,3 +186,9 @@ def test_same_shape_new_values_parse_as_the_full_parser_does() -> None:
     ]
     lines = _prefilter(text(17, 0.5, 6), ("vllm:",), True)
     assert second == _families("\n".join(lines.kept) + "\n", lines.names)
+    assert second == parse_prometheus(text(17, 0.5, 6), ("vllm:",))  # no cache: the same
+    other = text(17, 0.5, 6).replace('model_name="m"', 'model_name="n"')
+    assert parse_prometheus_counted(other, ("vllm:",), True, cache).families == parse_prometheus(
+        other, ("vllm:",)
+    )
+    assert len(cache) == 2  # a new label value is a new shape

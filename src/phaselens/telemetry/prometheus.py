@@ -1,4 +1,3 @@
-# One job, ~480 lines: Prometheus text to interval samples (parser, counters, histograms).
 """Prometheus text from engine `/metrics` and dcgm-exporter, turned into tidy interval samples.
 
 Why pure functions: the sampler, the e2e tests and analysis all need the same answer to "what
@@ -8,23 +7,33 @@ interval, histograms and summaries as the increase of their `_count` and `_sum` 
 dropped: per-interval mean = sum delta / count delta). Raw metric names are kept exactly as the
 server exposed them, and the canonical names of docs/run-format.md are added beside them.
 
-The `_total` gotcha: prometheus-client strips `_total` from counter family names and appends
-`_total` to counter samples that lack it (llama.cpp's `llamacpp:n_tokens_max`). We restore the
-name the server actually printed, so raw names always match the text on the wire.
+The parser itself (text -> families, the line check, the shape cache) is `promtext.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from phaselens.telemetry.promtext import (
+    COUNTERISH,
+    Family,
+    Parsed,
+    PromSample,
+    ShapeCache,
+    parse_prometheus,
+    parse_prometheus_counted,
+)
 from phaselens.types import TelemetrySample
+
+__all__ = [  # the parser's names, for the callers that read both halves from here
+    "Family",
+    "Parsed",
+    "PromSample",
+    "ShapeCache",
+    "parse_prometheus",
+    "parse_prometheus_counted",
+]
 
 # Engine recognized by the prefix of its metric names; the value is the sample's `source`.
 ENGINE_PREFIXES: dict[str, str] = {
@@ -36,24 +45,6 @@ ENGINE_PREFIXES: dict[str, str] = {
 DCGM_PREFIX = "DCGM_"
 ENGINE_KEEP: tuple[str, ...] = tuple(ENGINE_PREFIXES)
 DCGM_KEEP: tuple[str, ...] = (DCGM_PREFIX,)
-
-
-@dataclass(frozen=True, slots=True)
-class PromSample:
-    """One line of the exposition: its printed name, labels and value."""
-
-    name: str
-    labels: Mapping[str, str]
-    value: float
-
-
-@dataclass(frozen=True, slots=True)
-class Family:
-    """A metric family: `type` is counter, gauge, histogram, summary, untyped, info, ..."""
-
-    name: str
-    type: str
-    samples: tuple[PromSample, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,271 +110,7 @@ SINCE_START: dict[str, Canonical] = {
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": Canonical("gpu.energy_j", 1e-3),  # mJ
 }
 
-_COUNTERISH = {"counter"}
 _HISTOGRAMISH = {"histogram", "summary", "gaugehistogram"}
-
-
-# A sample line: name, optional {labels} (quoted values may hold anything escaped), value,
-# optional timestamp. Linear-time: each alternative starts with a different character.
-_SAMPLE_LINE = re.compile(
-    r'[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)[ \t]*(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?'
-    r"[ \t]*([^ \t]+)(?:[ \t]+-?[0-9]+)?[ \t]*"
-)
-_TYPES = frozenset(
-    (
-        "counter",
-        "gauge",
-        "histogram",
-        "summary",
-        "untyped",
-        "unknown",
-        "info",
-        "stateset",
-        "gaugehistogram",
-    )
-)
-_NAME_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_:")
-MAX_ABS_VALUE = 1e18  # a reading beyond this is not a measurement: the line is skipped
-MAX_LINE_CHARS = 16384  # a longer line (vLLM's longest: ~300) is skipped and counted
-MAX_SAMPLES = 50_000  # sample lines kept per scrape (vLLM: ~650); the rest skipped, counted
-
-
-@dataclass(frozen=True, slots=True)
-class Parsed:
-    """One scrape's families, and the lines that could not be used (skipped, counted)."""
-
-    families: dict[str, Family]
-    skipped: int = 0
-    first_skipped: str = ""  # `line N: <text>` of the first one, for the manifest
-
-
-class _Lines:
-    """The lines kept for the parser, and the ones skipped (with the first for the message)."""
-
-    def __init__(self) -> None:
-        self.kept: list[str] = []
-        self.names: set[str] = set()
-        self.samples = 0
-        self.skipped = 0
-        self.first = ""
-
-    def skip(self, n: int, line: str) -> None:
-        self.skipped += 1
-        if not self.first:
-            self.first = f"line {n}: {line[:80]!r}"
-
-
-def _value_check(text: str) -> int:
-    """1: a usable value; 0: NaN or ±Inf (valid exposition, no reading: dropped quietly);
-    -1: not a number, or beyond MAX_ABS_VALUE (the line is skipped and counted)."""
-    try:
-        v = float(text)
-    except ValueError:
-        return -1
-    if not math.isfinite(v):
-        return 0
-    return 1 if abs(v) <= MAX_ABS_VALUE else -1
-
-
-@functools.lru_cache(maxsize=32)
-def _heads(keep: tuple[str, ...]) -> tuple[int, frozenset[str]]:
-    """(k, the first k characters of every kept prefix): a line whose first k characters are
-    not among them cannot start with any of them (one set lookup instead of a startswith each)."""
-    k = min((len(p) for p in keep), default=0)
-    return k, frozenset(p[:k] for p in keep)
-
-
-def _prefilter(text: str, keep: tuple[str, ...], buckets: bool) -> _Lines:
-    """Keep only the families we want before the (slow) parser sees them; collect printed
-    names; skip (and count) lines of ours that are not the exposition format.
-
-    Why: prometheus-client takes ~60 µs a line, and vLLM prints ~650 lines, mostly buckets;
-    and one bad line makes it reject the whole scrape.
-    """
-    out = _Lines()
-    k, heads = _heads(keep)
-    for n, line in enumerate(text.splitlines(), 1):
-        if keep and (
-            (line[:1] in _NAME_START and (line[:k] not in heads or not line.startswith(keep)))
-            or line.startswith("# HELP ")
-            or (line.startswith("# TYPE ") and line[7 : 7 + k] not in heads)
-        ):
-            continue  # another family's sample or TYPE (its name cannot start with ours), HELP
-        if not line.strip():
-            continue
-        if len(line) > MAX_LINE_CHARS:
-            out.skip(n, line)
-            continue
-        if line.lstrip().startswith("#"):
-            parts = line.split(None, 3)
-            if len(parts) >= 3 and parts[1] == "TYPE" and (not keep or parts[2].startswith(keep)):
-                if len(parts) == 4 and parts[3].strip() in _TYPES:
-                    out.kept.append(line)
-                else:
-                    out.skip(n, line)
-            continue
-        m = _SAMPLE_LINE.fullmatch(line)
-        name = m[1] if m else ""
-        if not name:
-            named = re.match(r"[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)", line)
-            if named is None or not keep or named[1].startswith(keep):
-                out.skip(n, line)  # no metric name at all, or one of ours that is malformed
-            continue
-        if (keep and not name.startswith(keep)) or name.endswith("_created"):
-            continue
-        if not buckets and name.endswith("_bucket"):
-            continue
-        check = _value_check(m[3] if m else "")
-        if check <= 0 or out.samples >= MAX_SAMPLES:
-            if check != 0:  # a bad value, or one sample too many (NaN is dropped quietly)
-                out.skip(n, line)
-            continue
-        out.samples += 1
-        out.names.add(name)
-        out.kept.append(line)
-    return out
-
-
-def _families(text: str, printed: set[str]) -> dict[str, Family]:
-    """prometheus-client's parse of already filtered text (raises on what it rejects)."""
-    found: dict[str, tuple[str, list[PromSample]]] = {}
-    for fam in text_string_to_metric_families(text):
-        samples = []
-        for s in fam.samples:
-            name = s.name
-            if name not in printed and name.endswith("_total") and name[:-6] in printed:
-                name = name[:-6]  # the parser appended `_total`; keep what was on the wire
-            if name.endswith("_created"):
-                continue
-            samples.append(PromSample(name, dict(s.labels), float(s.value)))
-        if not samples:
-            continue
-        key = samples[0].name if fam.type in _COUNTERISH else fam.name
-        old = found.get(key)  # untyped lines of one name come as a family each: merged
-        if old is not None and old[0] == fam.type:
-            old[1].extend(samples)
-        else:
-            found[key] = (fam.type, samples)
-    return {k: Family(k, t, tuple(ss)) for k, (t, ss) in found.items()}
-
-
-def _blocks(lines: list[str]) -> list[list[str]]:
-    """Lines grouped by family: each `# TYPE` line starts a block."""
-    blocks: list[list[str]] = [[]]
-    for line in lines:
-        if line.lstrip().startswith("#"):
-            blocks.append([])
-        blocks[-1].append(line)
-    return [b for b in blocks if b]
-
-
-# Shape of a scrape (its kept lines with the values cut out, and the printed names) -> the
-# parser's families with each sample's value replaced by the index of the line it came from.
-_SHAPES: dict[tuple[tuple[str, ...], frozenset[str]], dict[str, Family]] = {}
-_SHAPES_MAX = 256
-
-
-def _by_shape(lines: _Lines) -> dict[str, Family] | None:
-    """The families of the kept lines from a cached parse of their shape, or None (not cached
-    and the shape parse failed: the caller parses the text itself).
-
-    Why: an engine prints the same names, labels and TYPE lines scrape after scrape; only the
-    values move. prometheus-client (~100 µs a line) parses each shape once, with line numbers in
-    place of the values; every later scrape of that shape only converts its values (`float`,
-    as the parser does: prefilter already refused what float() or the parser would not read)."""
-    heads: list[str] = []
-    values: list[str] = []
-    for line in lines.kept:
-        m = None if line.lstrip().startswith("#") else _SAMPLE_LINE.fullmatch(line)
-        if m is None:
-            heads.append(line)
-            values.append("")
-            continue
-        if "_" in m[3] or m[3] != m[3].strip():
-            return None  # the parser refuses `1_000`; let it say so
-        heads.append(line[: m.start(3)] + "\0" + line[m.end(3) :])
-        if "\0" in line:
-            return None  # the marker must be ours alone
-        values.append(m[3])
-    key = (tuple(heads), frozenset(lines.names))
-    shape = _SHAPES.get(key)
-    if shape is None:
-        text = "".join(
-            (h.replace("\0", str(i)) if v else h) + "\n"
-            for i, (h, v) in enumerate(zip(heads, values, strict=True))
-        )
-        try:
-            shape = _families(text, lines.names)
-        except Exception:
-            return None
-        if len(_SHAPES) >= _SHAPES_MAX:
-            _SHAPES.clear()
-        _SHAPES[key] = shape
-    return {
-        k: Family(
-            f.name,
-            f.type,
-            tuple(
-                PromSample(s.name, dict(s.labels), float(values[int(s.value)])) for s in f.samples
-            ),
-        )
-        for k, f in shape.items()
-    }
-
-
-def _parse_lenient(lines: _Lines) -> dict[str, Family]:
-    """Families of the kept lines; what the parser still rejects is skipped by family, then by
-    line (rare: only a scrape the line check let through pays for this)."""
-    fast = _by_shape(lines)
-    if fast is not None:
-        return fast
-    try:
-        return _families("\n".join(lines.kept) + "\n", lines.names)
-    except Exception:  # the parser's own complaint; found below, line by line
-        pass
-    families: dict[str, Family] = {}
-    for block in _blocks(lines.kept):
-        try:
-            families.update(_families("\n".join(block) + "\n", lines.names))
-            continue
-        except Exception:
-            pass
-        head = block[:1] if block[0].lstrip().startswith("#") else []
-        good: list[str] = []
-        for line in block[len(head) :]:
-            try:
-                _families("\n".join([*head, *good, line]) + "\n", lines.names)
-                good.append(line)
-            except Exception:
-                lines.skip(0, line)
-        with contextlib.suppress(Exception):
-            families.update(_families("\n".join([*head, *good]) + "\n", lines.names))
-    return families
-
-
-def parse_prometheus_counted(text: str, keep: tuple[str, ...] = (), buckets: bool = True) -> Parsed:
-    """Like `parse_prometheus`, but never raises: unusable lines are skipped and counted."""
-    lines = _prefilter(text, keep, buckets)
-    families = _parse_lenient(lines)
-    return Parsed(families, lines.skipped, lines.first)
-
-
-def parse_prometheus(
-    text: str, keep: tuple[str, ...] = (), buckets: bool = True
-) -> dict[str, Family]:
-    """Parse Prometheus text into families keyed by the name the server printed.
-
-    `keep`: only families whose names start with one of these prefixes (all when empty).
-    `buckets=False` drops histogram buckets. `_created` timestamps are always dropped.
-    Counter families are keyed by their printed sample name (`vllm:prompt_tokens_total`), others
-    by their family name. Lines that are not the exposition format (a JSON line, a bad value,
-    a value beyond 1e18) are skipped and counted, NaN/±Inf readings dropped; raises ValueError
-    when nothing usable is left of a text that had such lines (not the exposition format).
-    """
-    p = parse_prometheus_counted(text, keep, buckets)
-    if not p.families and p.skipped:
-        raise ValueError(f"not Prometheus text: {p.skipped} unusable lines ({p.first_skipped})")
-    return p.families
 
 
 def detect_source(families: Mapping[str, Family]) -> str:
@@ -453,7 +180,7 @@ def interval_samples(
     t = cur.t_ns
     for fam in cur.families.values():
         for s in fam.samples:
-            is_total = fam.type in _COUNTERISH or (
+            is_total = fam.type in COUNTERISH or (
                 fam.type in _HISTOGRAMISH and s.name.endswith(("_count", "_sum"))
             )
             if s.name.endswith("_bucket"):

@@ -18,6 +18,7 @@ from phaselens.telemetry.prometheus import (
     DCGM_KEEP,
     ENGINE_KEEP,
     Scrape,
+    ShapeCache,
     detect_source,
     interval_samples,
     parse_prometheus_counted,
@@ -83,6 +84,7 @@ class ScrapeSource:
             self._headers["Authorization"] = auth
         self._labels = {"target": redact_url(url)}
         self._prev: Scrape | None = None
+        self._shapes = ShapeCache()  # this endpoint's scrape shapes (values cut out), parsed once
         self.last_text = ""  # the last successful scrape's text (the watch reads its buckets)
         self._baseline: Scrape | None = None
         self.ok_count = 0
@@ -110,7 +112,7 @@ class ScrapeSource:
         try:
             text = self._fetch()
             t1 = self._clock.now_ns()
-            parsed = parse_prometheus_counted(text, self._keep, buckets=False)
+            parsed = parse_prometheus_counted(text, self._keep, False, self._shapes)
             families = parsed.families
             if not families:
                 why = f" ({parsed.first_skipped})" if parsed.skipped else ""
