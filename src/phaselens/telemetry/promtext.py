@@ -142,6 +142,10 @@ def _prefilter(text: str, keep: tuple[str, ...], buckets: bool) -> _Lines:
                 else:
                     out.skip(n, line)
             continue
+        if not buckets and "_bucket" in line:
+            cut = min((i for i in (line.find("{"), line.find(" ")) if i > 0), default=-1)
+            if cut > 0 and line[:cut].endswith("_bucket"):
+                continue  # a bucket line, not wanted: dropped before the (costly) line check
         m = _SAMPLE_LINE.fullmatch(line)
         name = m[1] if m else ""
         if not name:
