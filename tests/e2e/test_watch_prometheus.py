@@ -132,8 +132,13 @@ def test_prometheus_scrapes_watch_while_engines_are_loaded(
             # the shipped rules ran on these series: healthy, and no engine is down
             health = {r["name"]: r["health"] for g in p.api("rules")["groups"] for r in g["rules"]}
             assert set(health.values()) == {"ok"}, health
-            names = {a["labels"]["alertname"] for a in p.api("alerts")["alerts"]}
-            assert not names & {"PhaselensEngineDown", "PhaselensWatcherAbsent"}, names
+            # a pending EngineDown is one slow scrape on a loaded 2-core host (the rule's `for: 1m`
+            # is what keeps that from paging); a firing one, or a mostly-down engine, is a failure
+            alerts = p.api("alerts")["alerts"]
+            firing = {a["labels"]["alertname"] for a in alerts if a["state"] == "firing"}
+            assert not firing & {"PhaselensEngineDown", "PhaselensWatcherAbsent"}, alerts
+            answered = _by_engine(p, f"avg_over_time(phaselens_engine_up{span})")
+            assert answered.keys() == {"llama", "vllm"} and min(answered.values()) >= 0.9, answered
     finally:
         for lp in loads:
             if lp.poll() is None:
