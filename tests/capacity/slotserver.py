@@ -11,8 +11,9 @@ exactly k / S: below it every request finds a free slot (TTFT = P), above it the
 (rate − k/S) requests every second, without bound.
 
 Run: `python slotserver.py --port 0 --slots K --prefill-ms P --token-ms D [--stall-every N
---stall-ms X]`; prints `PORT <n>`. With a stall, every N-th request to arrive (counted from the
-server's start) has X ms more prefill: a deterministic stand-in for a host that stalls now and
+--stall-ms X [--stall-until M]]`; prints `PORT <n>`. With a stall, every N-th request to arrive
+(counted from the server's start; with M, only among the first M: a transient stall) has X ms
+more prefill: a deterministic stand-in for a host that stalls now and
 then, so a test can put an exact number of slow requests into a probe.
 Speaks the OpenAI streaming API the driver expects (chat and completions, SSE, [DONE]); GET
 /stats returns the requests served and the longest wait for a slot; GET /health answers 200
@@ -33,22 +34,31 @@ from aiohttp import web
 
 class Slots:
     def __init__(
-        self, k: int, prefill_s: float, token_s: float, stall_every: int = 0, stall_s: float = 0.0
+        self,
+        k: int,
+        prefill_s: float,
+        token_s: float,
+        stall_every: int = 0,
+        stall_s: float = 0.0,
+        stall_until: int = 0,
     ) -> None:
         self.free: asyncio.Queue[float] = asyncio.Queue()  # each free slot's free-since time
         for _ in range(k):
             self.free.put_nowait(0.0)
         self.prefill_s, self.token_s = prefill_s, token_s
-        self.stall_every, self.stall_s = stall_every, stall_s
+        self.stall_every, self.stall_s, self.stall_until = stall_every, stall_s, stall_until
         self.arrived = 0
         self.served = 0
         self.max_wait_s = 0.0
 
     def stall(self) -> float:
         """The extra prefill of the request arriving now: `stall_s` for every `stall_every`-th
-        one (1-based arrival count), as a host stall puts a few slow requests into a probe."""
+        one (1-based arrival count; only among the first `stall_until` when that is > 0: a
+        transient stall), as a host stall puts a few slow requests into a probe."""
         self.arrived += 1
-        every = self.stall_every
+        every, until = self.stall_every, self.stall_until
+        if until > 0 and self.arrived > until:
+            return 0.0
         return self.stall_s if every > 0 and self.arrived % every == 0 else 0.0
 
 
@@ -113,6 +123,7 @@ async def main(args: argparse.Namespace) -> None:
         args.token_ms / 1e3,
         args.stall_every,
         args.stall_ms / 1e3,
+        args.stall_until,
     )
     app.router.add_post("/v1/chat/completions", handle)
     app.router.add_post("/v1/completions", handle)
@@ -135,6 +146,7 @@ if __name__ == "__main__":
     ap.add_argument("--token-ms", type=float, default=10.0)
     ap.add_argument("--stall-every", type=int, default=0)  # every N-th request arriving ...
     ap.add_argument("--stall-ms", type=float, default=0.0)  # ... takes this much longer to start
+    ap.add_argument("--stall-until", type=int, default=0)  # ... among the first N arrivals (0: all)
     try:
         asyncio.run(main(ap.parse_args()))
     except KeyboardInterrupt:

@@ -5,11 +5,12 @@ run B2) and an uncertain light probe (run B3)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from phaselens.capacity.nocapacity import unreachable
+from phaselens.capacity.nocapacity import tail_decided, unreachable
 from phaselens.capacity.probe import ProbeResult, ProbeSettings
 from phaselens.capacity.result import bracket, build_result, upper_edge
 from phaselens.capacity.search import SearchConfig
@@ -132,3 +133,17 @@ def test_no_capacity_says_which_percentile_what_was_measured_and_what_to_do() ->
     assert f"too few requests for the interval; give a longer --probe-s (>= {want:.3g} s" in msg
     assert math.isclose(unreachable([_probe(0.25, "fail", 400, 500)], None, slo, 2.0)[
         "lowest_rate_rps"], 0.25)  # fmt: skip
+
+
+def test_probes_decided_by_a_few_slow_requests_are_noted() -> None:
+    # measured p90 (the midpoint) 190 and 200 ms (<= 0.8 x 300), upper ends past 300
+    tail = [_probe(0.5, "uncertain", 60, 320, judged=54)]
+    tail.append(_probe(0.8, "uncertain", 40, 360, judged=80))
+    assert tail_decided(tail[:1]) is None  # one such probe is not a pattern
+    note = tail_decided(tail)
+    assert note is not None and note.startswith("2 probes were uncertain")
+    assert "at 0.8 req/s: 200 ms, interval up to 360 ms over 80 judged" in note
+    # near the threshold (midpoint 270 ms > 240), a pass, or a superseded probe: no note
+    near = _probe(1.0, "uncertain", 240, 300, judged=90)
+    assert tail_decided([tail[0], near, _probe(0.3, "pass", 40, 60)]) is None
+    assert tail_decided([tail[0], replace(tail[1], superseded=True)]) is None

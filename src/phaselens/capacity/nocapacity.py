@@ -110,3 +110,38 @@ def unreachable(
         "lowest_rate_rps": fnum(low.rate_rps),
         "floors": floor["floors"] if floor else [],
     }
+
+
+TAIL_INSIDE = 0.8  # a measured percentile at most this × its threshold is "well inside" it
+
+
+def tail_decided(probes: Sequence[ProbeResult]) -> str | None:
+    """A note when two or more counted probes were uncertain although their measured percentile
+    lay well inside its threshold (≤ TAIL_INSIDE ×) and only the interval's upper end crossed
+    it: a few slow requests decide a short probe (a server or host whose few percent of
+    requests stall), so the capacity reads low and a longer --probe-s is the remedy."""
+    hit = []
+    for p in counted(probes):
+        t = next((t for t in p.targets if p.verdict == "uncertain" and _tail_only(t)), None)
+        if t is not None:
+            hit.append((p, t))
+    if len(hit) < 2:
+        return None
+    p, t = max(hit, key=lambda pt: pt[0].load_scale)
+    return (
+        f"{len(hit)} probes were uncertain with {t.metric} {t.stat} well inside its "
+        f"{t.threshold_ms:g} ms threshold (at {p.rate_rps:.3g} req/s: {_ms(t.observed_ms)} ms, "
+        f"interval up to {_ms(t.hi_ms)} ms over {p.judged_requests} judged requests): a few slow "
+        "requests decide a probe this short, so the capacity may read low; a longer --probe-s "
+        "would decide those loads"
+    )
+
+
+def _tail_only(t: TargetVerdict) -> bool:
+    return (
+        t.model == "*"
+        and t.verdict == "uncertain"
+        and t.observed_ms is not None
+        and t.hi_ms is not None
+        and t.observed_ms <= TAIL_INSIDE * t.threshold_ms < t.hi_ms
+    )

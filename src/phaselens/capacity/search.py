@@ -18,7 +18,13 @@ from typing import Any
 
 from phaselens.capacity.blindband import Band, Model, capacity_band
 from phaselens.capacity.fanout import Fanout
-from phaselens.capacity.nocapacity import LIGHT_RETRY, slo_floor, uncertain_why, unreachable
+from phaselens.capacity.nocapacity import (
+    LIGHT_RETRY,
+    slo_floor,
+    tail_decided,
+    uncertain_why,
+    unreachable,
+)
 from phaselens.capacity.predict import predict_knee, queue_prediction
 from phaselens.capacity.probe import ProbeResult, ProbeSettings, run_probe
 from phaselens.capacity.queuemodel import FLOOD_MAX_S
@@ -249,6 +255,9 @@ def find_capacity(
                 status = "complete"
     except KeyboardInterrupt:
         status = "interrupted"
+    tail = tail_decided(search.probes)
+    if tail:
+        notes.append(tail)
     if status == "budget" and bracket(search.probes)[0] is None and search.probes:
         low = min(search.probes, key=lambda q: q.load_scale if not q.superseded else math.inf)
         if low.verdict == "uncertain":
