@@ -15,9 +15,12 @@ SERVER = Path(__file__).with_name("slotserver.py")
 
 
 @contextmanager
-def slot_server(slots: int, prefill_ms: float, token_ms: float) -> Iterator[str]:
-    """Start slotserver.py; yields its base URL; kills it afterwards."""
-    args = ("--slots", str(slots), "--prefill-ms", str(prefill_ms), "--token-ms", str(token_ms))
+def slot_server(slots: int, prefill_ms: float, token_ms: float, *extra: str) -> Iterator[str]:
+    """Start slotserver.py (`extra`: more of its arguments, e.g. a stall); yields its base URL;
+    kills it afterwards."""
+    args = (
+        "--slots", str(slots), "--prefill-ms", str(prefill_ms), "--token-ms", str(token_ms), *extra
+    )  # fmt: skip
     with server_process(SERVER, *args) as url:
         yield url
 

@@ -10,7 +10,11 @@ With constant arrivals of n-token requests the capacity is then
 exactly k / S: below it every request finds a free slot (TTFT = P), above it the queue grows by
 (rate − k/S) requests every second, without bound.
 
-Run: `python slotserver.py --port 0 --slots K --prefill-ms P --token-ms D`; prints `PORT <n>`.
+Run: `python slotserver.py --port 0 --slots K --prefill-ms P --token-ms D [--stall-every N
+--stall-ms X [--stall-until M]]`; prints `PORT <n>`. With a stall, every N-th request to arrive
+(counted from the server's start; with M, only among the first M: a transient stall) has X ms
+more prefill: a deterministic stand-in for a host that stalls now and
+then, so a test can put an exact number of slow requests into a probe.
 Speaks the OpenAI streaming API the driver expects (chat and completions, SSE, [DONE]); GET
 /stats returns the requests served and the longest wait for a slot; GET /health answers 200
 (readiness, when `phaselens sweep` starts it from a template).
@@ -29,13 +33,33 @@ from aiohttp import web
 
 
 class Slots:
-    def __init__(self, k: int, prefill_s: float, token_s: float) -> None:
+    def __init__(
+        self,
+        k: int,
+        prefill_s: float,
+        token_s: float,
+        stall_every: int = 0,
+        stall_s: float = 0.0,
+        stall_until: int = 0,
+    ) -> None:
         self.free: asyncio.Queue[float] = asyncio.Queue()  # each free slot's free-since time
         for _ in range(k):
             self.free.put_nowait(0.0)
         self.prefill_s, self.token_s = prefill_s, token_s
+        self.stall_every, self.stall_s, self.stall_until = stall_every, stall_s, stall_until
+        self.arrived = 0
         self.served = 0
         self.max_wait_s = 0.0
+
+    def stall(self) -> float:
+        """The extra prefill of the request arriving now: `stall_s` for every `stall_every`-th
+        one (1-based arrival count; only among the first `stall_until` when that is > 0: a
+        transient stall), as a host stall puts a few slow requests into a probe."""
+        self.arrived += 1
+        every, until = self.stall_every, self.stall_until
+        if until > 0 and self.arrived > until:
+            return 0.0
+        return self.stall_s if every > 0 and self.arrived % every == 0 else 0.0
 
 
 def _chunk(text: str, chat: bool) -> bytes:
@@ -53,16 +77,17 @@ async def handle(request: web.Request) -> web.StreamResponse:
     n = max(int(body.get("max_tokens") or 1), 1)
     chat = "messages" in body
     arrival = time.perf_counter()
+    prefill = slots.prefill_s + slots.stall()
     free = await slots.free.get()  # (FIFO: asyncio.Queue serves its waiters in order)
     start = max(arrival, free)
-    end = start + slots.prefill_s + n * slots.token_s
+    end = start + prefill + n * slots.token_s
     slots.max_wait_s = max(slots.max_wait_s, start - arrival)
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     done = False
     try:
         await resp.prepare(request)
         for j in range(n):
-            due = start + slots.prefill_s + j * slots.token_s
+            due = start + prefill + j * slots.token_s
             wait = due - time.perf_counter()
             if wait > 0:
                 await asyncio.sleep(wait)
@@ -92,7 +117,14 @@ async def health(request: web.Request) -> web.Response:
 
 async def main(args: argparse.Namespace) -> None:
     app = web.Application()
-    app["slots"] = Slots(args.slots, args.prefill_ms / 1e3, args.token_ms / 1e3)
+    app["slots"] = Slots(
+        args.slots,
+        args.prefill_ms / 1e3,
+        args.token_ms / 1e3,
+        args.stall_every,
+        args.stall_ms / 1e3,
+        args.stall_until,
+    )
     app.router.add_post("/v1/chat/completions", handle)
     app.router.add_post("/v1/completions", handle)
     app.router.add_get("/stats", stats)
@@ -112,6 +144,9 @@ if __name__ == "__main__":
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--prefill-ms", type=float, default=50.0)
     ap.add_argument("--token-ms", type=float, default=10.0)
+    ap.add_argument("--stall-every", type=int, default=0)  # every N-th request arriving ...
+    ap.add_argument("--stall-ms", type=float, default=0.0)  # ... takes this much longer to start
+    ap.add_argument("--stall-until", type=int, default=0)  # ... among the first N arrivals (0: all)
     try:
         asyncio.run(main(ap.parse_args()))
     except KeyboardInterrupt:

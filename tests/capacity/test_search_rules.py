@@ -11,9 +11,18 @@ from phaselens.capacity.verdict import TargetVerdict
 SLO = {"ttft_ms": {"p90": 300}}
 
 
-def _probe(scale: float, verdict: str, lo: float, hi: float, repeat: int = 0) -> ProbeResult:
+def _probe(
+    scale: float,
+    verdict: str,
+    lo: float,
+    hi: float | None,
+    repeat: int = 0,
+    role: str = "search",
+    judged: int | None = None,
+) -> ProbeResult:
     tv = "holds" if verdict == "pass" else ("fails" if verdict == "fail" else "uncertain")
-    t = TargetVerdict("*", "ttft_ms", "p90", 300.0, (lo + hi) / 2, lo, hi, tv)
+    mid = lo if hi is None else (lo + hi) / 2
+    t = TargetVerdict("*", "ttft_ms", "p90", 300.0, mid, lo, hi, tv)
     return ProbeResult(
         load_scale=scale,
         rate_rps=scale,
@@ -23,13 +32,15 @@ def _probe(scale: float, verdict: str, lo: float, hi: float, repeat: int = 0) ->
         targets=(t,),
         goodput_rps=None,
         output_tokens_per_s=None,
-        ttft_p90_ms=(lo + hi) / 2,
+        ttft_p90_ms=mid,
         tpot_p90_ms=None,
         stopped_early=None,
         queue_growing=False,
         mean_queue=0.0,
         probe_seconds=10.0,
         repeat=repeat,
+        judged_requests=judged,
+        role=role,
     )
 
 

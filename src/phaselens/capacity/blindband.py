@@ -35,7 +35,7 @@ from phaselens.capacity.probe import (
     offered_rate,
     probe_spec,
 )
-from phaselens.capacity.result import bracket, by_scale
+from phaselens.capacity.result import bracket, by_scale, counted
 from phaselens.capacity.verdict import backlog_series, first_overload
 from phaselens.spec import WorkloadSpec
 from phaselens.types import Schedule
@@ -200,13 +200,14 @@ def capacity_band(
 ) -> Band | None:
     """The capacity's blind band: growth from its repeats, sampling from the fitted model
     when there is one for `repeats` (None: the capacity's own count; `cache`: by repeats, the
-    only thing of the search it depends on); None without a capacity. `probes[0]` is the
-    light probe."""
+    only thing of the search it depends on); None without a capacity. The first counted probe
+    is the light probe (a superseded short one is not)."""
     lo, _ = bracket(probes)
     if lo is None:
         return None
-    at_lo = by_scale(probes)[lo]
-    light, r = probes[0], repeats or len(at_lo)
+    kept = counted(probes)
+    at_lo = by_scale(kept)[lo]
+    light, r = kept[0], repeats or len(at_lo)
     growth = growth_band(at_lo, light, ps)
     if model is None:
         return Band(growth, None, r, note="no fitted model: the growth part only")

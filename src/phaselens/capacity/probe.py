@@ -88,6 +88,9 @@ class ProbeResult:
     attainment_ci: tuple[float, float] | None = None
     goodput_ci_rps: tuple[float, float] | None = None
     truncation: Mapping[str, Any] | None = None  # the warm-up cut (`warmup_cut`)
+    judged_requests: int | None = None  # requests the verdict was taken over (after the cut)
+    role: str = "search"  # "stability": asked as the 1.1x stability probe (search._Search)
+    superseded: bool = False  # an uncertain light probe re-measured longer: listed, not counted
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -117,6 +120,9 @@ class ProbeResult:
             "attainment_ci": _pair(self.attainment_ci, 4),
             "goodput_ci_rps": _pair(self.goodput_ci_rps),
             "truncation": dict(self.truncation) if self.truncation else None,
+            "judged_requests": self.judged_requests,
+            "role": self.role,
+            "superseded": self.superseded,
         }
 
 
@@ -352,6 +358,7 @@ def judge(
         attainment_ci=wilson,
         goodput_ci_rps=gci,
         truncation=cut,
+        judged_requests=n,
     )
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 FORMAT = "phaselens-capacity/1"
 STABILITY = 1.1
+CONFIRM = 2  # probes, all passing, a stability load needs to lift the capacity (bracket)
 
 
 def classify(probes: Sequence[ProbeResult]) -> str:
@@ -47,13 +48,51 @@ def by_scale(probes: Sequence[ProbeResult]) -> dict[float, list[ProbeResult]]:
     return dict(sorted(out.items()))
 
 
+def counted(probes: Sequence[ProbeResult]) -> list[ProbeResult]:
+    """The probes that decide verdicts: all but a light probe re-measured longer (superseded)."""
+    return [p for p in probes if not p.superseded]
+
+
+def _stability_only(group: Sequence[ProbeResult]) -> bool:
+    return all(p.role == "stability" for p in group)
+
+
+def moved_to(groups: Mapping[float, Sequence[ProbeResult]]) -> float | None:
+    """The one load a stability probe may lift the capacity to: the lowest load probed only as
+    a stability probe that passed on CONFIRM probes or more, all of them (docs/capacity.md,
+    "The search", step 5); None when there is none."""
+    ok = [s for s, g in groups.items() if _stability_only(g) and len(g) >= CONFIRM]
+    ok = [s for s in ok if classify(groups[s]) == "pass"]
+    return min(ok) if ok else None
+
+
 def bracket(probes: Sequence[ProbeResult]) -> tuple[float | None, float | None]:
-    """(highest load that passed on every repeat, lowest load above it that did not)."""
-    groups = by_scale(probes)
-    passed = [s for s, ps in groups.items() if classify(ps) == "pass"]
+    """(highest load that passed on every repeat, lowest load above it that did not). A load
+    probed only as a stability probe counts as passed only as `moved_to`'s one load: a single
+    pass above a converged bracket is one draw in the blind band, not a capacity."""
+    groups = by_scale(counted(probes))
+    move = moved_to(groups)
+    passed = [
+        s
+        for s, g in groups.items()
+        if classify(g) == "pass" and (not _stability_only(g) or s == move)
+    ]
     lo = max(passed) if passed else None
     above = [s for s, ps in groups.items() if classify(ps) != "pass" and (lo is None or s > lo)]
     return lo, (min(above) if above else None)
+
+
+def upper_edge(probes: Sequence[ProbeResult]) -> float | None:
+    """The interval's upper end: the lowest load that did not pass above every load that passed
+    on all its probes — a stability probe's pass that `bracket` does not count included, so the
+    interval never claims a ceiling below a load that passed (None: nothing above did not)."""
+    groups = by_scale(counted(probes))
+    lo, hi = bracket(probes)
+    top = max((s for s, g in groups.items() if classify(g) == "pass"), default=None)
+    if top is None or lo is None or top <= lo:
+        return hi
+    above = [s for s, g in groups.items() if classify(g) != "pass" and s > top]
+    return min(above) if above else None
 
 
 def tips_over(p: ProbeResult) -> bool:
@@ -90,10 +129,11 @@ class CapacityResult:
     blind_band: Mapping[str, Any] | None = None  # what widens the interval's lower end
 
     def to_json(self) -> dict[str, Any]:
-        counts = {s: len(ps) for s, ps in by_scale(self.probes).items()}
+        counts = {s: len(ps) for s, ps in by_scale(counted(self.probes)).items()}
         rows = []
         for p in self.probes:
-            n = next(c for s, c in counts.items() if math.isclose(s, p.load_scale, rel_tol=1e-9))
+            near = (c for s, c in counts.items() if math.isclose(s, p.load_scale, rel_tol=1e-9))
+            n = next(near, 0)
             rows.append({**p.to_json(), "repeats": n})
         return {
             "format": FORMAT,
@@ -204,8 +244,8 @@ def build_result(
 ) -> CapacityResult:
     """The result of the probes so far (docs/capacity.md, "The interval"): the interval is
     [the capacity / (1 + its blind band), the lowest load above it that did not pass]."""
-    groups = by_scale(probes)
-    lo, hi = bracket(probes)
+    groups = by_scale(counted(probes))
+    lo, hi = bracket(probes)[0], upper_edge(probes)
     at_lo, at_hi = groups.get(lo, []) if lo else [], groups.get(hi, []) if hi else []
     over = next(
         (ps_ for s, ps_ in groups.items() if lo and math.isclose(s, lo * STABILITY, rel_tol=0.01)),

@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from phaselens.analysis.stats import fnum
 from phaselens.capacity.blindband import Band, Model, capacity_band
 from phaselens.capacity.fanout import Fanout
+from phaselens.capacity.nocapacity import (
+    LIGHT_RETRY,
+    slo_floor,
+    tail_decided,
+    uncertain_why,
+    unreachable,
+)
 from phaselens.capacity.predict import predict_knee, queue_prediction
 from phaselens.capacity.probe import ProbeResult, ProbeSettings, run_probe
 from phaselens.capacity.queuemodel import FLOOD_MAX_S
@@ -30,19 +36,14 @@ from phaselens.capacity.result import (
     write_result,
 )
 from phaselens.capacity.scale import base_rate
+from phaselens.capacity.steps import STEP_PREDICTED, _Search
 from phaselens.capacity.verdict import upper_end_values
 from phaselens.driver.options import DriverOptions
 from phaselens.errors import InputError
 from phaselens.execute import HttpTarget, SimTarget
 from phaselens.spec import WorkloadSpec
-from phaselens.store import load_run
 
 MAX_PROBES = 60  # a guard: a search that has not converged by then reports what it has
-STEP_PREDICTED = 1.25  # the step away from a predicted knee while bracketing it
-STEP_BLIND = 2.0  # ... and without a prediction (a doubling search)
-MIN_SCALE_SHARE = 1 / 16  # below light × this, a load that still fails: no load meets the SLO
-STABILITY = 1.1  # the stability probe: 10% above the capacity
-FAR_OVER = 2.0  # an upper edge failing above this × a threshold is not repeated
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,135 +131,6 @@ def _deploy_of(target: SimTarget | HttpTarget, cfg: SearchConfig) -> str | None:
     return None
 
 
-class _Search:
-    """The probes measured so far and the next load to measure."""
-
-    def __init__(self, cfg: SearchConfig, ps: ProbeSettings, light: float) -> None:
-        self.cfg, self.ps, self.light = cfg, ps, light
-        self.probes: list[ProbeResult] = []
-        self.step = STEP_BLIND
-        self.floor: dict[str, Any] | None = None  # set when the lightest load fails at its floor
-        self.knee: float | None = None  # the predicted knee, once probed
-        self.blind: float | None = None  # the fitted queue's sampling band, once converged
-
-    def at(self, s: float) -> list[ProbeResult]:
-        return [p for p in self.probes if math.isclose(p.load_scale, s, rel_tol=1e-9)]
-
-    def scales(self) -> list[float]:
-        return sorted({p.load_scale for p in self.probes})
-
-    def _is_knee(self, s: float) -> bool:
-        return self.knee is not None and math.isclose(s, self.knee, rel_tol=1e-9)
-
-    def plainly_over(self, s: float) -> bool:
-        """Stopped early, or failed far outside the spread repeats show near a knee."""
-        return any(p.stopped_early or _far_over(p) for p in self.at(s))
-
-    def may_turn_bistable(self, s: float) -> bool:
-        """Whether the repeats left at the upper edge `s` can still make it bistable (a pass
-        and a fail): it has a pass or a fail and one repeat is left, or two are left. An edge
-        that did not pass stays the upper edge whatever its repeats give, so a repeat that
-        cannot make it bistable changes nothing the search reports but the spread."""
-        ps = self.at(s)
-        left = self.cfg.repeats - len(ps)
-        decided = any(p.verdict in ("pass", "fail") for p in ps)
-        return left >= 2 or (left >= 1 and decided)
-
-    def converged(self) -> bool:
-        lo, hi = bracket(self.probes)
-        return lo is not None and hi is not None and hi / lo <= 1 + self.cfg.precision
-
-    def in_band(self, hi: float, lo: float) -> bool:
-        """An upper edge within the sampling band above the capacity: there repeats disagree
-        by sampling alone (blindband.py), so a repeat cannot show it bistable."""
-        return self.blind is not None and hi <= lo * (1 + self.blind) * (1 + 1e-6)
-
-    def next_scale(self) -> float | None:
-        """The next load to probe, or None when the search is done."""
-        lo, hi = bracket(self.probes)
-        if lo is None:
-            low = min(self.scales())
-            if low <= self.light * MIN_SCALE_SHARE or self.floor is not None:
-                return None  # no load meets the SLO (result: unreachable)
-            if any(_too_few(p) for p in self.at(low)):
-                return None  # a lighter probe has fewer requests still: no verdict there
-            return low / STEP_BLIND
-        near = 1 + self.cfg.precision  # the first step from a predicted knee: one precision
-        # step, so a right prediction is confirmed by the one probe above (or below) it
-        if hi is None:
-            return lo * (near if self._is_knee(lo) else self.step)
-        if hi / lo > near and self._is_knee(hi) and lo == self.light:
-            return max(hi / near, math.sqrt(lo * hi))
-        if hi / lo > 1 + self.cfg.precision:
-            if self.step == STEP_PREDICTED and hi / lo > self.step**2:
-                return hi / self.step if lo == self.light else lo * self.step
-            return math.sqrt(lo * hi)
-        for s in (lo, hi):
-            if len(self.at(s)) < self.cfg.repeats and not (
-                s == hi
-                and (self.plainly_over(s) or not self.may_turn_bistable(s) or self.in_band(s, lo))
-            ):
-                return s
-        over = lo * STABILITY
-        if not any(math.isclose(s, over, rel_tol=0.01) for s in self.scales()):
-            return over
-        return None
-
-
-def _far_over(p: ProbeResult) -> bool:
-    """A fail whose interval lies wholly above FAR_OVER × a threshold: near the knee single
-    runs spread by up to 2× (docs/validation.md, seventh series), so a repeat cannot pass."""
-    return p.verdict == "fail" and any(
-        t.verdict == "fails" and t.lo_ms is not None and t.lo_ms > FAR_OVER * t.threshold_ms
-        for t in p.targets
-    )
-
-
-def _too_few(p: ProbeResult) -> bool:
-    """Uncertain only because an interval has no upper end (too few requests)."""
-    return p.verdict == "uncertain" and any(
-        t.hi_ms is None for t in p.targets if t.model == "*" and t.verdict == "uncertain"
-    )
-
-
-def slo_floor(run: str) -> dict[str, Any] | None:
-    """The slo-knee finding's floors of a run (a target its fastest requests already miss)."""
-    from phaselens.analysis.summary import analyze
-
-    for f in analyze(load_run(run))["findings"]:
-        floors = f["evidence"].get("slo_floors") if f["code"] == "slo-knee" else None
-        if floors:
-            return {"title": f["title"], "floors": floors}
-    return None
-
-
-def unreachable(search: _Search) -> dict[str, Any]:
-    """No load meets the SLO: the lightest probe's floor (or that even it failed)."""
-    low = min(search.probes, key=lambda p: p.load_scale)
-    floor = search.floor
-    if floor is None and low.verdict == "uncertain":
-        return {
-            "message": f"no load passed with confidence: at {low.rate_rps:.3g} req/s "
-            + "; ".join(low.reasons[:2])
-            + " (a longer --probe-s gives each percentile more requests)",
-            "lowest_rate_rps": fnum(low.rate_rps),
-            "floors": [],
-        }
-    text = (
-        floor["title"]
-        if floor
-        else (
-            f"even {low.rate_rps:.3g} req/s ({low.load_scale:.3g}× the spec's load) fails: "
-            + "; ".join(low.reasons[:2])
-        )
-    )
-    return {
-        "message": f"no load meets the SLO: {text}",
-        "lowest_rate_rps": fnum(low.rate_rps),
-        "floors": floor["floors"] if floor else [],
-    }
-
-
 def find_capacity(
     ws: WorkloadSpec,
     target: SimTarget | HttpTarget,
@@ -288,7 +160,7 @@ def find_capacity(
         lo, _ = bracket(search.probes)
         gone = None
         if lo is None and st == "complete" and search.probes:
-            gone = unreachable(search)
+            gone = unreachable(search.probes, search.floor, ps.slo, ps.warmup_s)
         res = build_result(
             ws,
             ps,
@@ -308,18 +180,22 @@ def find_capacity(
     def spent() -> float:
         return probe_seconds(search.probes, pred)
 
-    def measure(s: float) -> bool:
-        """Probe `s`; False when the search must end (budget, Ctrl-C)."""
-        if spent() + ps.probe_s > cfg.budget_s:
-            nonlocal status
+    def measure(s: float, pset: ProbeSettings | None = None, role: str = "search") -> bool:
+        """Probe `s` (with `pset`, else `settings_for(s)`, cut to the budget left); False
+        when the search must end (budget, Ctrl-C)."""
+        nonlocal status
+        left = cfg.budget_s - spent()
+        if left < ps.probe_s:
             status = "budget"
             return False
+        want = pset or search.settings_for(s)
+        use = want if want.probe_s <= left else replace(want, probe_s=left)
         first = search.probes[0] if search.probes else None
         base = first.mean_queue * s / first.load_scale if first else 0.0  # (Little's law)
         k = len(search.probes)
-        rep = len(search.at(s))
-        p = run_probe(ws, target, s, ps, out, f"probe-{k:02d}-x{s:.4g}", base, rep)
-        search.probes.append(p)
+        rep = sum(math.isclose(q.load_scale, s, rel_tol=1e-9) for q in search.probes)
+        p = run_probe(ws, target, s, use, out, f"probe-{k:02d}-x{s:.4g}", base, rep)
+        search.probes.append(replace(p, role=role) if role != "search" else p)
         if p.verdict == "fail" and p.load_scale <= min(search.scales()):
             search.floor = slo_floor(p.run)
         save("running")
@@ -336,8 +212,10 @@ def find_capacity(
             "for the SLO's highest percentile to have an interval"
         )
     try:
-        if measure(light_scale):
-            light = search.probes[0]
+        if measure(light_scale) and search.probes[0].verdict == "uncertain":
+            light_once(search, notes, measure, save)
+        if search.probes and status == "running":
+            light = search.at(light_scale)[0]
             if light.verdict != "pass":
                 notes.append("the light probe did not pass: no prediction; the search goes down")
             elif deploy is not None:
@@ -370,13 +248,21 @@ def find_capacity(
                 if s is None:
                     status = "complete"
                     break
-                if not measure(s):
+                if not measure(s, role=search.role):
                     break
             if status == "running":
                 notes.append(f"stopped after {MAX_PROBES} probes without converging")
                 status = "complete"
     except KeyboardInterrupt:
         status = "interrupted"
+    tail = tail_decided(search.probes)
+    if tail:
+        notes.append(tail)
+    if status == "budget" and bracket(search.probes)[0] is None and search.probes:
+        low = min(search.probes, key=lambda q: q.load_scale if not q.superseded else math.inf)
+        if low.verdict == "uncertain":
+            notes.append("the budget ended the search before a load passed: " + uncertain_why(
+                low, ps.slo, ps.warmup_s))  # fmt: skip
     try:
         if status in ("complete", "budget"):
             knee = pred.get("knee_scale")
@@ -384,3 +270,30 @@ def find_capacity(
     except KeyboardInterrupt:
         status = "interrupted"
     return save(status)
+
+
+def light_once(
+    search: _Search,
+    notes: list[str],
+    measure: Callable[[float, ProbeSettings | None], bool],
+    save: Callable[[str], CapacityResult],
+) -> None:
+    """Step 1's re-measure: an uncertain light probe is measured once more at the same load with
+    a judged window for LIGHT_RETRY × the values its percentile's interval needs; the longer
+    probe answers for that load (the short one stays listed, `superseded`). Why not a lighter
+    load: in the same seconds it has fewer requests, too few for an interval."""
+    short = search.probes[0]
+    longer = search.lengthened(short)
+    why = "; ".join(short.reasons[:1])
+    if not measure(short.load_scale, longer):
+        return
+    if search.probes[-1].interrupted:
+        return
+    search.probes[0] = replace(short, superseded=True)
+    search.light_ps = longer
+    notes.append(
+        f"the light probe was uncertain ({why}): re-measured once at {short.rate_rps:.3g} req/s "
+        f"for {longer.probe_s:.3g} s (to judge {LIGHT_RETRY:g}× the requests the interval "
+        "needs); that probe answers for the light load"
+    )
+    save("running")
