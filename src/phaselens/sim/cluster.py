@@ -53,7 +53,7 @@ class Cluster:
                 tp=e.tp,
                 peak_flops=min(s.peak_flops for s in specs) * e.sm_fraction,
                 bandwidth=min(s.bandwidth for s in specs),
-                link_bandwidth=min(s.link_gbs for s in specs) * 1e9,
+                link_bandwidth=min(s.allreduce_link for s in specs),
                 sm_clocks=min(s.sm_clocks for s in specs) * e.sm_fraction,
             )
             self.engines.append(

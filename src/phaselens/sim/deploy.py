@@ -281,6 +281,7 @@ def _resolve_gpu(g: GpuIn, i: int, source: str) -> Gpu:
             g.fp8_tflops or base.fp8_tflops,
             base.sms,
             base.boost_ghz,
+            base.link,
         )
         return Gpu(g.name, spec)
     if g.tflops is None or g.bandwidth_gbs is None or g.memory_gb is None:

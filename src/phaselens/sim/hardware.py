@@ -15,6 +15,13 @@ Sources (dense = half the datasheet's "with sparsity" figure):
 - L4: NVIDIA L4 datasheet: BF16 121 / FP8 242.5 TFLOPS dense (242 / 485 with sparsity),
   300 GB/s, 24 GB.
 - A10G (AWS): Ampere GA102, ~70 TFLOPS BF16 dense, 600 GB/s; no FP8 tensor cores.
+The all-reduce link: A100, H100 and H200 SXM talk over NVLink (`link` "nvlink": the nominal
+per-direction figure, the fitted η_ar = 0.7 of `CostParams` on top); L40S, A10G and L4 have
+no NVLink and all-reduce over PCIe (`link` "pcie"). A PCIe link moves payload at only part of
+its nominal rate (TLP headers, flow-control packets, encoding): GPU-to-GPU copies of 64 MB
+reach 54.3 of PCIe 5.0 x16's 63.0 GB/s (p2pmark, github.com/lukealonso/p2pmark, its
+README's sample run: "PCIe link score 0.86"), so a PCIe link's all-reduce bandwidth is
+PCIE_PAYLOAD_SHARE = 0.86 of its nominal figure before η_ar.
 SM counts and boost clocks (the per-head decode attention bound,
 `CostParams.per_head_elems_per_clk`):
 A100 108 SMs at 1.41 GHz (A100 whitepaper), H100/H200 SXM 132 at 1.98 GHz (H100 whitepaper),
@@ -25,6 +32,8 @@ whitepapers and AWS).
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+PCIE_PAYLOAD_SHARE = 0.86  # payload rate / nominal rate of a PCIe link (docstring above)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +48,14 @@ class GPUSpec:
     fp8_tflops: float = 0.0  # dense FP8 tensor-core peak, TFLOP/s; 0 = no FP8 tensor cores
     sms: int = 0  # streaming multiprocessors (datasheet); 0 = unknown
     boost_ghz: float = 0.0  # boost clock, GHz (datasheet); 0 = unknown
+    link: str = "nvlink"  # "nvlink" or "pcie": what `link_gbs` is the nominal rate of
+
+    @property
+    def allreduce_link(self) -> float:
+        """Bytes/s an all-reduce can move per direction over this GPU's link before η_ar: the
+        nominal rate, times PCIE_PAYLOAD_SHARE over PCIe (module docstring)."""
+        share = PCIE_PAYLOAD_SHARE if self.link == "pcie" else 1.0
+        return self.link_gbs * 1e9 * share
 
     @property
     def sm_clocks(self) -> float:
@@ -68,7 +85,7 @@ GPUS: dict[str, GPUSpec] = {
     "A100-80G": GPUSpec("A100-80G", 312.0, 2039.0, 80.0, 300.0, 0.0, 108, 1.41),
     "H100-SXM": GPUSpec("H100-SXM", 989.0, 3350.0, 80.0, 450.0, 1979.0, 132, 1.98),
     "H200": GPUSpec("H200", 989.0, 4800.0, 141.0, 450.0, 1979.0, 132, 1.98),
-    "L40S": GPUSpec("L40S", 362.0, 864.0, 48.0, 32.0, 733.0, 142, 2.52),
-    "A10G": GPUSpec("A10G", 70.0, 600.0, 24.0, 32.0, 0.0, 80, 1.71),
-    "L4": GPUSpec("L4", 121.0, 300.0, 24.0, 32.0, 242.5, 58, 2.04),
+    "L40S": GPUSpec("L40S", 362.0, 864.0, 48.0, 32.0, 733.0, 142, 2.52, "pcie"),
+    "A10G": GPUSpec("A10G", 70.0, 600.0, 24.0, 32.0, 0.0, 80, 1.71, "pcie"),
+    "L4": GPUSpec("L4", 121.0, 300.0, 24.0, 32.0, 242.5, 58, 2.04, "pcie"),
 }

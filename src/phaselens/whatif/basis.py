@@ -114,7 +114,7 @@ def engine_hw(deploy: Deployment, e: Engine) -> Hw:
         peak=peak,
         bw=min(s.bandwidth for s in specs),
         tp=e.tp,
-        link=min(s.link_gbs for s in specs) * 1e9,
+        link=min(s.allreduce_link for s in specs),
         gemm=gemm_peak(peak, e.model, c),
         m_half=c.gemm_m_half,
         kv_ratio=c.kv_bandwidth_ratio,
