@@ -16,7 +16,8 @@ Run: `python slotserver.py --port 0 --slots K --prefill-ms P --token-ms D [--sta
 more prefill: a deterministic stand-in for a host that stalls now and
 then, so a test can put an exact number of slow requests into a probe.
 Speaks the OpenAI streaming API the driver expects (chat and completions, SSE, [DONE]); GET
-/stats returns the requests served and the longest wait for a slot; GET /health answers 200
+/stats returns the requests served, the longest wait for a slot and how many requests repeated
+an earlier request's prompt text (what a prompt cache would have served); GET /health answers 200
 (readiness, when `phaselens sweep` starts it from a template).
 """
 
@@ -50,6 +51,8 @@ class Slots:
         self.arrived = 0
         self.served = 0
         self.max_wait_s = 0.0
+        self.prompts: set[int] = set()  # hashes of the prompt texts seen (a prompt cache's keys)
+        self.prompt_repeats = 0  # requests whose prompt text an earlier request already sent
 
     def stall(self) -> float:
         """The extra prefill of the request arriving now: `stall_s` for every `stall_every`-th
@@ -76,6 +79,9 @@ async def handle(request: web.Request) -> web.StreamResponse:
     body = json.loads(await request.read())
     n = max(int(body.get("max_tokens") or 1), 1)
     chat = "messages" in body
+    key = hash(json.dumps(body.get("messages") if chat else body.get("prompt")))
+    slots.prompt_repeats += key in slots.prompts
+    slots.prompts.add(key)
     arrival = time.perf_counter()
     prefill = slots.prefill_s + slots.stall()
     free = await slots.free.get()  # (FIFO: asyncio.Queue serves its waiters in order)
@@ -108,7 +114,9 @@ async def handle(request: web.Request) -> web.StreamResponse:
 
 async def stats(request: web.Request) -> web.Response:
     s: Slots = request.app["slots"]
-    return web.json_response({"served": s.served, "max_wait_s": s.max_wait_s})
+    return web.json_response(
+        {"served": s.served, "max_wait_s": s.max_wait_s, "prompt_repeats": s.prompt_repeats}
+    )
 
 
 async def health(request: web.Request) -> web.Response:

@@ -13,6 +13,7 @@ against a 100 ms service at 40 req/s that moved the knee 10-25% (measured, load 
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,10 @@ def test_search_finds_the_known_capacity(tmp_path: Path) -> None:
     cfg = SearchConfig(probe_s=PROBE_S, warmup_s=WARMUP_S, telemetry="none", budget_s=400)
     with slot_server(SLOTS, PREFILL_MS, TOKEN_MS) as url:
         res = find_capacity(ws, HttpTarget({"*": url}), cfg, tmp_path)
+        stats = json.loads(urllib.request.urlopen(f"{url}/stats", timeout=10).read())
+    # every probe (and the flood) sent prompt texts of its own: no request repeated an earlier
+    # one's, so an engine's prompt cache could not have made a later probe look faster
+    assert stats["served"] > 0 and stats["prompt_repeats"] == 0, stats
     lo, hi = res.interval
     assert res.status == "complete" and lo is not None and hi is not None
     assert lo <= X_STAR * TRUTH * 1.005 and hi >= TRUTH  # its interval meets [TRUTH, X_STAR·TRUTH]

@@ -76,8 +76,10 @@ def test_capacity_search_on_engine(engine: Any, tmp_path: Path) -> None:
     assert low and all(p.verdict == "pass" for p in low)
     if hi is not None:
         high = [p for p in res.probes if p.rate_rps == hi]
-        assert high and all(p.verdict != "pass" for p in high)
-        for p in high:  # each failing edge probe says why, and its evidence backs the reason
+        # the upper edge did not pass on every probe (a load whose repeats disagree, such as a
+        # 1.1x stability load that passed once and not on its repeat, is an upper edge too)
+        assert high and not all(p.verdict == "pass" for p in high)
+        for p in (p for p in high if p.verdict != "pass"):  # each says why, and its evidence
             assert p.reasons, p
             for t in p.targets:
                 if t.verdict == "fails":

@@ -172,6 +172,15 @@ def stop_hook(baseline: float) -> StopHook:
     return hook
 
 
+PROMPT_STRIDE = 10_007  # probe k's prompt seed: seed + PROMPT_STRIDE × (k + 1)
+
+
+def probe_prompt_seed(seed: int, k: int) -> int:
+    """The prompt seed of a search's k-th probe (0-based): distinct for every probe of the
+    search, and from the arrival seeds seed + repeat its probes use (docs/capacity.md)."""
+    return seed + PROMPT_STRIDE * (k + 1)
+
+
 def run_probe(
     ws: WorkloadSpec,
     target: SimTarget | HttpTarget,
@@ -181,13 +190,17 @@ def run_probe(
     name: str,
     baseline: float = 0.0,
     repeat: int = 0,
+    prompt_seed: int | None = None,
 ) -> ProbeResult:
-    """Execute one probe at `scale` into `out_dir/name…` and judge it (module doc)."""
+    """Execute one probe at `scale` into `out_dir/name…` and judge it (module doc).
+    `prompt_seed` (default: the probe's arrival seed) seeds its prompt texts: a search gives
+    every probe its own (`probe_prompt_seed`), so an engine's prompt cache cannot serve one
+    probe's prompts from an earlier probe's."""
     spec = probe_spec(ws, scale, ps.probe_s, ps.seed + repeat)
     schedule = build_schedule(spec)
     live = isinstance(target, HttpTarget)
     drv = ps.driver or DriverOptions(timeout_s=ps.probe_s + 60.0)
-    drv = replace(drv, prompt_seed=spec.seed)
+    drv = replace(drv, prompt_seed=spec.seed if prompt_seed is None else prompt_seed)
     options = Options(
         driver=drv if live else DriverOptions(),
         telemetry=ps.telemetry if live else "auto",

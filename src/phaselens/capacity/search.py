@@ -26,7 +26,7 @@ from phaselens.capacity.nocapacity import (
     unreachable,
 )
 from phaselens.capacity.predict import predict_knee, queue_prediction
-from phaselens.capacity.probe import ProbeResult, ProbeSettings, run_probe
+from phaselens.capacity.probe import ProbeResult, ProbeSettings, probe_prompt_seed, run_probe
 from phaselens.capacity.queuemodel import FLOOD_MAX_S
 from phaselens.capacity.result import (
     CapacityResult,
@@ -194,7 +194,8 @@ def find_capacity(
         base = first.mean_queue * s / first.load_scale if first else 0.0  # (Little's law)
         k = len(search.probes)
         rep = sum(math.isclose(q.load_scale, s, rel_tol=1e-9) for q in search.probes)
-        p = run_probe(ws, target, s, use, out, f"probe-{k:02d}-x{s:.4g}", base, rep)
+        name, pseed = f"probe-{k:02d}-x{s:.4g}", probe_prompt_seed(ps.seed, k)
+        p = run_probe(ws, target, s, use, out, name, base, rep, pseed)
         search.probes.append(replace(p, role=role) if role != "search" else p)
         if p.verdict == "fail" and p.load_scale <= min(search.scales()):
             search.floor = slo_floor(p.run)
