@@ -104,7 +104,9 @@ def test_fast_forward_is_bit_identical_with_per_head_reads() -> None:
 def test_calibration_features_mirror_the_per_head_step() -> None:
     d = _deploy("per_head")
     e = d.engines[0]
-    c = EngineCost(e.model, d.cost, 2, GPUS["H200"].peak_flops, GPUS["H200"].bandwidth, 450e9)
+    h200 = GPUS["H200"]  # with its SM clocks, as the simulator's Cluster builds it (the
+    # per-head bound binds here: 27.5 ms, where the features without it priced 21.0 ms)
+    c = EngineCost(e.model, d.cost, 2, h200.peak_flops, h200.bandwidth, 450e9, h200.sm_clocks)
     tokens, ctx = 32, 32 * 1500
     ref = c.step(tokens, tokens, float(ctx + tokens), float(ctx), tokens)
     one = np.ones(1)
@@ -143,3 +145,33 @@ def test_per_head_cuda_core_bound_known_truth() -> None:
     # the fast-forward path agrees with the step
     t_ff = ph.decode_step_fn(1)(sp)[0]
     assert t_ff == pytest.approx(ph.step(1, 1, float(sp + 1), float(sp), 1).seconds)
+
+
+def test_calibration_features_mirror_the_per_head_cuda_core_bound() -> None:
+    """Mistral-7B per-head (masked MHA) FP8 on one H100 at 1M cached tokens: the step is bound
+    by the kernel's CUDA-core work (test above: 62.7 ms by hand). The calibration's features
+    (whatif/basis.py) must price the same step as the simulator, and their linear model (the
+    rows at θ's sides plus `linear_fixed`) must give the same seconds: the bound is a fixed
+    part of the step there, not an η to fit."""
+    from phaselens.whatif.basis import linear_fixed, linear_rows
+
+    e: dict[str, Any] = {"name": "e", "model": "mistral-7b", "serves": ["m"], "gpus": ["g0"]}
+    e |= {"quant": {"weight_bytes": 1, "kv_bytes": 1}, "decode_attention": "per_head"}
+    d = parse_deployment({"gpus": [{"name": "g0", "type": "H100-SXM"}], "engines": [e]}, "t")
+    eng, g = d.engines[0], GPUS["H100-SXM"]
+    c = EngineCost(eng.model, d.cost, 1, g.peak_flops, g.bandwidth, g.link_gbs * 1e9, g.sm_clocks)
+    sp = 1_000_000
+    ref = c.step(1, 1, float(sp + 1), float(sp), 1).seconds
+    one = np.ones(1)
+    hw = engine_hw(d, eng)
+    f = step_features(eng, hw, one, one, (sp + 1) * one, sp * one, one, 0.0)
+    th = coefficients(d.cost)
+    m = MODELS["mistral-7b"]
+    by_hand = 2 * m.layers * m.heads * m.head_dim * sp / (16 * g.sm_clocks)
+    assert f.a5[0] == pytest.approx(by_hand, rel=1e-12)
+    assert f.a5[0] > max(th[1] * f.a3[0], th[2] * f.a4[0])  # the per-head bound binds
+    assert step_time(f, th)[0] == pytest.approx(ref, rel=1e-9)
+    rows = linear_rows(f, th)
+    assert rows[0, 1] == 0.0  # no attention column while the per-head bound holds it
+    lin = rows @ th + linear_fixed(f, th)
+    assert lin[0] == pytest.approx(step_time(f, th)[0], rel=1e-9)

@@ -123,6 +123,16 @@ class CostParams:
     reserve_gb: float = 1.5  # activations + CUDA context/graphs per engine per GPU
 
 
+def per_head_seconds_per_token(m: ModelSpec, p: CostParams, sm_clocks: float, tp: int) -> float:
+    """Seconds of per-head (masked MHA) CUDA-core work per cached token of a decode step:
+    2·L·h_q·d_h / (c_ph · SM-clocks/s · TP); 0 when the engine's kernel is grouped or the GPU's
+    SM clocks are unknown (no per-head bound). One definition for the simulator's steps and
+    the calibration's features (whatif/basis.py)."""
+    if not (m.per_head_decode and sm_clocks > 0 and p.per_head_elems_per_clk > 0):
+        return 0.0
+    return 2.0 * m.layers * m.heads * m.head_dim / (p.per_head_elems_per_clk * sm_clocks * tp)
+
+
 class StepCost(NamedTuple):
     """The cost of one step: wall time, total FLOPs and bytes (summed over TP GPUs).
 
@@ -186,15 +196,7 @@ class EngineCost:
         put(self, "_peak_a", p.eta_attention * self.peak_flops * tp)
         put(self, "_bw_scale", p.eta_memory * tp)
         put(self, "_kv_scale", p.eta_memory * p.kv_bandwidth_ratio * tp)
-        # seconds of per-head CUDA-core work per cached token (0: no per-head bound)
-        ph = m.per_head_decode and self.sm_clocks > 0 and p.per_head_elems_per_clk > 0
-        put(
-            self,
-            "_ph_tok",
-            2.0 * m.layers * m.heads * m.head_dim / (p.per_head_elems_per_clk * self.sm_clocks * tp)
-            if ph
-            else 0.0,
-        )
+        put(self, "_ph_tok", per_head_seconds_per_token(m, p, self.sm_clocks, tp))
         put(self, "_f_pad", 2.0 * m.params_nonembed * p.gemm_m_half)
         put(self, "_fixed", p.per_layer_overhead_s * m.layers)
         put(self, "_c0", p.step_overhead_s)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
-from phaselens.sim.cost import CostParams, gemm_peak, prefill_attn_units
+from phaselens.sim.cost import CostParams, gemm_peak, per_head_seconds_per_token, prefill_attn_units
 from phaselens.sim.deploy import Deployment, Engine
 from phaselens.types import F64
 
@@ -104,6 +104,7 @@ class Hw:
     m_half: float = 0.0
     kv_ratio: float = 1.0
     ar_eff: float = 1.0
+    ph_tok: float = 0.0  # per-head CUDA-core seconds per cached token (0: no per-head bound)
 
 
 def engine_hw(deploy: Deployment, e: Engine) -> Hw:
@@ -119,17 +120,22 @@ def engine_hw(deploy: Deployment, e: Engine) -> Hw:
         m_half=c.gemm_m_half,
         kv_ratio=c.kv_bandwidth_ratio,
         ar_eff=c.allreduce_efficiency,
+        ph_tok=per_head_seconds_per_token(
+            e.model, c, min(s.sm_clocks for s in specs) * e.sm_fraction, e.tp
+        ),
     )
 
 
 @dataclass(frozen=True, slots=True)
 class Steps:
-    """Features of many steps: a1..a4 in seconds at η = 1, sequences, and fixed seconds."""
+    """Features of many steps: a1..a4 in seconds at η = 1, a5 the per-head kernel's bound
+    (seconds, not fitted: it does not scale with an η), sequences, and fixed seconds."""
 
     a1: F64  # linear FLOPs / peak
     a2: F64  # weight bytes / bandwidth
     a3: F64  # attention FLOPs / peak
     a4: F64  # KV bytes / bandwidth
+    a5: F64  # per-head CUDA-core seconds (0: grouped kernel): the attention side's third bound
     seqs: F64
     layers: F64
     fixed: F64  # all-reduces and anything not fitted
@@ -171,6 +177,7 @@ def step_features(
         a2=np.full_like(f_lin, m.weight_read_bytes / (hw.bw * tp)),
         a3=f_att / (hw.peak * tp),
         a4=b_att / (hw.bw * hw.kv_ratio * tp),
+        a5=hw.ph_tok * np.asarray(kv_read, dtype=np.float64) + np.zeros_like(f_lin),
         seqs=np.asarray(seqs, dtype=np.float64),
         layers=np.full_like(f_lin, float(m.layers)),
         fixed=fixed,
@@ -191,7 +198,7 @@ def step_time(s: Steps, th: F64) -> F64:
     u_lin, u_att, u_mem, c0, c_seq, c_layer = th[:6]  # th[6]: r, outside the engine
     c_req, c_first, c_multi, c_wait, c_queue, c_wake, c_idle = th[7:]
     t_lin = np.maximum(u_lin * s.a1, u_mem * s.a2)
-    t_att = np.maximum(u_att * s.a3, u_mem * s.a4)
+    t_att = np.maximum(np.maximum(u_att * s.a3, u_mem * s.a4), s.a5)
     out: F64 = t_lin + t_att + c0 + c_seq * s.seqs + c_layer * s.layers + s.fixed
     out = out + c_req * s.new + c_first * s.first
     out = out + c_multi * np.maximum(s.seqs - 1.0, 0.0) + c_wait * s.waiting
@@ -200,14 +207,16 @@ def step_time(s: Steps, th: F64) -> F64:
 
 
 def linear_rows(s: Steps, th: F64) -> F64:
-    """Per step, the row of the linear model at θ's active sides (columns = COLUMNS, r = 0)."""
+    """Per step, the row of the linear model at θ's active sides (columns = COLUMNS, r = 0);
+    a step whose per-head bound binds has no attention column (`linear_fixed` holds it)."""
     u_lin, u_att, u_mem = th[0], th[1], th[2]
     lin = u_lin * s.a1 >= u_mem * s.a2
     att = u_att * s.a3 >= u_mem * s.a4
+    ph = _per_head_binds(s, th)
     rows = np.zeros((s.a1.shape[0], K))
     rows[:, 0] = np.where(lin, s.a1, 0.0)
-    rows[:, 1] = np.where(att, s.a3, 0.0)
-    rows[:, 2] = np.where(lin, 0.0, s.a2) + np.where(att, 0.0, s.a4)
+    rows[:, 1] = np.where(att & ~ph, s.a3, 0.0)
+    rows[:, 2] = np.where(lin, 0.0, s.a2) + np.where(att | ph, 0.0, s.a4)
     rows[:, 3] = 1.0
     rows[:, 4] = s.seqs
     rows[:, 5] = s.layers
@@ -219,6 +228,18 @@ def linear_rows(s: Steps, th: F64) -> F64:
     rows[:, 12] = s.waiting * s.sampled
     rows[:, 13] = s.idle
     return rows
+
+
+def _per_head_binds(s: Steps, th: F64) -> npt.NDArray[np.bool_]:
+    out: npt.NDArray[np.bool_] = s.a5 > np.maximum(th[1] * s.a3, th[2] * s.a4)
+    return out
+
+
+def linear_fixed(s: Steps, th: F64) -> F64:
+    """Per step, the seconds of the linear model that no column holds at θ: the fixed part,
+    plus the per-head bound where it binds (`linear_rows`)."""
+    out: F64 = s.fixed + np.where(_per_head_binds(s, th), s.a5, 0.0)
+    return out
 
 
 # ---- isolated requests: what one request alone on its engine costs -----------------------------
@@ -332,7 +353,7 @@ def isolated_predict(b: Isolated, th: F64) -> F64:
 def isolated_rows(b: Isolated, th: F64) -> tuple[F64, F64]:
     """Linear rows (one per observation) at θ's sides, and the fixed seconds per observation."""
     rows = linear_rows(b.steps, th) * b.weight[:, None]
-    fixed = b.steps.fixed * b.weight
+    fixed = linear_fixed(b.steps, th) * b.weight
     n_obs = b.is_ttft.shape[0]
     out = np.zeros((n_obs, K))
     for j in range(K):

@@ -27,6 +27,7 @@ from phaselens.whatif.basis import (
     folded,
     isolated_basis,
     isolated_rows,
+    linear_fixed,
     linear_rows,
     step_time,
     with_coefficients,
@@ -69,7 +70,7 @@ def fit_steps(run: Run, deploy: Deployment) -> tuple[LinFit, dict[str, Any]]:
     s_tr, s_te = sub(train), sub(test)
 
     def rows_at(th: F64) -> tuple[F64, F64]:
-        return linear_rows(s_tr, th), s_tr.fixed
+        return linear_rows(s_tr, th), linear_fixed(s_tr, th)
 
     prior, use = _prior_and_use(coefficients(deploy.cost), s.layers, ("per_seq_overhead_s",))
     lf, dropped = fit_robust(rows_at, dur[train], prior, use)
