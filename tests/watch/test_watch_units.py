@@ -83,7 +83,7 @@ def test_counter_reset_and_histogram_increments() -> None:
     assert not counter_reset(_scrape(a), _scrape(b))
     assert counter_reset(_scrape(b), _scrape(r))
     fam = "vllm:time_to_first_token_seconds"
-    ba, bb, br = (bucket_totals(t, [fam])[fam] for t in (a, b, r))
+    ba, bb, br = (bucket_totals(t.splitlines(), [fam])[fam] for t in (a, b, r))
     assert ba == {0.1: 4.0, math.inf: 10.0}
     inc, total = histogram_increments(ba, bb, 2.0, 3.5)
     assert inc == {0.1: 2.0, math.inf: 5.0} and total == pytest.approx(1.5)
@@ -195,3 +195,21 @@ def test_running_mean_over_the_window_by_hand() -> None:
     assert lag == 4
     assert engine_figures(e, end, 30).running_mean == pytest.approx((10 * 6.0 + 20 * 2.0) / 30)
     assert engine_figures(e, end, 36).running_mean == pytest.approx((10 * 6.0 + 20 * 2.0) / 36)
+
+
+@pytest.mark.parametrize(
+    "value", ["7", "2.5", "1e999", "NaN", "x", "", "\t3", "3\t", "1}2", "-0", "4_0"]
+)
+def test_bucket_totals_with_the_memo_read_what_the_regex_reads(value: str) -> None:
+    """One scrape learns the memo, a second with another value token reads through it: the same
+    totals as without the memo (by hand for plain numbers: 3 label sets of one le summed)."""
+    fam = "vllm:time_to_first_token_seconds"
+    lines = [f'{fam}_bucket{{engine="{e}",le="0.1"}} {v}' for e, v in enumerate(["1", "2", "3"])]
+    lines.append(f'{fam}_bucket{{le="+Inf"}}\t9')  # the value after a tab: never memoized
+    memo: dict[str, tuple[str, float] | None] = {}
+    assert bucket_totals(lines, {fam}, memo) == {fam: {0.1: 6.0, math.inf: 9.0}}
+    assert len(memo) == 3
+    again = [ln.rpartition(" ")[0] + " " + value if "0.1" in ln else ln for ln in lines]
+    assert bucket_totals(again, {fam}, memo) == bucket_totals(again, {fam})
+    if value in ("7", "-0"):
+        assert bucket_totals(again, {fam}, memo)[fam][0.1] == 3 * float(value)

@@ -173,8 +173,8 @@ def interval_samples(
     src = source or detect_source(cur.families) or "engine"
     extra = dict(extra_labels or {})
     before = _values(prev)
-    first = _values(baseline)
     printed = {s.name for f in cur.families.values() for s in f.samples}
+    first = _values(baseline) if not printed.isdisjoint(SINCE_START) else {}
     raw: list[TelemetrySample] = []
     out: list[TelemetrySample] = []
     t = cur.t_ns

@@ -17,7 +17,7 @@ import contextlib
 import functools
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -75,6 +75,7 @@ class Parsed:
     families: dict[str, Family]
     skipped: int = 0
     first_skipped: str = ""  # `line N: <text>` of the first one, for the manifest
+    buckets: Sequence[str] = ()  # with buckets=False: the kept families' bucket lines, unread
 
 
 class _Lines:
@@ -82,6 +83,7 @@ class _Lines:
 
     def __init__(self) -> None:
         self.kept: list[str] = []
+        self.buckets: list[str] = []  # bucket lines of kept families, when not parsed
         self.names: set[str] = set()
         self.samples = 0
         self.skipped = 0
@@ -113,14 +115,24 @@ def _heads(keep: tuple[str, ...]) -> tuple[int, frozenset[str]]:
     return k, frozenset(p[:k] for p in keep)
 
 
-def _prefilter(text: str, keep: tuple[str, ...], buckets: bool) -> _Lines:
+def _prefilter(text: str, keep: tuple[str, ...], buckets: bool, every_line: bool = False) -> _Lines:
     """Keep only the families we want before the (slow) parser sees them; collect printed
     names; skip (and count) lines of ours that are not the exposition format.
 
     Why: prometheus-client takes ~60 µs a line, and vLLM prints ~650 lines, mostly buckets;
-    and one bad line makes it reject the whole scrape.
+    and one bad line makes it reject the whole scrape. With `keep`, the lines that can be ours
+    are found by one compiled regex in C (`_candidates`), and only those are checked here:
+    the same lines, in the same order, as the pass over every line finds (`every_line`: that
+    pass alone; a test compares the two).
     """
     out = _Lines()
+    found = None if every_line else _candidates(text, keep)
+    if found is not None:
+        for line in found:
+            _line(out, 0, line, keep, buckets)
+        if not out.skipped:
+            return out
+        return _prefilter(text, keep, buckets, True)  # a bad line: the full pass numbers it
     k, heads = _heads(keep)
     for n, line in enumerate(text.splitlines(), 1):
         if keep and (
@@ -129,43 +141,88 @@ def _prefilter(text: str, keep: tuple[str, ...], buckets: bool) -> _Lines:
             or (line.startswith("# TYPE ") and line[7 : 7 + k] not in heads)
         ):
             continue  # another family's sample or TYPE (its name cannot start with ours), HELP
-        if not line.strip():
-            continue
-        if len(line) > MAX_LINE_CHARS:
-            out.skip(n, line)
-            continue
-        if line.lstrip().startswith("#"):
-            parts = line.split(None, 3)
-            if len(parts) >= 3 and parts[1] == "TYPE" and (not keep or parts[2].startswith(keep)):
-                if len(parts) == 4 and parts[3].strip() in _TYPES:
-                    out.kept.append(line)
-                else:
-                    out.skip(n, line)
-            continue
-        if not buckets and "_bucket" in line:
-            cut = min((i for i in (line.find("{"), line.find(" ")) if i > 0), default=-1)
-            if cut > 0 and line[:cut].endswith("_bucket"):
-                continue  # a bucket line, not wanted: dropped before the (costly) line check
-        m = _SAMPLE_LINE.fullmatch(line)
-        name = m[1] if m else ""
-        if not name:
-            named = re.match(r"[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)", line)
-            if named is None or not keep or named[1].startswith(keep):
-                out.skip(n, line)  # no metric name at all, or one of ours that is malformed
-            continue
-        if (keep and not name.startswith(keep)) or name.endswith("_created"):
-            continue
-        if not buckets and name.endswith("_bucket"):
-            continue
-        check = _value_check(m[3] if m else "")
-        if check <= 0 or out.samples >= MAX_SAMPLES:
-            if check != 0:  # a bad value, or one sample too many (NaN is dropped quietly)
-                out.skip(n, line)
-            continue
-        out.samples += 1
-        out.names.add(name)
-        out.kept.append(line)
+        _line(out, n, line, keep, buckets)
     return out
+
+
+def _line(out: _Lines, n: int, line: str, keep: tuple[str, ...], buckets: bool) -> None:
+    """Line `n` of the scrape (one that may be ours): kept, dropped, or skipped and counted."""
+    if not line.strip():
+        return
+    if len(line) > MAX_LINE_CHARS:
+        out.skip(n, line)
+        return
+    if line.lstrip().startswith("#"):
+        parts = line.split(None, 3)
+        if len(parts) >= 3 and parts[1] == "TYPE" and (not keep or parts[2].startswith(keep)):
+            if len(parts) == 4 and parts[3].strip() in _TYPES:
+                out.kept.append(line)
+            else:
+                out.skip(n, line)
+        return
+    if not buckets and "_bucket" in line:
+        cut = min((i for i in (line.find("{"), line.find(" ")) if i > 0), default=-1)
+        if cut > 0 and line[:cut].endswith("_bucket"):
+            out.buckets.append(line)
+            return  # a bucket line, not parsed: dropped before the (costly) line check
+    m = _SAMPLE_LINE.fullmatch(line)
+    name = m[1] if m else ""
+    if not name:
+        named = re.match(r"[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)", line)
+        if named is None or not keep or named[1].startswith(keep):
+            out.skip(n, line)  # no metric name at all, or one of ours that is malformed
+        return
+    if (keep and not name.startswith(keep)) or name.endswith("_created"):
+        return
+    if not buckets and name.endswith("_bucket"):
+        out.buckets.append(line)
+        return
+    check = _value_check(m[3] if m else "")
+    if check <= 0 or out.samples >= MAX_SAMPLES:
+        if check != 0:  # a bad value, or one sample too many (NaN is dropped quietly)
+            out.skip(n, line)
+        return
+    out.samples += 1
+    out.names.add(name)
+    out.kept.append(line)
+
+
+def _trie(words: list[str]) -> str:
+    """A regex matching what starts with one of `words`, as a trie (one branch per first
+    character): sre tries an alternation branch by branch, the trie one character at a time."""
+    if "" in words:
+        return ""  # a shorter word already matched: whatever follows is a prefix match too
+    first: dict[str, list[str]] = {}
+    for w in sorted(set(words)):
+        first.setdefault(w[0], []).append(w[1:])
+    alts = [re.escape(c) + _trie(rest) for c, rest in first.items()]
+    return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+
+
+# A line the pass over every line would look at though it names none of ours (not a name,
+# HELP or TYPE line: indented, a stray comment, garbage).
+_ODD_LINE = r"[^a-zA-Z_:#\n]|#(?! HELP | TYPE )"
+# Line ends splitlines() also splits at: where one occurs, or an odd line, `_candidates` leaves
+# the text to the pass over every line.
+_OTHER_LINE_ENDS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+@functools.lru_cache(maxsize=32)
+def _keep_regex(keep: tuple[str, ...]) -> re.Pattern[str]:
+    """After a newline: a sample or TYPE line whose name starts with one of `keep` (group 1),
+    or the start of an odd line (group 2)."""
+    return re.compile(rf"\n(?:((?:# TYPE )?{_trie(list(keep))}[^\n]*)|({_ODD_LINE}))")
+
+
+def _candidates(text: str, keep: tuple[str, ...]) -> list[str] | None:
+    """Every line that may be ours, in order; None where the pass over every line must decide
+    (no `keep`, an odd line, another line end)."""
+    if not keep or any(c in text for c in _OTHER_LINE_ENDS):
+        return None
+    found = _keep_regex(keep).findall("\n" + text)
+    if any(odd for _, odd in found):
+        return None
+    return [line for line, _ in found]
 
 
 def _families(text: str, printed: set[str]) -> dict[str, Family]:
@@ -215,9 +272,9 @@ class ShapeCache:
         return len(self.shapes)
 
 
-def _by_shape(lines: _Lines, cache: ShapeCache) -> dict[str, Family] | None:
-    """The families of the kept lines from a cached parse of their shape, or None (not cached
-    and the shape parse failed: the caller parses the text itself).
+def _shape(lines: _Lines, cache: ShapeCache) -> tuple[dict[str, Family], list[str]] | None:
+    """(the kept lines' shape: families whose sample values are kept-line indices, each kept
+    line's value text), parsed once per shape; None where the shape parse failed.
 
     Why: an engine prints the same names, labels and TYPE lines scrape after scrape; only the
     values move. prometheus-client (~100 µs a line) parses each shape once, with line numbers in
@@ -251,6 +308,16 @@ def _by_shape(lines: _Lines, cache: ShapeCache) -> dict[str, Family] | None:
         if len(cache.shapes) >= cache.MAX:
             cache.shapes.clear()
         cache.shapes[key] = shape
+    return shape, values
+
+
+def _by_shape(lines: _Lines, cache: ShapeCache) -> dict[str, Family] | None:
+    """The families of the kept lines from a cached parse of their shape (`_shape`), or None
+    (the caller parses the text itself)."""
+    got = _shape(lines, cache)
+    if got is None:
+        return None
+    shape, values = got
     return {
         k: Family(
             f.name,
@@ -303,7 +370,7 @@ def parse_prometheus_counted(
     `shapes`: the caller's cache of scrape shapes (a source scraped again and again)."""
     lines = _prefilter(text, keep, buckets)
     families = _parse_lenient(lines, shapes)
-    return Parsed(families, lines.skipped, lines.first)
+    return Parsed(families, lines.skipped, lines.first, lines.buckets)
 
 
 def parse_prometheus(

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import http.client
 import urllib.parse
+from collections.abc import Sequence
 
 from phaselens.redact import basic_auth, redact_url, redact_urls_in
 from phaselens.telemetry.clock import RunClock
+from phaselens.telemetry.httpget import KeepAliveGet
 from phaselens.telemetry.prometheus import (
     DCGM_KEEP,
     ENGINE_KEEP,
     Scrape,
-    ShapeCache,
     detect_source,
     interval_samples,
-    parse_prometheus_counted,
 )
+from phaselens.telemetry.promplan import PlanCache, parse_planned
 from phaselens.types import TelemetrySample
 from phaselens.urls import check_url
 
@@ -77,15 +78,20 @@ class ScrapeSource:
         self._host = u.hostname or ""  # check_url: there is one
         self._port = u.port
         self._path = (u.path or "/") + (f"?{u.query}" if u.query else "")
-        self._conn: http.client.HTTPConnection | None = None
+        self._conn: http.client.HTTPConnection | None = None  # https only
         self._headers = {"Accept": "text/plain"}
         auth = basic_auth(url)
         if auth is not None:
             self._headers["Authorization"] = auth
+        hostport = u.netloc.rpartition("@")[2]
+        self._get = KeepAliveGet(
+            self._host, self._port or 80, hostport, self._path, self._headers, timeout_s
+        )
         self._labels = {"target": redact_url(url)}
         self._prev: Scrape | None = None
-        self._shapes = ShapeCache()  # this endpoint's scrape shapes (values cut out), parsed once
-        self.last_text = ""  # the last successful scrape's text (the watch reads its buckets)
+        self._shapes = PlanCache()  # this endpoint's scrape shapes and plans, learnt once
+        self.last_buckets: Sequence[str] = ()  # the last good scrape's bucket lines (kept
+        # families'; the watch reads its latency histograms from them)
         self._baseline: Scrape | None = None
         self.ok_count = 0
         self.missing_count = 0  # ticks without a sample: failed, or skipped by an overrun
@@ -95,16 +101,20 @@ class ScrapeSource:
         self.last_error = ""
 
     def _fetch(self) -> str:
-        if self._conn is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            self._conn = cls(self._host, self._port, timeout=self._timeout)
-        self._conn.request("GET", self._path, headers=self._headers)
-        resp = self._conn.getresponse()
-        body = resp.read(MAX_BODY_BYTES + 1)
+        if self._https:  # http.client for TLS; plain http (every engine here) the lean client
+            if self._conn is None:
+                self._conn = http.client.HTTPSConnection(
+                    self._host, self._port, timeout=self._timeout
+                )
+            self._conn.request("GET", self._path, headers=self._headers)
+            resp = self._conn.getresponse()
+            status, body = resp.status, resp.read(MAX_BODY_BYTES + 1)
+        else:
+            status, body = self._get.get(MAX_BODY_BYTES + 1)
         if len(body) > MAX_BODY_BYTES:
             raise ValueError(f"/metrics body over {MAX_BODY_BYTES >> 20} MiB")
-        if resp.status != 200:
-            raise OSError(f"HTTP {resp.status}")
+        if status != 200:
+            raise OSError(f"HTTP {status}")
         return body.decode("utf-8", errors="replace")
 
     def tick(self) -> list[TelemetrySample]:
@@ -112,7 +122,7 @@ class ScrapeSource:
         try:
             text = self._fetch()
             t1 = self._clock.now_ns()
-            parsed = parse_prometheus_counted(text, self._keep, False, self._shapes)
+            parsed = parse_planned(text, self._keep, False, self._shapes)
             families = parsed.families
             if not families:
                 why = f" ({parsed.first_skipped})" if parsed.skipped else ""
@@ -128,7 +138,7 @@ class ScrapeSource:
             self.last_error = redact_urls_in(f"{type(e).__name__}: {e}")[:200]
             return self._meta((t0 + t1) // 2, ok=False, latency_ns=t1 - t0)
         mid = (t0 + t1) // 2
-        self.last_text = text
+        self.last_buckets = parsed.buckets
         cur = Scrape(mid, families)
         source = "dcgm" if self.kind == "dcgm" else (detect_source(families) or "engine")
         out = self._meta(mid, ok=True, latency_ns=t1 - t0)
@@ -168,6 +178,7 @@ class ScrapeSource:
         ]
 
     def _drop_connection(self) -> None:
+        self._get.close()
         if self._conn is not None:
             self._conn.close()
             self._conn = None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from phaselens.analysis.findings.kv import PREFIX_HITS, PREFIX_QUERIES
@@ -95,41 +95,58 @@ _BUCKET = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)_bucket\{(.*)\}[ \t]+([^ \t]+)"
 _LE = re.compile(r'(?:^|,)\s*le\s*=\s*"([^"]*)"')
 
 
-def _prefixed_lines(text: str, prefixes: tuple[str, ...]) -> list[str]:
-    """The lines of `text` that start with one of `prefixes`, found by `str.find` (in C) rather
-    than by splitting all ~650 lines of a vLLM scrape for the few dozen bucket lines wanted."""
-    found: list[tuple[int, str]] = []
-    for p in prefixes:
-        i = text.find(p)
-        while i != -1:
-            j = text.find("\n", i)
-            j = len(text) if j == -1 else j
-            if i == 0 or text[i - 1] == "\n":
-                found.append((i, text[i:j]))
-            i = text.find(p, j)
-    return [line for _, line in sorted(found)]
+def _bucket_of(m: re.Match[str] | None, families: Collection[str]) -> tuple[str, float] | None:
+    """(family, le) of a `<family>_bucket{...,le="x"} value` line of one of `families`."""
+    le = _LE.search(m[2]) if m else None
+    if m is None or le is None or m[1] not in families:
+        return None
+    try:
+        return m[1], float(le[1])
+    except ValueError:
+        return None
 
 
-def bucket_totals(text: str, families: Sequence[str]) -> dict[str, dict[float, float]]:
-    """family -> le -> cumulative count (label sets summed), read from the scrape's text.
+_UNSEEN = ("", math.nan)
+MAX_MEMO = 4096  # bucket lines remembered per engine (vLLM prints ~40 of the two families)
+
+
+def bucket_totals(
+    lines: Iterable[str],
+    families: Collection[str],
+    memo: dict[str, tuple[str, float] | None] | None = None,
+) -> dict[str, dict[float, float]]:
+    """family -> le -> cumulative count (label sets summed), from the scrape's bucket lines
+    (`Parsed.buckets`: what the line check set aside, unparsed).
 
     Why not through the parser: buckets are most of a histogram's lines, and prometheus-client
     costs ~60 µs a line; only `<family>_bucket{...,le="x"} value` lines of these families are
-    read here (a line that does not fit is ignored; the family's _count/_sum still parse)."""
+    read here (a line that does not fit is ignored; the family's _count/_sum still parse).
+    `memo` (one per engine and `families`): (family, le) by the line up to its value, read by
+    the regex once, as an engine prints the same bucket lines every scrape."""
     out: dict[str, dict[float, float]] = {}
-    for line in _prefixed_lines(text, tuple(f"{f}_bucket" for f in families)):
-        m = _BUCKET.fullmatch(line.rstrip())
-        le = _LE.search(m[2]) if m else None
-        if m is None or le is None or m[1] not in families:
+    for line in lines:
+        head, _, token = line.rpartition(" ")
+        where = _UNSEEN if memo is None else memo.get(head, _UNSEEN)
+        if where is _UNSEEN:
+            m = _BUCKET.fullmatch(line.rstrip())
+            where = _bucket_of(m, families)
+            if m is None:
+                continue
+            if memo is not None and m.start(3) == len(head) + 1 and m.end(3) == len(line):
+                if len(memo) >= MAX_MEMO:
+                    memo.clear()
+                memo[head] = where  # the value is the last token: the rest fixes (family, le)
+            token = m[3]
+        if where is None:
             continue
         try:
-            bound, value = float(le[1]), float(m[3])
+            value = float(token)
         except ValueError:
             continue
         if not math.isfinite(value):
             continue
-        fam = out.setdefault(m[1], {})
-        fam[bound] = fam.get(bound, 0.0) + value
+        fam = out.setdefault(where[0], {})
+        fam[where[1]] = fam.get(where[1], 0.0) + value
     return out
 
 
@@ -200,7 +217,8 @@ class WatchedEngine:
         self._labels: Mapping[str, str] = {"target": spec.target}
         self._buckets: dict[str, dict[float, float]] = {}
         self._bounds: dict[str, list[float]] = {}
-        self._families = [n for names in HISTOGRAMS.values() for n in names]
+        self._families = frozenset(n for names in HISTOGRAMS.values() for n in names)
+        self._bucket_memo: dict[str, tuple[str, float] | None] = {}
 
     def tick(self) -> list[TelemetrySample]:
         prev = self.inner.last
@@ -211,7 +229,7 @@ class WatchedEngine:
         t = cur.t_ns
         if prev is not None and counter_reset(prev, cur):
             out.append(TelemetrySample(t, WATCH_SOURCE, "watch.restart", 1.0, self._labels))
-        found = bucket_totals(self.inner.last_text, self._families)
+        found = bucket_totals(self.inner.last_buckets, self._families, self._bucket_memo)
         before, self._buckets = self._buckets, found
         if prev is None:
             return out  # the first scrape is the baseline of every increase

@@ -35,7 +35,7 @@ from phaselens.watch.rules import DROP_HISTORY_S, Ctx, evaluate
 from phaselens.watch.state import WatchState
 
 TICK_S = 0.1
-EVAL_S = 0.5  # indicators and findings are evaluated twice a second
+EVAL_S = 1.0  # indicators and findings are evaluated once a second (docs/watch.md)
 CPU_WINDOW_S = 10.0
 MAX_WINDOW_S = 3600.0
 

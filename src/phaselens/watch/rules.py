@@ -12,7 +12,7 @@ Hold times: `hysteresis.py`. Thresholds and scopes: docs/watch.md ("Live finding
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -72,6 +72,7 @@ class Ctx:
     long: int
     short_name: str
     long_name: str
+    memo: dict[str, Any] = field(default_factory=dict)  # what two rules share, computed once
 
 
 def _r(x: float | None, nd: int = 4) -> float | None:
@@ -87,10 +88,25 @@ def _deployment(c: Ctx, k: int, key: str) -> F64:
 
 
 def _drops(c: Ctx) -> list[dict[str, Any]]:
-    """The seed's drop events whose low run is still going on, per GPU."""
+    """The seed's drop events whose low run is still going on, per GPU (once per evaluation:
+    util-drop and util-drop-itl-rise both read them)."""
+    if "drops" not in c.memo:
+        c.memo["drops"] = _find_drops(c)
+    out: list[dict[str, Any]] = c.memo["drops"]
+    return out
+
+
+_NO_BINS = pl.DataFrame()  # drop_events with no bin state: only whether there is an event
+
+
+def _find_drops(c: Ctx) -> list[dict[str, Any]]:
     k = min(int(DROP_HISTORY_S * BINS_PER_S), c.st.closed, c.st.cap)
     if k <= 0:
         return []
+    utils = {gpu: g.rings["util"].last(c.st.closed, k) for gpu, g in c.st.gpus.items()}
+    utils = {gpu: u for gpu, u in utils.items() if drop_events(u, _NO_BINS, gpu)}
+    if not utils:
+        return []  # no drop on any GPU: the frame of what ran (polars, ~ms) is not built
     lab = c.st.label.last(c.st.closed, k)
     frame = pl.DataFrame(
         {
@@ -100,8 +116,7 @@ def _drops(c: Ctx) -> list[dict[str, Any]]:
         }
     ).with_columns(pl.col("running", "queued").fill_nan(None))
     out = []
-    for gpu, g in c.st.gpus.items():
-        u = g.rings["util"].last(c.st.closed, k)
+    for gpu, u in utils.items():
         for ev in drop_events(u, frame, gpu):
             if abs(float(ev["t_end_s"]) - k / BINS_PER_S) < 1.0 / BINS_PER_S:  # still low
                 out.append({**ev, "bins_ago_start": k - round(float(ev["t_start_s"]) * BINS_PER_S)})

@@ -54,16 +54,20 @@ class Ring:
         self.a[b % self.cap] = value
 
     def last(self, end: int, k: int) -> F64:
-        """Bins [end − k, end) in order (k ≤ cap)."""
-        idx = np.arange(end - k, end) % self.cap
-        out: F64 = self.a[idx]
+        """Bins [end − k, end) in order (k ≤ cap), a copy: one or two slices of the ring."""
+        i = (end - k) % self.cap
+        j = i + k
+        if j <= self.cap:
+            out: F64 = self.a[i:j].copy()
+        else:
+            out = np.concatenate((self.a[i:], self.a[: j - self.cap]))
         return out
 
 
-def label_of(prefill: float, decode: float) -> int:
-    """The label code (index in LABELS) of a bin from its tokens."""
-    _, _, lab = token_labels(np.array([prefill]), np.array([decode]))
-    return _CODE[str(lab[0])]
+def labels_of(prefill: list[float], decode: list[float]) -> list[int]:
+    """The label codes of bins from their tokens: one call of analysis' rule for them all."""
+    _, _, lab = token_labels(np.array(prefill, dtype=np.float64), np.array(decode, np.float64))
+    return [_CODE[str(x)] for x in lab]
 
 
 @dataclass(slots=True)
@@ -243,9 +247,7 @@ class WatchState:
         return n
 
     def _close(self, b: int, now_ns: int) -> None:
-        tot_p = tot_d = 0.0
-        known = False
-        per_engine: dict[str, int] = {}
+        tokens: dict[str, tuple[float, float]] = {}  # engines whose bin has a label
         for name, e in self.engines.items():
             a = e.open.pop(b, None) or _Acc()
             r = e.rings
@@ -258,16 +260,21 @@ class WatchState:
             r["waiting"].put(b, e.gauge("engine.waiting", now_ns))
             r["kv"].put(b, e.gauge("engine.kv_usage_pct", now_ns))
             r["sg_hit"].put(b, e.gauge(SGLANG_HIT_RATE, now_ns))
-            code = NO_LABEL
             if scraped and "ptok" in e.seen and "dtok" in e.seen:
-                p, d = c.get("ptok", 0.0), c.get("dtok", 0.0)
-                code = label_of(p, d)
-                tot_p, tot_d, known = tot_p + p, tot_d + d, True
-                e.phase_seconds[LABELS[code]] += BIN_NS / 1e9
-            r["label"].put(b, float(code))
-            per_engine[name] = code
+                tokens[name] = (c.get("ptok", 0.0), c.get("dtok", 0.0))
             self._close_hist(e, a, b)
-        code_all = label_of(tot_p, tot_d) if known else NO_LABEL
+        ps = [p for p, _ in tokens.values()]
+        ds = [d for _, d in tokens.values()]
+        codes = labels_of([*ps, sum(ps)], [*ds, sum(ds)]) if tokens else []
+        labelled = dict(zip(tokens, codes, strict=False))  # codes[-1]: the total's
+        per_engine: dict[str, int] = {}
+        for name, e in self.engines.items():
+            code = labelled.get(name, NO_LABEL)
+            if code != NO_LABEL:
+                e.phase_seconds[LABELS[code]] += BIN_NS / 1e9
+            e.rings["label"].put(b, float(code))
+            per_engine[name] = code
+        code_all = codes[-1] if tokens else NO_LABEL  # all engines' tokens together
         self.label.put(b, float(code_all))
         for g in self.gpus.values():
             self._close_gpu(g, b)
