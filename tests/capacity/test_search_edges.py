@@ -147,3 +147,12 @@ def test_probes_decided_by_a_few_slow_requests_are_noted() -> None:
     near = _probe(1.0, "uncertain", 240, 300, judged=90)
     assert tail_decided([tail[0], near, _probe(0.3, "pass", 40, 60)]) is None
     assert tail_decided([tail[0], replace(tail[1], superseded=True)]) is None
+
+
+def test_a_predicted_knee_below_the_passing_light_probe_is_refuted() -> None:
+    from phaselens.capacity.steps import refuted
+
+    assert refuted(0.5, 1.286)  # half the light load: the light probe passed there already
+    assert refuted(1.29, 1.286)  # at it (within 1%): nothing to measure above it
+    assert not refuted(1.4, 1.286)  # above it: measured next, one precision step around
+    assert not refuted(None, 1.286)  # no prediction

@@ -36,7 +36,7 @@ from phaselens.capacity.result import (
     write_result,
 )
 from phaselens.capacity.scale import base_rate
-from phaselens.capacity.steps import STEP_PREDICTED, _Search
+from phaselens.capacity.steps import STEP_PREDICTED, _Search, refuted
 from phaselens.capacity.verdict import upper_end_values
 from phaselens.driver.options import DriverOptions
 from phaselens.errors import InputError
@@ -235,11 +235,21 @@ def find_capacity(
                     f"no deployment file (--deploy FILE) for this target{why}: no prediction; "
                     "a doubling search from the light probe"
                 )
-            if pred["knee_scale"] is not None:
+            if refuted(pred["knee_scale"], light_scale):
+                # the light probe passed above the predicted knee: the measurement refutes the
+                # prediction, so it does not set the step (1.25x steps from a knee the server
+                # is already past spend the budget creeping up); double as without one
+                lp = next(p for p in search.probes if not p.superseded)
+                knee_rps = lp.rate_rps * pred["knee_scale"] / lp.load_scale
+                notes.append(
+                    f"the predicted knee ({knee_rps:.4g} req/s) is not above the "
+                    "light probe, which passed: the prediction is refuted by the measurement; "
+                    "a doubling search from the light probe"
+                )
+            elif pred["knee_scale"] is not None:
                 search.step = STEP_PREDICTED
                 search.knee = float(pred["knee_scale"])
-                if search.knee > light_scale * 1.01:
-                    measure(search.knee)
+                measure(search.knee)
             while status == "running" and len(search.probes) < MAX_PROBES:
                 if model is not None and search.blind is None and search.converged():
                     knee = pred.get("knee_scale")

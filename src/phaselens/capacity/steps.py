@@ -144,6 +144,15 @@ class _Search:
         return None
 
 
+def refuted(knee_scale: float | None, light_scale: float) -> bool:
+    """A predicted knee not above the light probe, which passed (the search only predicts from a
+    passing light probe): the measurement refutes it, and the search doubles as without one
+    (docs/capacity.md, "The search", step 2). Seen on llama-server, which answers a lone request
+    slower than a busy one: the queue fitted to the light probe's slow service put the knee at
+    half the light load."""
+    return knee_scale is not None and knee_scale <= light_scale * 1.01
+
+
 def _far_over(p: ProbeResult) -> bool:
     """A fail whose interval lies wholly above FAR_OVER × a threshold: near the knee single
     runs spread by up to 2× (docs/validation.md, seventh series), so a repeat cannot pass."""
