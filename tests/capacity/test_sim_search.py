@@ -93,6 +93,9 @@ def test_sim_deploy_search_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixt
     assert doc["predicted_knee_rps"] > 0 and doc["predicted"]  # calibrated on the light probe
     share = doc["per_model"]["chat-8b"]["capacity_rps"] / doc["capacity_rps"]
     assert share == pytest.approx(0.8)  # every model keeps its share
+    # a model's interval by the whole mix's rule: its share of [capacity / (1 + b), upper edge]
+    m_lo, m_hi = doc["per_model"]["chat-8b"]["interval"]
+    assert m_lo == pytest.approx(0.8 * lo, rel=1e-4) and m_hi == pytest.approx(0.8 * hi, rel=1e-4)
     assert doc["binding"]["metric"] == "ttft_ms"
     assert f"capacity: {b_lo:,.4g} req/s" in text.out and "capacity.json" in text.out
     assert text.err.count("probe x") == len(doc["probes"])  # one progress line per probe

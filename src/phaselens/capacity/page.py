@@ -299,6 +299,7 @@ def capacity_context(res: Mapping[str, Any], out: Path, base: Path | None = None
         "tokens": fmt(_num(res.get("capacity_output_tokens_per_s")), " tok/s"),
         "binding": _binding_text(_map(res.get("binding"))),
         "predicted_knee": fmt(_num(res.get("predicted_knee_rps")), " req/s"),
+        "predicted_by": "fitted queue" if res.get("saturation") else "calibrated simulator",
         "probe_seconds": fmt(_num(res.get("probe_seconds")), " s"),
         "bistable": bool(res.get("bistable")),
         "stability": _stability_text(_map(res.get("stability")), res.get("stable")),

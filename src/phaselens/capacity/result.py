@@ -209,7 +209,11 @@ def serial_check(at_lo: Sequence[ProbeResult]) -> dict[str, Any] | None:
     }
 
 
-def _per_model(lo: Sequence[ProbeResult], hi: Sequence[ProbeResult]) -> dict[str, Any]:
+def _per_model(
+    lo: Sequence[ProbeResult], hi: Sequence[ProbeResult], widen: float = 1.0
+) -> dict[str, Any]:
+    """Each model's capacity and interval: the interval's lower end is divided by `widen`
+    (1 + the blind band), as the whole mix's is, so both intervals are one rule."""
     if not lo:
         return {}
     out: dict[str, Any] = {}
@@ -217,10 +221,14 @@ def _per_model(lo: Sequence[ProbeResult], hi: Sequence[ProbeResult]) -> dict[str
         up = hi[0].per_model_rps.get(m) if hi else None
         out[m] = {
             "capacity_rps": fnum(_mean([p.per_model_rps.get(m) for p in lo])),
-            "interval": [fnum(lo[0].per_model_rps.get(m)), fnum(up)],
+            "interval": [fnum(_div(lo[0].per_model_rps.get(m), widen)), fnum(up)],
             "output_tokens_per_s": fnum(_mean([p.per_model_tokens_per_s.get(m) for p in lo])),
         }
     return out
+
+
+def _div(x: float | None, d: float) -> float | None:
+    return None if x is None else x / d
 
 
 def probe_seconds(probes: Sequence[ProbeResult], pred: Mapping[str, Any]) -> float:
@@ -271,7 +279,7 @@ def build_result(
         bracket=(cap, up),
         blind_band=band,
         capacity_output_tokens_per_s=_mean([p.output_tokens_per_s for p in at_lo]),
-        per_model=_per_model(at_lo, at_hi),
+        per_model=_per_model(at_lo, at_hi, 1.0 + float(band["band"]) if band else 1.0),
         binding=_binding(at_hi),
         slo=ps.slo,
         predicted_knee_rps=knee * base_rps if knee and base_rps else None,
