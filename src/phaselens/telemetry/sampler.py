@@ -9,7 +9,8 @@ received rows into `TelemetrySample`s and calls the sink. `mode="thread"` keeps 
 process (tests, or where spawning is not possible).
 
 Inside the sampler each source runs in its own thread so a slow scrape target cannot delay the
-GPU samples; one dispatcher thread calls the sink, so the sink is never called concurrently.
+GPU samples; one dispatcher thread calls the sink, so the sink is never called concurrently
+(or, `direct`, the sources put into the caller's queue: the watch loop, which drains it).
 """
 
 from __future__ import annotations
