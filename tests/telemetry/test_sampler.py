@@ -462,3 +462,38 @@ def test_slot_grid_late_start_and_skips_are_exact() -> None:
     assert ms == [0, 100, 230, 400, 700, 800]
     assert [(x - 1_000_000_000) // 1_000_000 for x in src.missed_at] == [300, 500, 600]
     assert src.closed
+
+
+def test_direct_queue_gets_every_batch_and_the_sink_none() -> None:
+    import queue
+
+    run_start = time.perf_counter_ns()
+    beat = Heartbeat(run_start)
+    q: queue.SimpleQueue[list[TelemetrySample]] = queue.SimpleQueue()
+    sunk: list[TelemetrySample] = []
+    handle = start_sources([beat], 0.05, sunk.extend, run_start, direct=q)
+    time.sleep(0.4)
+    assert handle.stop() == {"heartbeat": "ok"}
+    got = []
+    while not q.empty():
+        got += q.get_nowait()
+    # one beat a tick: ~8 in 0.4 s at 50 ms, plus the last tick at stop; none to the sink
+    assert 5 <= len(got) <= 11 and all(s.metric == "beat" for s in got)
+    assert sunk == [] and beat.closed
+
+
+def test_wait_stop_sleeps_short_waits_and_sees_the_stop() -> None:
+    import threading
+
+    from phaselens.telemetry.sampler import SLEEP_MAX_S, wait_stop
+
+    ev = threading.Event()
+    t0 = time.monotonic()
+    assert wait_stop(ev, 0.05) is False
+    assert 0.05 <= time.monotonic() - t0 < 0.05 + SLEEP_MAX_S
+    ev.set()
+    assert wait_stop(ev, 0.05) is True  # set before: seen after the sleep
+    assert wait_stop(ev, 10.0) is True  # a long wait is the Event's own: returns at once
+    t = FakeTime()
+    assert wait_stop(FakeStop(t, 2), 0.1) is False  # not an Event: its own wait (fake clock)
+    assert (t.ns, t.waits) == (1_100_000_000, 1)

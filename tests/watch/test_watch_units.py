@@ -12,7 +12,10 @@ import pytest
 from phaselens.cli import invoke
 from phaselens.errors import InputError
 from phaselens.telemetry.prometheus import Scrape, parse_prometheus
+from phaselens.types import BIN_NS, TelemetrySample
 from phaselens.watch.engines import (
+    WATCH_SOURCE,
+    EngineSpec,
     bucket_totals,
     counter_reset,
     histogram_increments,
@@ -22,6 +25,7 @@ from phaselens.watch.engines import (
 from phaselens.watch.exporter import parse_listen
 from phaselens.watch.hysteresis import CLEAR_HOLD_S, RAISE_HOLD_S, Tracker, Verdict
 from phaselens.watch.indicators import histogram_quantile, window_name
+from phaselens.watch.state import GRACE_NS, WatchState
 
 
 def test_histogram_quantile_by_hand() -> None:
@@ -213,3 +217,50 @@ def test_bucket_totals_with_the_memo_read_what_the_regex_reads(value: str) -> No
     assert bucket_totals(again, {fam}, memo) == bucket_totals(again, {fam})
     if value in ("7", "-0"):
         assert bucket_totals(again, {fam}, memo)[fam][0.1] == 3 * float(value)
+
+
+def test_closed_bins_histogram_rows_and_gpu_util_by_hand() -> None:
+    """Bucket increments become cumulative rows (zeros where a bin got none), a new bound
+    starts the ring again; a GPU's bin is its preferred source's mean, carried when empty."""
+    spec = EngineSpec("e0", "http://127.0.0.1:9/metrics")
+    st = WatchState([spec], 50)
+    lab = {"target": spec.target}
+
+    def bucket(b: int, le: str, v: float) -> TelemetrySample:
+        t = b * BIN_NS + BIN_NS // 2
+        return TelemetrySample(t, WATCH_SOURCE, "watch.ttft_bucket", v, {**lab, "le": le})
+
+    def gpu(src: str, metric: str, v: float) -> TelemetrySample:
+        return TelemetrySample(BIN_NS // 2, src, metric, v, {"gpu": "0"})
+
+    st.add(
+        [
+            TelemetrySample(BIN_NS // 2, "scrape", "scrape.ok", 1.0, lab),
+            bucket(0, "0.1", 2.0),
+            bucket(0, "0.5", 3.0),
+            bucket(0, "+Inf", 1.0),
+            TelemetrySample(BIN_NS // 2, WATCH_SOURCE, "watch.ttft_sum", 1.25, lab),
+            gpu("nvml", "gpu.busy_pct", 60.0),
+            gpu("nvml", "gpu.busy_pct", 80.0),
+            gpu("gpm", "gpu.sm_pct", 30.0),
+            gpu("dcgm", "gpu.sm_pct", 50.0),  # gpm is preferred for SM activity
+        ]
+    )
+    assert st.advance(2 * BIN_NS + GRACE_NS) == 2  # bins 0 and 1 closed
+    h = st.engines["e0"].hist["ttft"]
+    assert h.les == [0.1, 0.5, math.inf]
+    assert h.ring.a[0].tolist() == [2.0, 5.0, 6.0]  # 2, 2 + 3, 2 + 3 + 1
+    assert h.ring.a[1].tolist() == [0.0, 0.0, 0.0]
+    assert (h.sum.a[0], h.sum.a[1]) == (1.25, 0.0)
+    g = st.gpus["0"]
+    assert (g.rings["gpu.busy_pct"].a[0], g.rings["gpu.sm_pct"].a[0]) == (70.0, 30.0)
+    assert math.isnan(g.rings["gpu.dram_bw_pct"].a[0])
+    assert g.util_source == "gpm:gpu.sm_pct"
+    assert g.rings["util"].a[:2].tolist() == [30.0, 30.0]  # bin 1: carried over
+    assert g.rings["gpu.busy_pct"].a[1] == 70.0
+    st.add([bucket(2, "0.25", 4.0)])  # a bound not seen before: a new ring, bounds merged
+    st.advance(3 * BIN_NS + GRACE_NS)
+    h2 = st.engines["e0"].hist["ttft"]
+    assert h2 is not h and h2.les == [0.1, 0.25, 0.5, math.inf]
+    assert h2.ring.a[2].tolist() == [0.0, 4.0, 4.0, 4.0]
+    assert np.isnan(h2.ring.a[0]).all()

@@ -9,7 +9,8 @@ received rows into `TelemetrySample`s and calls the sink. `mode="thread"` keeps 
 process (tests, or where spawning is not possible).
 
 Inside the sampler each source runs in its own thread so a slow scrape target cannot delay the
-GPU samples; one dispatcher thread calls the sink, so the sink is never called concurrently.
+GPU samples; one dispatcher thread calls the sink, so the sink is never called concurrently
+(or, `direct`, the sources put into the caller's queue: the watch loop, which drains it).
 """
 
 from __future__ import annotations
@@ -37,6 +38,23 @@ from phaselens.telemetry.source import Source
 from phaselens.types import TelemetrySample
 
 Sink = Callable[[list[TelemetrySample]], None]
+Queue = queue.SimpleQueue[list[TelemetrySample]]
+SLEEP_MAX_S = 0.25  # waits up to this long are plain sleeps (`wait_stop`)
+
+
+def wait_stop(stop: Any, seconds: float) -> bool:
+    """`stop.wait(seconds)`, by a plain sleep and a look at `stop` where the wait is short and
+    `stop` a threading.Event; True when stop is set.
+
+    Why: each sleep and wake-up costs the sleeping thread CPU, and an `Event.wait` (a Condition:
+    a new lock, acquired twice) ~60 µs more than `time.sleep` on the development VM (~150 vs
+    ~90 µs; benchmarks/README.md, issue 20): at 10 Hz in every source thread that is a share of
+    the watcher's budget. A stop is then seen up to SLEEP_MAX_S late (the last tick still runs).
+    """
+    if type(stop) is threading.Event and 0 < seconds <= SLEEP_MAX_S:
+        time.sleep(seconds)
+        return stop.is_set()
+    return bool(stop.wait(seconds))
 
 
 def _source_loop(
@@ -86,7 +104,7 @@ def _source_loop(
                 clock_next += interval_ns
             if batch:
                 out.put(batch)
-            if stop.wait(max(0, clock_next - now) / 1e9):
+            if wait_stop(stop, max(0, clock_next - now) / 1e9):
                 break
         out.put(tick())  # a last tick at stop, so counters cover the whole run
     finally:
@@ -122,10 +140,15 @@ def run_sampling(
     emit: Sink,
     run_start_perf_ns: int,
     flush_s: float = 0.1,
+    direct: Queue | None = None,
 ) -> dict[str, str]:
     """Run every source in its own thread until `stop` (an Event) is set; call `emit` with
-    batches from this thread only. Returns, once all sources have closed, their statuses."""
-    q: queue.SimpleQueue[list[TelemetrySample]] = queue.SimpleQueue()
+    batches from this thread only. Returns, once all sources have closed, their statuses.
+
+    `direct`: the source threads put their batches there themselves and `emit` is not called,
+    for a caller that drains a queue anyway (the watch loop): no relay thread waking per batch.
+    """
+    q: Queue = queue.SimpleQueue() if direct is None else direct
     interval_ns = max(1, int(interval_s * 1e9))
     ticks = {s.name: _Ticks() for s in sources}
     threads = [
@@ -140,6 +163,10 @@ def run_sampling(
     ]
     for t in threads:
         t.start()
+    if direct is not None:
+        for t in threads:
+            t.join()
+        return final_statuses(sources, ticks)
     while True:
         batch: list[TelemetrySample] = []
         try:
@@ -215,8 +242,16 @@ class TelemetryHandle:
             raise RuntimeError(f"telemetry sink failed: {self._sink_error}") from self._sink_error
         return self.statuses
 
-    def _run_in_thread(self, sources: Sequence[Source], interval_s: float, start_ns: int) -> None:
-        self._set_statuses(run_sampling(sources, interval_s, self._stop, self._deliver, start_ns))
+    def _run_in_thread(
+        self,
+        sources: Sequence[Source],
+        interval_s: float,
+        start_ns: int,
+        direct: Queue | None = None,
+    ) -> None:
+        self._set_statuses(
+            run_sampling(sources, interval_s, self._stop, self._deliver, start_ns, direct=direct)
+        )
 
     def _receive(self, stream: IO[bytes]) -> None:
         """Turn the worker's frames into samples for the sink, until it is done or dies."""
@@ -239,9 +274,14 @@ class TelemetryHandle:
 
 
 def start_sources(
-    sources: Sequence[Source], interval_s: float, sink: Sink, run_start_perf_ns: int
+    sources: Sequence[Source],
+    interval_s: float,
+    sink: Sink,
+    run_start_perf_ns: int,
+    direct: Queue | None = None,
 ) -> TelemetryHandle:
-    """Run already-opened sources in this process (tests, and `mode="thread"`)."""
+    """Run already-opened sources in this process (tests, `mode="thread"`, the watch); with
+    `direct` the batches go straight into that queue instead of to `sink` (`run_sampling`)."""
     handle = TelemetryHandle(sink)
     statuses: dict[str, str] = {}
     for s in sources:
@@ -249,7 +289,7 @@ def start_sources(
     handle._set_statuses(statuses)
     handle._thread = threading.Thread(
         target=handle._run_in_thread,
-        args=(sources, interval_s, run_start_perf_ns),
+        args=(sources, interval_s, run_start_perf_ns, direct),
         name="telemetry-dispatch",
         daemon=True,
     )

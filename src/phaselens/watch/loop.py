@@ -23,7 +23,7 @@ from typing import Any, TextIO
 from phaselens.errors import InputError
 from phaselens.telemetry.choose import SourceSpec, open_sources
 from phaselens.telemetry.clock import RunClock
-from phaselens.telemetry.sampler import start_sources
+from phaselens.telemetry.sampler import start_sources, wait_stop
 from phaselens.telemetry.scrape import SCRAPE_TIMEOUT_S, ScrapeSource
 from phaselens.telemetry.source import Source, Unavailable
 from phaselens.types import TelemetrySample
@@ -148,7 +148,7 @@ def watch(
     recorder = Recorder(cfg, clock) if cfg.record is not None else None
     sources, statuses = open_watch_sources(cfg, clock, nv)
     q: queue.SimpleQueue[list[TelemetrySample]] = queue.SimpleQueue()
-    handle = start_sources(sources, TICK_S, q.put, start_perf)
+    handle = start_sources(sources, TICK_S, q.put, start_perf, direct=q)
     res.statuses = statuses
     display = Display(cfg, out)
     display.started(res, statuses)
@@ -215,7 +215,7 @@ def watch(
                 tick = int(clock.now_ns() / 1e9 / TICK_S)
                 continue
             lag = max(0.0, -wait)
-            stop.wait(max(0.0, wait))
+            wait_stop(stop, max(0.0, wait))
     except KeyboardInterrupt:
         pass  # Ctrl-C ends the watch: everything below still runs
     finally:
