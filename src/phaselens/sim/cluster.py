@@ -18,14 +18,12 @@ from phaselens.sim.cost import EngineCost, StepCost
 from phaselens.sim.deploy import Deployment
 from phaselens.sim.device import DeviceState, gpus_free, release_gpus, take_gpus, turn_order
 from phaselens.sim.engine import EngineState
-from phaselens.sim.loop import ARRIVE, KV_DONE, SEND, STEP_END, TURN, WAKE, EventLoop
+from phaselens.sim.loop import ARRIVE, KV_DONE, NEVER, SEND, STEP_END, TURN, WAKE, EventLoop
 from phaselens.sim.records import NO_TIME, SEGMENT, ClusterResult, Records
 from phaselens.sim.seq import Seq, Sink
 from phaselens.sim.sessions import Sessions, attach, plan_sessions, turn_due, turn_ended
 from phaselens.sim.stretch import run_ahead
 from phaselens.types import Schedule
-
-_INF = 2**62
 
 
 class Cluster:
@@ -82,8 +80,11 @@ class Cluster:
         self.exclusive = [all(users[x] == 1 for x in eng.gpus) for eng in deploy.engines]
         self.fast_forward = True
         self.next_arrival_ns = 0  # the earliest arrival still to process
+        self.t_arr: list[int] = []  # the schedule's instants; `arr_k`: the next one to process
+        self.arr_k = 0
+        self.inline_arrivals = False  # the run-ahead may queue arrivals itself (`run`)
         self.stretch_steps = 0
-        self.events = 0
+        self.events = 0  # events the run-ahead handled itself (as the loop would have)
         self.cur_engine = 0
         self.client = Client(LoadShape(), 0)
         self.coupled = False  # a request's end may send another (closed loop, --max-inflight)
@@ -350,7 +351,7 @@ class Cluster:
         self.rec = Records(schedule.t_ns, eng_of)
         for i, st in enumerate(self.engines):
             st.sink = self._sink(i, self.rec)
-        t_arr = schedule.t_ns.tolist()
+        t_arr = self.t_arr = schedule.t_ns.tolist()
         self.eng_l: list[int] = eng_of.tolist()
         self.inp: list[int] = schedule.input_tokens.tolist()
         self.out: list[int] = schedule.output_tokens.tolist()
@@ -362,11 +363,14 @@ class Cluster:
         self.sched = [e.policy.scheduling for e in self.deploy.engines]
         loop = self.loop
         engines = self.engines
-        events = 0
-        k = 0
+        events = self.events = 0
+        k = self.arr_k = 0
+        # one engine, the plain open loop, no request overhead: an arrival only queues a request
+        # at that engine, so its run-ahead may queue it at its instant (`stretch.take_arrivals`)
+        self.inline_arrivals = len(engines) == 1 and not self.coupled and not self.overhead_ns
         if self.client.closed:
-            k = n  # no planned instants: the users send at t = 0, then as requests end
-            self.next_arrival_ns = _INF
+            k = self.arr_k = n  # no planned instants: the users send at t = 0, then as requests end
+            self.next_arrival_ns = NEVER
             self.to_send = self.client.start()
             events += len(self.to_send)
             self._start_engines(self._release_sends())
@@ -375,6 +379,7 @@ class Cluster:
         stepping = self.stepping
         plain = not self.coupled  # no request's end sends another: no client decisions
         while True:
+            k = self.arr_k  # (the run-ahead may have taken arrivals)
             t_ev = heap[0][0] if heap else None
             if k < n and (t_ev is None or t_arr[k] <= t_ev):
                 # arrivals first at equal times, so the step starting now sees them: all of
@@ -384,7 +389,9 @@ class Cluster:
                 j = k + 1
                 while j < n and t_arr[j] == t:
                     j += 1
-                self.next_arrival_ns = t_arr[j] if j < n else _INF
+                self.next_arrival_ns = t_arr[j] if j < n else NEVER
+                self.arr_k = j
+                events += j - k
                 if plain and j == k + 1:  # one request, sent at its instant
                     i = self._send(k)
                     if i >= 0 and not stepping[i]:
@@ -392,14 +399,12 @@ class Cluster:
                 else:
                     self.to_send = self.client.arrive(range(k, j))
                     self._start_engines(self._release_sends())
-                events += j - k
-                k = j
                 continue
             if t_ev is None:
                 break
             t, _, kind, arg = pop(heap)
             self.now = t
-            self.next_arrival_ns = t_arr[k] if k < n else _INF
+            self.next_arrival_ns = t_arr[k] if k < n else NEVER
             events += 1
             if kind == STEP_END:
                 self._step_end(arg)
@@ -415,4 +420,4 @@ class Cluster:
                 turn_due(self, arg)
             else:
                 self._kv_done(arg)
-        return self.rec.result(engines, events)
+        return self.rec.result(engines, events + self.events)

@@ -359,20 +359,8 @@ class EngineState:
                     started.append((seq, seq.epoch))
         heap = self.fin_heap
         running = self.running
-        while heap and heap[0][0] <= s:  # (a heap entry of a preempted epoch is dropped)
-            _, rid, epoch = heapq.heappop(heap)
-            seq_f = running.get(rid)
-            if seq_f is None or seq_f.epoch != epoch:
-                continue
-            computed = seq_f.c0 + (s - seq_f.s0) + 1
-            self._stop_decode(seq_f, computed)
-            del running[rid]
-            if seq_f.group >= SESSION_GROUPS:
-                self.kv.prefix.keep_reply(seq_f, computed)
-            self.kv.release(seq_f, computed)
-            seq_f.gen = seq_f.out
-            sink.segment(rid, self.index, seq_f.s0, s)
-            sink.finished(rid, seq_f.out)
+        if heap and heap[0][0] <= s:
+            self.finish_due(s)
         if started:
             self.pending_first = started
         if self.request_level:
@@ -393,6 +381,27 @@ class EngineState:
         self.step_idx = s + 1
         if self.wakes and not running and not self.waiting and not self.decode_admits:
             self.idle_from_ns = t1_ns
+
+    def finish_due(self, s: int) -> None:
+        """The decoding sequences whose last token is step s's leave (KV freed, reported at the
+        current instant); what `end_step` and the fast-forward's finishing steps share."""
+        heap = self.fin_heap
+        running = self.running
+        sink = self.sink
+        while heap and heap[0][0] <= s:  # (a heap entry of a preempted epoch is dropped)
+            _, rid, epoch = heapq.heappop(heap)
+            seq_f = running.get(rid)
+            if seq_f is None or seq_f.epoch != epoch:
+                continue
+            computed = seq_f.c0 + (s - seq_f.s0) + 1
+            self._stop_decode(seq_f, computed)
+            del running[rid]
+            if seq_f.group >= SESSION_GROUPS:
+                self.kv.prefix.keep_reply(seq_f, computed)
+            self.kv.release(seq_f, computed)
+            seq_f.gen = seq_f.out
+            sink.segment(rid, self.index, seq_f.s0, s)
+            sink.finished(rid, seq_f.out)
 
     def next_wake_ns(self) -> int | None:
         """Request-level batching: when the oldest waiting request times out (None: no timer)."""

@@ -16,6 +16,7 @@ KV_DONE = 2
 SEND = 3  # requests a request's end let out (closed loop, --max-inflight), then the engine
 ARRIVE = 4  # a sent request reaches its engine (after the deployment's request overhead)
 TURN = 5  # a session's next turn leaves the client (think time after its previous turn ended)
+NEVER = 2**62  # an instant after every other (no event, no arrival left)
 
 
 class EventLoop:
