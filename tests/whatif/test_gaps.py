@@ -20,7 +20,7 @@ from phaselens.store import Run
 from phaselens.whatif.basis import K, coefficients, isolated_predict
 from phaselens.whatif.calibrate import calibrate, check
 from phaselens.whatif.fit import U_FLOOR, _bound_unused
-from phaselens.whatif.gaps import decode_gaps, gaps_usable
+from phaselens.whatif.gaps import decode_gaps, gaps_usable, prefill_gaps
 from phaselens.whatif.render import print_calibration
 from phaselens.whatif.replay import schedule_from_run
 
@@ -53,6 +53,47 @@ def test_clean_gaps_are_exactly_the_simulators_decode_steps(cpu_run: Run) -> Non
     assert g.basis.steps.first.sum() > 0  # some gaps are a sequence's first decode step
     pred = isolated_predict(g.basis, coefficients(d.cost))
     np.testing.assert_allclose(pred, g.target, rtol=1e-5)
+
+
+def test_prefill_gaps_are_exactly_the_simulators_admitting_steps(tmp_path: Path) -> None:
+    """Every observation (a decoding request's gap across the step that ran another request's
+    whole prompt) equals the basis's price of that step at the true constants: the decoders,
+    their contexts, the prompt and the new-request cost read from client token times are the
+    simulator's own; and such steps are found beside one, two and three decoders."""
+    run = cpu_truth(tmp_path, 4.0, 60, prefix_cache=False)
+    d = parse_deployment(deploy_map(CPU_TRUE_COST, CPU_DEPLOY, prefix_cache=False), "t")
+    sched = schedule_from_run(run)
+    g = prefill_gaps(run.requests, sched, d)
+    assert g is not None
+    assert set(np.unique(g.batch).tolist()) >= {2, 3, 4}  # the admitted one plus decoders
+    assert (g.basis.steps.new == 1.0).all()
+    pred = isolated_predict(g.basis, coefficients(d.cost))
+    np.testing.assert_allclose(pred, g.target, rtol=1e-5)
+    # with a prefix cache the prefilled length is unknown: no observation is made up
+    cached = parse_deployment(deploy_map(CPU_TRUE_COST, CPU_DEPLOY, prefix_cache=True), "t")
+    assert prefill_gaps(run.requests, sched, cached) is None
+
+
+def test_engine_time_per_request_is_told_from_time_outside_it(tmp_path: Path) -> None:
+    """Lone requests see only r + c_req; the admitting steps see c_req alone. A truth with most
+    of the fixed time outside the engine (r 4 ms, c_req 0.5 ms) is recovered without a replay
+    search (the search put all of it on the engine on two of three CI repeats and priced every
+    admission 4 ms into the other users' TPOT: docs/validation.md, closed loop)."""
+    cost = {**CPU_TRUE_COST, "per_request_overhead_s": 0.0005}
+    run = cpu_truth(tmp_path, 4.0, 60, cost=cost, overhead_s=0.004, prefix_cache=False)
+    c = calibrate(run, deploy_map(None, CPU_DEPLOY, prefix_cache=False), "deploy.yaml")
+    assert any(n.startswith("per_request_overhead_s fitted from") for n in c.notes), c.notes
+    assert c.fit["prefill_gap_obs"] >= 8
+    assert c.request_overhead_s == pytest.approx(0.004, rel=0.05)
+    got_req = c.cost.step_overhead_s + c.cost.per_request_overhead_s
+    assert got_req == pytest.approx(CPU_TRUE_COST["step_overhead_s"] + 0.0005, rel=0.1)
+    assert c.fit["request_overhead_share_on_engine"] < 0.2
+    e = c.errors["all"]
+    for key in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90"):
+        assert abs(e[key]["error_pct"]) < 2.0, (key, e[key])
+    # the same run seen through a deployment with a prefix cache: the replay search instead
+    c2 = calibrate(run, deploy_map(None, CPU_DEPLOY), "deploy.yaml")
+    assert not any(n.startswith("per_request_overhead_s fitted from") for n in c2.notes)
 
 
 def test_gaps_are_used_only_where_a_gap_is_one_step() -> None:

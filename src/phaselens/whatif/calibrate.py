@@ -51,7 +51,7 @@ from phaselens.whatif.fitinputs import (
     max_inflight,
 )
 from phaselens.whatif.fits import Replay, fit_lone, fit_steps, queue_terms, split_request_overhead
-from phaselens.whatif.gaps import decode_gaps
+from phaselens.whatif.gaps import decode_gaps, prefill_gaps
 from phaselens.whatif.predict import (
     compare,
     iso_times,
@@ -124,8 +124,9 @@ def calibrate(
         notes.append("request overhead not fitted from steps (0 s): TTFT is engine time only")
     elif lone.shape[0] >= MIN_ISOLATED:
         gaps = decode_gaps(run.requests, sched, deploy, lone)
+        prefills = prefill_gaps(run.requests, sched, deploy)
         idle_s = idle_before(run.requests, ids)
-        lf, used, dropped = fit_lone(sched, meas, deploy, lone, gaps, idle_s)
+        lf, used, dropped = fit_lone(sched, meas, deploy, lone, gaps, idle_s, prefills)
         fit_info["lone_outliers_dropped"] = dropped
         th = lf.theta
         identified = dict(lf.identified)
@@ -169,7 +170,21 @@ def calibrate(
                 f"{slots} tokens: per step it is {slots} x wait_token_overhead_s at this "
                 "max_num_seqs; per token, it scales with another)"
             )
-        th, share = split_request_overhead(th, replace(rp, scored=_light(th)), conc)
+        if prefills is not None:
+            fit_info["prefill_gap_obs"] = int(prefills.target.shape[0])
+        share: float | None
+        if identified.get("per_request_overhead_s"):
+            assert prefills is not None
+            c_req = float(th[COLUMNS.index("per_request_overhead_s")])
+            total = c_req + float(th[REQUEST])
+            share = c_req / total if total > 0 else 0.0
+            notes.append(
+                f"per_request_overhead_s fitted from {int(prefills.target.shape[0])} steps that "
+                "admitted a request beside decoding ones (client token times); the rest of the "
+                "lone requests' fixed time is request_overhead_s, outside the engine"
+            )
+        else:
+            th, share = split_request_overhead(th, replace(rp, scored=_light(th)), conc)
         identified["per_request_overhead_s"] = share is not None
         if share is not None:
             fit_info["request_overhead_share_on_engine"] = share

@@ -36,7 +36,7 @@ from phaselens.whatif.basis import (
 from phaselens.whatif.calibfile import with_cost
 from phaselens.whatif.fit import LinFit, fit_robust, scan_golden
 from phaselens.whatif.fitinputs import engine_of, steps_basis
-from phaselens.whatif.gaps import DecodeGaps
+from phaselens.whatif.gaps import DecodeGaps, joined
 from phaselens.whatif.predict import (
     per_request,
     request_loss,
@@ -93,6 +93,7 @@ def fit_lone(
     lone: np.ndarray,
     gaps: DecodeGaps | None = None,
     idle_s: F64 | None = None,
+    prefills: DecodeGaps | None = None,
 ) -> tuple[LinFit, int, int]:
     """NNLS on the exact equations of requests served alone (TTFT and TPOT rows), plus the
     clean decode gaps of the other requests (`gaps.py`) when given.
@@ -127,6 +128,8 @@ def fit_lone(
     use = present & np.isfinite(target) & (target > 0)
     batched = gaps is not None and bool((gaps.batch > 1).any())
     wait_col = queue_terms(gaps)
+    split_req = prefills is not None and prefills.target.shape[0] >= MIN_PREFILL_GAPS
+    gaps = joined(gaps, prefills if split_req else None)
 
     def rows_at(th: F64) -> tuple[F64, F64]:
         a, fx = isolated_rows(b, th)
@@ -141,6 +144,8 @@ def fit_lone(
     lone_cols: tuple[str, ...] = ("request_overhead_s", "first_decode_overhead_s")
     if ramp is not None and wake_identified(ramp):
         lone_cols = (*lone_cols, "idle_wake_s")
+    if split_req:
+        lone_cols = (*lone_cols, "per_request_overhead_s")
     if not batched:
         prior, cols = _prior_and_use(base, b.steps.layers, lone_cols)
         lf, dropped = fit_robust(rows_at, goal, prior, cols)
@@ -158,6 +163,7 @@ def fit_lone(
     return lf, int(rows.shape[0]), dropped
 
 
+MIN_PREFILL_GAPS = 8  # admitting steps seen beside decodes needed to price c_req apart from r
 MIN_WAKE_SIDE = 6  # lone requests needed on each side of the wake-up ramp to fit c_idle
 
 

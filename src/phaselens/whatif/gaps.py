@@ -69,19 +69,16 @@ def decode_gaps(
     hw = engine_hw(deploy, e)
     slots = e.policy.max_num_seqs
     ar = deploy.cost.allreduce_latency_s
-    f = requests.filter(pl.col("sent_ns").is_not_null())
-    ids = f["id"].to_numpy().astype(np.int64)
-    sent = f["sent_ns"].to_numpy().astype(np.int64)
-    end = f["end_ns"].fill_null(NEVER).to_numpy().astype(np.int64)
-    first = f["first_token_ns"].fill_null(-1).to_numpy().astype(np.int64)
-    first = np.where(first < 0, end, first)  # never got a token: waiting until it ended
-    toks = [np.asarray(t if t is not None else [], dtype=np.int64) for t in f["token_ns"]]
-    cnts = [np.asarray(c if c is not None else [], dtype=np.int64) for c in f["token_counts"]]
-    ok = (f["status"] == "ok").to_numpy()
-    row_of = {int(i): r for r, i in enumerate(sched.ids.tolist())}
-    prompt = np.asarray(
-        [sched.input_tokens[row_of[int(i)]] if int(i) in row_of else 0 for i in ids],
-        dtype=np.int64,
+    v = _client_view(requests, sched)
+    ids, sent, end, first, toks, cnts, ok, prompt = (
+        v.ids,
+        v.sent,
+        v.end,
+        v.first,
+        v.toks,
+        v.cnts,
+        v.ok,
+        v.prompt,
     )
     skipped = np.isin(ids, skip)
     feats: list[Steps] = []
@@ -152,6 +149,195 @@ def decode_gaps(
             target.append(float(gap[sel].mean()))
             batch.append(int(nb))
             count.append(m)
+    return _observations(feats, group, weight, target, batch, count)
+
+
+# A decoding request's token read this close to another request's first token came out of the
+# same step (the client reads both streams within ~0.4 ms here: docs/validation.md, closed loop),
+# and its neighbouring tokens at least twice as far away, so the step is not confused with one
+# of the decode steps around it.
+SAME_STEP_S = 0.5e-3
+
+
+def prefill_gaps(requests: pl.DataFrame, sched: Schedule, deploy: Deployment) -> DecodeGaps | None:
+    """Steps in which one request's whole prefill ran beside decoding ones, from client times.
+
+    Why: requests served alone cannot tell the engine's fixed time per admitted request (c_req,
+    which delays every sequence decoding in that step) from the time outside the engine (r,
+    which delays only that request's TTFT): they are twins in every TTFT. The step that admits
+    request B while A decodes shows c_req alone: A's token gap across it is one step of A's
+    decode plus B's whole prompt (one chunk), its new-request cost included, and r not at all.
+
+    A gap (t[j-1], t[j]) of a decoding request A measures that step when B's first token is
+    read within SAME_STEP_S of t[j] (both sampled at the step's end) and A's neighbouring tokens
+    are further off; B's prompt fits the step's token budget beside the decoders; every other
+    request decoding at any moment of the gap decodes throughout it; no other request gets its
+    first token or waits in it (waiting is allowed only when the step fills every slot); and
+    both of A's tokens were read alone. One observation per admitted request: the mean over the
+    decoding requests whose gaps measure its step. None on engines the gaps cannot see
+    (`gaps_usable`) or with a prefix cache (the prefilled length is then unknown).
+    """
+    if not gaps_usable(deploy) or sched.ids is None:
+        return None
+    e = deploy.engines[0]
+    if e.policy.prefix_cache:
+        return None
+    hw = engine_hw(deploy, e)
+    slots = e.policy.max_num_seqs
+    budget = e.policy.max_num_batched_tokens if e.policy.chunked_prefill else NEVER
+    v = _client_view(requests, sched)
+    ids, sent, end, first, toks, cnts, prompt = (
+        v.ids,
+        v.sent,
+        v.end,
+        v.first,
+        v.toks,
+        v.cnts,
+        v.prompt,
+    )
+    ok = v.ok & v.got_first
+    tol = int(SAME_STEP_S * 1e9)
+    feats: list[Steps] = []
+    group: list[I64] = []
+    weight: list[F64] = []
+    target: list[float] = []
+    batch: list[int] = []
+    count: list[int] = []
+    for bq in np.flatnonzero(ok & (prompt > 0)):
+        fb = int(first[bq])
+        obs_feats: list[Steps] = []
+        obs_gaps: list[float] = []
+        n_obs_seqs = 0
+        for aq in np.flatnonzero(ok & (first < fb - tol) & (end > fb + tol)):
+            t, c = toks[aq], cnts[aq]
+            j = int(np.argmin(np.abs(t - fb))) if t.shape[0] else 0
+            if j < 1 or abs(int(t[j]) - fb) > tol or fb - int(t[j - 1]) <= 2 * tol:
+                continue
+            if j + 1 < t.shape[0] and int(t[j + 1]) - fb <= 2 * tol:
+                continue
+            if c.shape[0] == t.shape[0] and (c[j] != 1 or c[j - 1] != 1):
+                continue
+            if t[j] == t[j - 1] or (j + 1 < t.shape[0] and t[j + 1] == t[j]):
+                continue
+            a, b = int(t[j - 1]), int(t[j])
+            others = np.ones(ids.shape[0], dtype=bool)
+            others[bq] = False
+            dec_all = others & (first <= a) & (end >= b)
+            dec_any = others & (first < b) & (end > a)
+            wait_any = others & (sent < b) & (first > a)
+            n_dec = int(dec_all.sum())  # A among them
+            if (dec_all != dec_any).any() or not dec_all[aq]:
+                continue
+            if wait_any.any() and (n_dec + 1 < slots or (first[wait_any] <= b + tol).any()):
+                continue
+            if int(prompt[bq]) + n_dec > budget:
+                continue
+            sum_ctx = 0.0
+            firsts = 0.0
+            for q in np.flatnonzero(dec_all):
+                got = int(np.searchsorted(toks[q], a, side="right"))
+                sum_ctx += float(prompt[q] + got - 1)
+                firsts += float(got == 1)
+            p = float(prompt[bq])
+            one = np.ones(1)
+            obs_feats.append(
+                step_features(
+                    e,
+                    hw,
+                    one * (n_dec + p),
+                    one * (n_dec + 1),
+                    one * (sum_ctx + n_dec + p * (p + 1) / 2.0),
+                    one * sum_ctx,
+                    one * (n_dec + 1),
+                    deploy.cost.allreduce_latency_s,
+                    new=one,
+                    first=one * firsts,
+                    waiting=one * float(wait_any.sum()),
+                )
+            )
+            obs_gaps.append((b - a) / 1e9)
+            n_obs_seqs = n_dec + 1
+        if not obs_gaps:
+            continue
+        m = len(obs_gaps)
+        obs = len(target)
+        feats.extend(obs_feats)
+        group.append(np.full(m, obs, dtype=np.int64))
+        weight.append(np.full(m, 1.0 / m))
+        target.append(float(np.mean(obs_gaps)))
+        batch.append(n_obs_seqs)
+        count.append(m)
+    return _observations(feats, group, weight, target, batch, count)
+
+
+def joined(a: DecodeGaps | None, b: DecodeGaps | None) -> DecodeGaps | None:
+    """Both sets of gap observations as one (observation indices of `b` after `a`'s)."""
+    if a is None or b is None:
+        return a if b is None else b
+    n_a = a.target.shape[0]
+    basis = Isolated(
+        steps=concat([a.basis.steps, b.basis.steps]),
+        group=np.concatenate([a.basis.group, b.basis.group + n_a]),
+        weight=np.concatenate([a.basis.weight, b.basis.weight]),
+        is_ttft=np.concatenate([a.basis.is_ttft, b.basis.is_ttft]),
+        fixed_obs=np.concatenate([a.basis.fixed_obs, b.basis.fixed_obs]),
+    )
+    return DecodeGaps(
+        basis,
+        np.concatenate([a.target, b.target]),
+        np.concatenate([a.batch, b.batch]),
+        np.concatenate([a.gaps, b.gaps]),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    """The client's times per sent request, in the order of `requests` (first token: its end
+    when it never got one — waiting until it ended), and its prompt as the schedule has it."""
+
+    ids: I64
+    sent: I64
+    end: I64
+    first: I64
+    toks: list[I64]
+    cnts: list[I64]
+    ok: np.ndarray
+    got_first: np.ndarray
+    prompt: I64
+
+
+def _client_view(requests: pl.DataFrame, sched: Schedule) -> _View:
+    assert sched.ids is not None
+    f = requests.filter(pl.col("sent_ns").is_not_null())
+    ids = f["id"].to_numpy().astype(np.int64)
+    end = f["end_ns"].fill_null(NEVER).to_numpy().astype(np.int64)
+    first = f["first_token_ns"].fill_null(-1).to_numpy().astype(np.int64)
+    row_of = {int(i): r for r, i in enumerate(sched.ids.tolist())}
+    return _View(
+        ids=ids,
+        sent=f["sent_ns"].to_numpy().astype(np.int64),
+        end=end,
+        first=np.where(first < 0, end, first),
+        toks=[np.asarray(t if t is not None else [], dtype=np.int64) for t in f["token_ns"]],
+        cnts=[np.asarray(c if c is not None else [], dtype=np.int64) for c in f["token_counts"]],
+        ok=(f["status"] == "ok").to_numpy(),
+        got_first=first >= 0,
+        prompt=np.asarray(
+            [sched.input_tokens[row_of[int(i)]] if int(i) in row_of else 0 for i in ids],
+            dtype=np.int64,
+        ),
+    )
+
+
+def _observations(
+    feats: list[Steps],
+    group: list[I64],
+    weight: list[F64],
+    target: list[float],
+    batch: list[int],
+    count: list[int],
+) -> DecodeGaps | None:
+    """The observations gathered (each the mean of its steps) as one DecodeGaps; None if none."""
     if not target:
         return None
     n_obs = len(target)
