@@ -3,6 +3,14 @@
 Why several starts: which side of `max(compute, memory)` binds decides which columns exist; a
 start that puts every step on the memory side can never discover a compute-bound prefill. Three
 starts (the prior, compute-heavy, memory-heavy) and the lowest relative residual wins.
+
+Why residuals relative to the prediction, not to the measurement: timings are noisy on the slow
+side (a step the OS delayed, a late read), and a least-squares fit of (p − t)/t shrinks p by
+about the noise's squared CV (it minimises Σ(p/t − 1)², so p = Σt⁻¹/Σt⁻²: a 25% CV prices the
+steps ~6% fast). On llama-server every decode-gap batch size came out 5–10% fast that way, the
+sign of TPOT's errors in every validation series (docs/validation.md). Weights 1/p (iteratively
+re-weighted from 1/t) are the quasi-likelihood of a noise proportional to the mean: unbiased
+for it, and the same fit where the data are exact.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from phaselens.types import F64
 from phaselens.whatif.basis import COLUMNS, INVERTED, nnls
 
 MAX_SIDE_ITER = 30
+W_TOL = 0.01  # reweighting stops when no row's weight moves by more than this share
 U_FLOOR = 1e-3  # an inverse efficiency the data never bound: a thousand times the peak
 # starts besides the prior, as factors on (u_lin, u_att, u_mem): compute-heavy, memory-heavy, and
 # each of linear and attention alone made cheap or dear (a prompt's cost can be priced as linear
@@ -60,11 +69,13 @@ def fit_linear(
     target: F64,
     prior: F64,
     use: tuple[str, ...],
+    reweight: bool = False,
 ) -> LinFit:
     """Fit the coefficients named in `use` (others stay at `prior`) to `target` seconds.
 
     `rows_at(θ)` gives the linear rows at θ's active sides and each row's fixed seconds.
-    Residuals are relative (each row divided by its target) so a 5 ms decode step and a 2 s
+    Residuals are relative (each row divided by its target; with `reweight`, once the sides
+    have settled, by its prediction: see the module doc) so a 5 ms decode step and a 2 s
     prefill weigh the same.
     """
     w = 1.0 / np.maximum(target, 1e-9)
@@ -80,24 +91,32 @@ def fit_linear(
     for start in starts:
         th = start
         last_sides: bytes | None = None
+        w_fit = w
         for it in range(1, MAX_SIDE_ITER + 1):
             a, fixed = rows_at(th)
             sides = (a[:, :3] > 0).tobytes()
             if sides == last_sides:
-                break
+                if not reweight:
+                    break
+                # the sides have settled: re-weight relative to the prediction, not the
+                # measurement (see the module doc), until the weights settle too
+                w_new = 1.0 / np.maximum(a @ th + fixed, 1e-9)
+                if not w_new.size or float(np.max(np.abs(w_new / w_fit - 1.0))) < W_TOL:
+                    break
+                w_fit = w_new
             last_sides = sides
             free = [COLUMNS.index(n) for n in use]
             # columns nothing exercises stay at the prior
             cols = [j for j in free if np.any(a[:, j] != 0)]
             held = [j for j in range(len(COLUMNS)) if j not in cols]
             rhs = target - fixed - a[:, held] @ pv[held] if held else target - fixed
-            x = _solve(a * w[:, None], rhs * w, cols)
+            x = _solve(a * w_fit[:, None], rhs * w_fit, cols)
             v = pv.copy()
             v[cols] = x[cols]
             th = _bound_unused(v)
             # every iterate is scored at its own sides: a solve can flip a side (a coefficient
             # held at the prior starts to bind), and the iteration need not improve monotonically
-            cand = _score(rows_at, target, w, th, use, it)
+            cand = _score(rows_at, target, th, use, it, reweight)
             if best is None or cand.rms_rel < best.rms_rel - 1e-12:
                 best = cand
     assert best is not None
@@ -107,13 +126,14 @@ def fit_linear(
 def _score(
     rows_at: Callable[[F64], tuple[F64, F64]],
     target: F64,
-    w: F64,
     th: F64,
     use: tuple[str, ...],
     it: int,
+    by_prediction: bool,
 ) -> LinFit:
     a, fixed = rows_at(th)
-    rel = (a @ th + fixed - target) * w
+    pred = a @ th + fixed
+    rel = (pred - target) / np.maximum(pred if by_prediction else target, 1e-9)
     rms = float(np.sqrt(np.mean(rel * rel))) if rel.size else float("nan")
     ident = {n: bool(n in use and np.any(a[:, i] != 0)) for i, n in enumerate(COLUMNS)}
     for i, n in enumerate(INVERTED):
@@ -132,7 +152,9 @@ def fit_robust(
 
     Real timings have outliers (another process took the CPU, a GC pause): an observation whose
     relative residual is more than 3 robust sigmas (1.4826·MAD) from the median — and more than
-    5% — is dropped, unless that would drop half the data.
+    5% — is dropped, unless that would drop half the data. The outliers are found with residuals
+    relative to the measurement (a row the model under-prices, relative to its prediction, would
+    pull the first fit towards it); the final fit re-weights relative to the prediction.
     """
     lf = fit_linear(rows_at, target, prior, use)
     a, fx = rows_at(lf.theta)
@@ -141,13 +163,13 @@ def fit_robust(
     mad = 1.4826 * float(np.median(np.abs(rel - med)))
     keep = np.abs(rel - med) <= max(3.0 * mad, 0.05)
     if keep.all() or keep.sum() < 0.5 * keep.size:
-        return lf, 0
+        return fit_linear(rows_at, target, prior, use, reweight=True), 0
 
     def rows_kept(th: F64) -> tuple[F64, F64]:
         a2, f2 = rows_at(th)
         return a2[keep], f2[keep]
 
-    return fit_linear(rows_kept, target[keep], prior, use), int((~keep).sum())
+    return fit_linear(rows_kept, target[keep], prior, use, reweight=True), int((~keep).sum())
 
 
 def _bound_unused(th: F64) -> F64:
