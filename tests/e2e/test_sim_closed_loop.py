@@ -21,7 +21,8 @@ self-check calls every real run VALID (its send and event-loop lags below the en
 time): on a CPU shared with other work the client's timestamps are late and an accuracy bound
 would test the neighbours. A first repeat that misses a bound (or has an INVALID run) is not
 the verdict: the protocol is repeated, each time with a fresh engine and its own calibration,
-up to REPEATS times in all, and the median error over the VALID repeats must be inside ERR_PCT
+until REPEATS of them are VALID (at most MAX_REPEATS in all), and the median error over the
+VALID repeats must be inside ERR_PCT
 (the figures of one repeat move by 20-30% on a shared VM; REPEATS says where that was measured).
 On an INVALID run the test still checks what must hold anyway: one
 record per planned request, the closed loop's shape on both sides (never more than N in flight,
@@ -79,6 +80,12 @@ ERR_PCT = {"ttft_p50": 30.0, "ttft_p90": 50.0, "tpot_p50": 25.0, "tpot_p90": 40.
 # p50 at 2 users -30.4%), so one repeat's miss is a coin toss at these bounds while a bias the
 # model really has shows in the median of three. docs/validation.md, closed loop, has the rows.
 REPEATS = 3
+# A repeat whose real runs the driver's self-check calls INVALID does not count towards the
+# three (the test's own rule: accuracy only on VALID runs); on a loaded machine up to
+# MAX_REPEATS are run to find three VALID ones. (A CI run on 2026-12-04 with a benchmark
+# beside it: two of three repeats INVALID, the one VALID repeat calibrated while the load was
+# ending and judged alone, TTFT +22..+35%.)
+MAX_REPEATS = 5
 
 
 def _spec(rate: float, duration_s: float, seed: int, name: str) -> Any:
@@ -206,13 +213,14 @@ def _experiment(tmp: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def closed_loop(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The first repeat, and a way to the others (`more()`: up to REPEATS in all, run once)."""
+    """The first repeat, and a way to the others (`more()`: run once, until REPEATS of them are
+    VALID or MAX_REPEATS ran)."""
     if os.environ.get("PHASELENS_SKIP_E2E") == "1":
         pytest.skip("PHASELENS_SKIP_E2E=1")
     repeats = [_experiment(tmp_path_factory.mktemp("closed_loop"))]
 
     def more() -> list[dict[str, Any]]:
-        while len(repeats) < REPEATS:
+        while len(repeats) < MAX_REPEATS and sum(r["valid"] for r in repeats) < REPEATS:
             repeats.append(_experiment(tmp_path_factory.mktemp("closed_loop")))
         return repeats
 
@@ -264,8 +272,8 @@ def _misses(errs: dict[str, float]) -> dict[str, float]:
 
 @pytest.mark.parametrize("users", USERS)
 def test_simulated_closed_loop_agrees_with_real(closed_loop: dict[str, Any], users: int) -> None:
-    """Within ERR_PCT on the first repeat; when it misses, by the median error over the VALID
-    ones of REPEATS independent repeats (see the module's docstring and REPEATS: the host's own
+    """Within ERR_PCT on the first repeat; when it misses, by the median error over up to
+    REPEATS VALID independent repeats (see the module's docstring and REPEATS: the host's own
     speed moves by about that much between minutes)."""
     fig = closed_loop["figures"][users]
     for v in fig["simulated"].values():
