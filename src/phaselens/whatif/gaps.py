@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from phaselens.sim.cost import prefill_attn_units
 from phaselens.sim.deploy import Deployment
 from phaselens.types import F64, I64, Schedule
 from phaselens.whatif.basis import Isolated, Steps, concat, engine_hw, step_features
@@ -208,6 +209,8 @@ def prefill_gaps(requests: pl.DataFrame, sched: Schedule, deploy: Deployment) ->
         obs_feats: list[Steps] = []
         obs_gaps: list[float] = []
         n_obs_seqs = 0
+        others = np.ones(ids.shape[0], dtype=bool)
+        others[bq] = False
         for aq in np.flatnonzero(ok & (first < fb - tol) & (end > fb + tol)):
             t, c = toks[aq], cnts[aq]
             j = int(np.argmin(np.abs(t - fb))) if t.shape[0] else 0
@@ -217,11 +220,7 @@ def prefill_gaps(requests: pl.DataFrame, sched: Schedule, deploy: Deployment) ->
                 continue
             if c.shape[0] == t.shape[0] and (c[j] != 1 or c[j - 1] != 1):
                 continue
-            if t[j] == t[j - 1] or (j + 1 < t.shape[0] and t[j + 1] == t[j]):
-                continue
             a, b = int(t[j - 1]), int(t[j])
-            others = np.ones(ids.shape[0], dtype=bool)
-            others[bq] = False
             dec_all = others & (first <= a) & (end >= b)
             dec_any = others & (first < b) & (end > a)
             wait_any = others & (sent < b) & (first > a)
@@ -238,7 +237,7 @@ def prefill_gaps(requests: pl.DataFrame, sched: Schedule, deploy: Deployment) ->
                 got = int(np.searchsorted(toks[q], a, side="right"))
                 sum_ctx += float(prompt[q] + got - 1)
                 firsts += float(got == 1)
-            p = float(prompt[bq])
+            p = int(prompt[bq])
             one = np.ones(1)
             obs_feats.append(
                 step_features(
@@ -246,7 +245,7 @@ def prefill_gaps(requests: pl.DataFrame, sched: Schedule, deploy: Deployment) ->
                     hw,
                     one * (n_dec + p),
                     one * (n_dec + 1),
-                    one * (sum_ctx + n_dec + p * (p + 1) / 2.0),
+                    one * (sum_ctx + n_dec + prefill_attn_units(p, 0)),
                     one * sum_ctx,
                     one * (n_dec + 1),
                     deploy.cost.allreduce_latency_s,
