@@ -50,6 +50,29 @@ def _template() -> list[tuple[str, str, float]]:
     return out
 
 
+def _family(line: str) -> str:
+    """The family a template line belongs to: a comment's metric name, or a sample's name less
+    a counter/histogram suffix."""
+    if line.startswith("#"):
+        parts = line.split(" ", 3)
+        return parts[2] if len(parts) > 2 else ""
+    name = line.split("{", 1)[0].split(" ", 1)[0]
+    for suf in (*COUNTER_SUFFIXES, "_created"):
+        if name.endswith(suf):
+            return name[: -len(suf)]
+    return name
+
+
+def _restricted(tpl: list[tuple[str, str, float]], names: set[str]) -> list[tuple[str, str, float]]:
+    """The template as prometheus-client's `name[]` filter serves it (vLLM, SGLang): the samples
+    whose name is asked for (`Metric._restricted_metric`), with their families' HELP/TYPE."""
+    kept = [(k, h, v) for k, h, v in tpl if k and h.split("{", 1)[0].split(" ", 1)[0] in names]
+    fams = {_family(h) for _, h, _ in kept}
+    return [
+        (k, h, v) for k, h, v in tpl if (k and (k, h, v) in kept) or (not k and _family(h) in fams)
+    ]
+
+
 def _render(tpl: list[tuple[str, str, float]], t: float, phase: float) -> bytes:
     """The scrape at `t` s: counters grow (by 20% of their sample value a second), the engine's
     running/waiting/KV gauges move on slow waves, other lines as sampled."""
@@ -71,10 +94,12 @@ def _render(tpl: list[tuple[str, str, float]], t: float, phase: float) -> bytes:
     return ("\n".join(parts) + "\n").encode()
 
 
-def _engines(n: int, ports: Any) -> None:  # runs in a child process
+def _engines(n: int, ports: Any, honour_filter: bool, served: Any) -> None:  # child process
     import http.server
+    import urllib.parse
 
     tpl = _template()
+    narrowed: dict[tuple[str, ...], list[tuple[str, str, float]]] = {}
     t0 = time.monotonic()
     servers = []
     for i in range(n):
@@ -84,7 +109,20 @@ def _engines(n: int, ports: Any) -> None:  # runs in a child process
             phase = i * 1.3
 
             def do_GET(self) -> None:
-                body = _render(tpl, time.monotonic() - t0, self.phase)
+                names = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("name[]")
+                use = tpl
+                # vLLM's layout: /metrics is a route that ignores name[], the prometheus-client
+                # app mounted at /metrics/ honours it (the watch finds the second)
+                path = urllib.parse.urlsplit(self.path).path
+                if names and honour_filter and path.endswith("/"):
+                    key = tuple(sorted(names))
+                    if key not in narrowed:
+                        narrowed[key] = _restricted(tpl, set(names))
+                    use = narrowed[key]
+                body = _render(use, time.monotonic() - t0, self.phase)
+                with served.get_lock():
+                    served[0] += 1
+                    served[1] += len(body)
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
@@ -160,11 +198,19 @@ def main() -> int:
     ap.add_argument("--scrapes", type=int, default=1000, help="back-to-back exporter scrapes")
     ap.add_argument("--engines", type=int, default=4)
     ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument(
+        "--ignore-filter",
+        action="store_true",
+        help="engines ignore the name[] filter (as llama.cpp and TGI do): whole pages always",
+    )
     ap.add_argument("--json", type=Path, help="write the figures here too")
     a = ap.parse_args()
     ctx = mp.get_context("spawn")
     ports: Any = ctx.Queue()
-    eng = ctx.Process(target=_engines, args=(a.engines, ports), daemon=True)
+    served: Any = ctx.Array("d", 2)  # requests and bytes the engines served
+    eng = ctx.Process(
+        target=_engines, args=(a.engines, ports, not a.ignore_filter, served), daemon=True
+    )
     eng.start()
     urls = [f"http://127.0.0.1:{p}/metrics" for p in ports.get(timeout=60)]
     parent, child = ctx.Pipe()
@@ -178,11 +224,15 @@ def main() -> int:
         url = f"http://127.0.0.1:{port}/metrics"
         time.sleep(a.warmup)
         c0, t0 = _cpu_s(w.pid or 0), time.monotonic()
+        with served.get_lock():
+            s0 = (served[0], served[1])
         light: list[float] = []
         while time.monotonic() - t0 < a.seconds:  # a Prometheus scraping every second
             light.append(_scrape(url)[0])
             time.sleep(1.0)
         c1, t1 = _cpu_s(w.pid or 0), time.monotonic()
+        with served.get_lock():
+            s1 = (served[0], served[1])
         _, text = _scrape(url)
         lat = [_scrape(url)[0] for _ in range(a.scrapes)]
         load1 = os.getloadavg()
@@ -201,6 +251,9 @@ def main() -> int:
         "engines_up": sum(up),
         "gpu_util_series": len(util),
         "exporter_lines": len(text.splitlines()),
+        "engines_honour_filter": not a.ignore_filter,
+        "engine_scrapes_per_s": (s1[0] - s0[0]) / (t1 - t0),
+        "engine_bytes_per_scrape": (s1[1] - s0[1]) / max(s1[0] - s0[0], 1),
         "cpu_ratio": (c1 - c0) / (t1 - t0),
         "cpu_ratio_self_reported": (_value(text, "phaselens_watch_cpu_ratio") or [None])[0],
         "tick_lag_s": (_value(text, "phaselens_watch_sample_lag_seconds") or [None])[0],

@@ -25,7 +25,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from phaselens.watch.engines import parse_engines
+from phaselens.telemetry.clock import RunClock
+from phaselens.telemetry.scrape import ScrapeSource, metrics_url
+from phaselens.watch.engines import WATCH_KEEP, parse_engines
 from phaselens.watch.indicators import Snapshot
 from phaselens.watch.loop import WatchConfig, WatchResult, watch
 
@@ -151,3 +153,32 @@ def test_run_listen_serves_during_a_real_run(llamacpp: Any, tmp_path: Path) -> N
     assert f'phaselens_engine_up{{engine="{name}"}} 1.0' in seen, seen[:2000]
     with pytest.raises(OSError):  # the watcher stopped with the run
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_narrowed_scrapes_on_the_real_engine(engine: Any) -> None:
+    """vLLM serves /metrics with prometheus-client, which honours `name[]`: the watch asks for
+    its ~15 samples (at /metrics/: its /metrics route ignores the filter) and reads the same
+    families and series as from the whole page; llama.cpp's server ignores the query on
+    /metrics and answers 404 on /metrics/, and the watch then scrapes it whole."""
+    url = metrics_url(engine.url)
+    clock = RunClock.start(time.perf_counter_ns())
+    narrow = ScrapeSource(url, "engine", clock, 10.0, WATCH_KEEP, narrow=True)
+    full = ScrapeSource(url, "engine", clock, 10.0, WATCH_KEEP)
+    for _ in range(3):
+        narrow.tick()
+        full.tick()
+        assert narrow.last is not None and full.last is not None
+        series = [
+            {
+                (s.name, tuple(sorted(s.labels.items())))
+                for f in x.families.values()
+                for s in f.samples
+            }
+            for x in (narrow.last, full.last)
+        ]
+        assert series[0] == series[1] and series[0]
+        heads = [sorted(b.rpartition(" ")[0] for b in x.last_buckets) for x in (narrow, full)]
+        assert heads[0] == heads[1]
+    assert narrow.narrow_state == ("on" if engine.kind == "vllm" else "unsupported")
+    if engine.kind == "vllm":
+        assert heads[0], "vLLM prints latency histograms: their bucket lines come narrowed too"

@@ -36,9 +36,11 @@ class KeepAliveGet:
     ) -> None:
         self._addr = (host, port)
         self._timeout = timeout_s  # every socket operation's (connect, send, each read)
-        lines = [f"GET {path} HTTP/1.1", f"Host: {hostport}", "Accept-Encoding: identity"]
+        lines = [f"Host: {hostport}", "Accept-Encoding: identity"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
-        self._request = "\r\n".join([*lines, "", ""])
+        self._path = path
+        self._rest = "\r\n".join([*lines, "", ""])
+        self._requests: dict[str, bytes] = {}  # the request bytes per path, built once each
         self._sock: socket.socket | None = None
         # One buffer for every response, read into in place (`recv_into`): a fresh `recv`
         # buffer a read is a large allocation each time. [_pos, _end) is what is unread.
@@ -109,14 +111,23 @@ class KeepAliveGet:
             if not 100 <= int(code) < 200:
                 return version, int(code), headers
 
-    def get(self, limit: int) -> tuple[int, bytes]:
-        """(status, body) of one GET; at most `limit` bytes of the body are read (a longer one
-        is cut there and the connection closed: the caller refuses it)."""
+    def _request(self, path: str) -> bytes:
+        req = self._requests.get(path)
+        if req is None:
+            if len(self._requests) >= 8:
+                self._requests.clear()
+            req = self._requests[path] = f"GET {path} HTTP/1.1\r\n{self._rest}".encode("latin-1")
+        return req
+
+    def get(self, limit: int, path: str | None = None) -> tuple[int, bytes]:
+        """(status, body) of one GET of `path` (default: the one given at construction); at
+        most `limit` bytes of the body are read (a longer one is cut there and the connection
+        closed: the caller refuses it)."""
         if self._sock is None:
             self._sock = socket.create_connection(self._addr, self._timeout)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._pos = self._end = 0  # nothing unread is left between responses (see below)
-        self._sock.sendall(self._request.encode("latin-1"))
+        self._sock.sendall(self._request(self._path if path is None else path))
         version, status, headers = self._head()
         keep = headers.get("connection", "").lower() != "close" and version != "HTTP/1.0"
         if status in (204, 304):

@@ -24,6 +24,7 @@ from phaselens.telemetry.prometheus import (
     interval_samples,
 )
 from phaselens.telemetry.promplan import PlanCache, parse_planned
+from phaselens.telemetry.promtext import Parsed
 from phaselens.types import TelemetrySample
 from phaselens.urls import check_url
 
@@ -33,6 +34,12 @@ MAX_BODY_BYTES = 32 << 20  # a /metrics body larger than this is refused (vLLM's
 # are also at least this share of its ticks; the first readable reason is given.
 DEGRADED_MIN = 3
 DEGRADED_SHARE = 0.1
+# Narrowed scrapes (`narrow=True`): the server is asked for the kept samples only, by
+# prometheus-client's `name[]` filter (vLLM and SGLang serve /metrics with it). A full scrape
+# this often learns families that appeared since; a narrowed answer at least this share of the
+# full one's size means the server ignored the filter (llama.cpp, TGI).
+NARROW_REFRESH_S = 30.0
+NARROW_IGNORED_SHARE = 0.9
 
 
 def health(name: str, ok: int, failed: int, why: str, skipped: int = 0, skip_why: str = "") -> str:
@@ -66,6 +73,7 @@ class ScrapeSource:
         clock: RunClock,
         timeout_s: float = SCRAPE_TIMEOUT_S,
         keep: tuple[str, ...] | None = None,
+        narrow: bool = False,
     ) -> None:
         u = urllib.parse.urlsplit(check_url(url, "--telemetry"))
         self.url = url  # sent as is (user:password as Basic auth); stored only redacted
@@ -93,6 +101,21 @@ class ScrapeSource:
         self.last_buckets: Sequence[str] = ()  # the last good scrape's bucket lines (kept
         # families'; the watch reads its latency histograms from them)
         self._baseline: Scrape | None = None
+        # narrow: off (not asked), learning (a full scrape comes first), on (narrowed scrapes),
+        # unsupported (no form of the path filtered: `narrow_why` says what came back)
+        self.narrow_state = "learning" if narrow else "off"
+        self.narrow_why = ""
+        # The forms of the path a narrowed scrape tries, in turn: as given, and for a path
+        # without a query also with a trailing slash (vLLM: `/metrics` is an unfiltered route
+        # in front of the prometheus-client app mounted at `/metrics/`)
+        self._narrow_forms = [self._path]
+        if "?" not in self._path and not self._path.endswith("/"):
+            self._narrow_forms.append(self._path + "/")
+        self._narrow_form = 0
+        self._narrow_query = ""
+        self._narrow_ref: frozenset[str] = frozenset()  # the last full scrape's kept families
+        self._full_chars = 0
+        self._next_full_ns = 0
         self.ok_count = 0
         self.missing_count = 0  # ticks without a sample: failed, or skipped by an overrun
         self.failed_count = 0  # scrapes that failed (an error, a bad body)
@@ -100,29 +123,68 @@ class ScrapeSource:
         self.first_skipped = ""
         self.last_error = ""
 
-    def _fetch(self) -> str:
+    def _fetch(self, path: str) -> str:
         if self._https:  # http.client for TLS; plain http (every engine here) the lean client
             if self._conn is None:
                 self._conn = http.client.HTTPSConnection(
                     self._host, self._port, timeout=self._timeout
                 )
-            self._conn.request("GET", self._path, headers=self._headers)
+            self._conn.request("GET", path, headers=self._headers)
             resp = self._conn.getresponse()
             status, body = resp.status, resp.read(MAX_BODY_BYTES + 1)
         else:
-            status, body = self._get.get(MAX_BODY_BYTES + 1)
+            status, body = self._get.get(MAX_BODY_BYTES + 1, path)
         if len(body) > MAX_BODY_BYTES:
             raise ValueError(f"/metrics body over {MAX_BODY_BYTES >> 20} MiB")
         if status != 200:
             raise OSError(f"HTTP {status}")
         return body.decode("utf-8", errors="replace")
 
+    def _read(self, t0: int) -> Parsed:
+        """One scrape, parsed: narrowed where the server honours it (see NARROW_*), else the
+        whole page. A narrowed answer that is the whole page (the filter ignored: still used),
+        an error status or one without a family of the last full scrape (replaced by a full
+        scrape now) moves on to the next form of the path, and after the last one to none."""
+        if self.narrow_state == "on" and t0 < self._next_full_ns:
+            try:
+                text = self._fetch(self._narrow_forms[self._narrow_form] + self._narrow_query)
+                parsed = parse_planned(text, self._keep, False, self._shapes)
+                if self._narrow_ref <= parsed.families.keys():
+                    if len(text) >= NARROW_IGNORED_SHARE * self._full_chars:
+                        self._narrow_next("the filter was ignored")
+                    return parsed
+                self._narrow_next("a family was missing from the narrowed answer")
+            except OSError as e:  # an error status: the filter refused; a dead server fails
+                if not str(e).startswith("HTTP "):  # again below, as any scrape would
+                    raise
+                self._narrow_next(f"{e} to the narrowed query")
+        text = self._fetch(self._path)
+        parsed = parse_planned(text, self._keep, False, self._shapes)
+        if self.narrow_state in ("learning", "on") and parsed.families:
+            self._learn_narrow(parsed, len(text), t0)
+        return parsed
+
+    def _narrow_next(self, why: str) -> None:
+        self._narrow_form += 1
+        if self._narrow_form >= len(self._narrow_forms):
+            self.narrow_state, self.narrow_why = "unsupported", why
+
+    def _learn_narrow(self, parsed: Parsed, chars: int, t0: int) -> None:
+        """The filter asking for every sample name of the kept families a full scrape printed."""
+        names = {s.name for f in parsed.families.values() for s in f.samples}
+        names.update(line.split("{", 1)[0].split(" ", 1)[0] for line in parsed.buckets)
+        query = urllib.parse.urlencode([("name[]", n) for n in sorted(names)])
+        self._narrow_query = ("&" if "?" in self._path else "?") + query
+        self._narrow_ref = frozenset(parsed.families)
+        self._full_chars = chars
+        self._next_full_ns = t0 + int(NARROW_REFRESH_S * 1e9)
+        self.narrow_state = "on"
+
     def tick(self) -> list[TelemetrySample]:
         t0 = self._clock.now_ns()
         try:
-            text = self._fetch()
+            parsed = self._read(t0)
             t1 = self._clock.now_ns()
-            parsed = parse_planned(text, self._keep, False, self._shapes)
             families = parsed.families
             if not families:
                 why = f" ({parsed.first_skipped})" if parsed.skipped else ""

@@ -212,7 +212,7 @@ class WatchedEngine:
 
     def __init__(self, spec: EngineSpec, clock: RunClock, timeout_s: float) -> None:
         self.spec = spec
-        self.inner = ScrapeSource(spec.url, "engine", clock, timeout_s, WATCH_KEEP)
+        self.inner = ScrapeSource(spec.url, "engine", clock, timeout_s, WATCH_KEEP, narrow=True)
         self.name = self.inner.name
         self._labels: Mapping[str, str] = {"target": spec.target}
         self._buckets: dict[str, dict[float, float]] = {}
