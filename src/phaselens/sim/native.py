@@ -1,0 +1,117 @@
+"""Which simulator modules may run compiled (mypyc), and the guard against a stale build.
+
+Why: `setup.py` compiles the simulator's hot modules with mypyc (about 3x less CPU for the same
+bit-for-bit results, benchmarks/README.md). Compiled modules sit beside their sources and
+Python imports them first, so a source edited after the build would silently run the old code:
+this module (stdlib only; `setup.py` loads it by path) names the modules, digests their
+sources, and, when the digest written by the build does not match the sources or
+`PHASELENS_PURE_PYTHON` is set, makes every one of them import from its `.py` (all or none:
+compiled modules call each other natively and check each other's classes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+# the modules of the simulation's inner loop and what they import from the package (mypyc
+# compiles them as one group: calls and attribute reads between them are native)
+NATIVE_MODULES = (
+    "admission",
+    "client",
+    "cluster",
+    "cost",
+    "device",
+    "engine",
+    "kvpool",
+    "loop",
+    "prefix",
+    "records",
+    "seq",
+    "sessions",
+    "stretch",
+)
+# written by the build beside the compiled modules: the digest of the sources it compiled
+DIGEST_FILE = "_native_digest.txt"
+PURE_ENV = "PHASELENS_PURE_PYTHON"
+_PACKAGE = "phaselens.sim"
+
+
+def source_digest(folder: Path) -> str:
+    """SHA-256 over the native modules' sources, in NATIVE_MODULES order."""
+    h = hashlib.sha256()
+    for name in NATIVE_MODULES:
+        h.update(name.encode())
+        h.update((folder / f"{name}.py").read_bytes())
+    return h.hexdigest()
+
+
+def _compiled(folder: Path) -> bool:
+    """Whether a compiled extension of any native module sits in `folder`."""
+    return any(
+        (folder / f"{name}{suffix}").exists()
+        for name in NATIVE_MODULES
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES
+    )
+
+
+class _Sources(importlib.abc.MetaPathFinder):
+    """Finds the native modules' `.py` files ahead of their compiled extensions."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        pkg, _, name = fullname.rpartition(".")
+        if pkg != _PACKAGE or name not in NATIVE_MODULES:
+            return None
+        return importlib.util.spec_from_file_location(fullname, self.folder / f"{name}.py")
+
+
+def is_compiled() -> bool:
+    """Whether the simulator's modules run compiled in this process."""
+    mod = sys.modules.get(f"{_PACKAGE}.engine")
+    if mod is None:
+        mod = importlib.import_module(f"{_PACKAGE}.engine")
+    return not str(mod.__file__).endswith(".py")
+
+
+def select(folder: Path) -> str:
+    """Set up the imports of the native modules; returns "compiled", "pure" or "stale"."""
+    if not _compiled(folder):
+        return "pure"
+    stale = False
+    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+        why = "pure"
+    else:
+        try:
+            built = (folder / DIGEST_FILE).read_text().strip()
+        except OSError:
+            built = ""
+        if built == source_digest(folder):
+            return "compiled"
+        why, stale = "stale", True
+    if not any(isinstance(f, _Sources) and f.folder == folder for f in sys.meta_path):
+        sys.meta_path.insert(0, _Sources(folder))
+    if stale:
+        warnings.warn(
+            "phaselens.sim: the compiled simulator modules do not match their sources "
+            "(edited since the build): running the pure-Python sources (~3x slower); "
+            "rebuild with `make native`, or set PHASELENS_PURE_PYTHON=1 to silence this",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return why
