@@ -116,3 +116,24 @@ def test_pure_python_fallback_same_records() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("differ: []"), out.stdout
+
+
+def test_frozen_dataclasses_pickle_and_copy() -> None:
+    """Compiled frozen dataclasses unpickle through their constructor (Ray, multiprocessing)."""
+    import copy
+    import pickle
+
+    from phaselens.sim.client import LoadShape
+    from phaselens.sim.cluster import Cluster
+    from phaselens.sim.cost import CostParams
+    from phaselens.sim.deploy import default_deployment
+
+    dep = default_deployment(["m"])
+    cost = Cluster(dep).engines[0].cost
+    for obj in (CostParams(), CostParams(eta_linear=0.5), LoadShape(concurrency=3), dep, cost):
+        back = pickle.loads(pickle.dumps(obj))
+        assert back == obj and type(back) is type(obj)
+        assert copy.deepcopy(obj) == obj
+    back = pickle.loads(pickle.dumps(cost))
+    args = (4, 4, 4000.0, 4000.0, 4, cost.bandwidth)
+    assert back.step_bw(*args) == cost.step_bw(*args)

@@ -11,6 +11,7 @@ compiled modules call each other natively and check each other's classes).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -21,6 +22,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 # the modules of the simulation's inner loop and what they import from the package (mypyc
 # compiles them as one group: calls and attribute reads between them are native)
@@ -115,3 +117,10 @@ def select(folder: Path) -> str:
             stacklevel=2,
         )
     return why
+
+
+def init_args(obj: Any) -> tuple[object, ...]:
+    """A dataclass's init fields, for `__reduce__`: a compiled frozen dataclass cannot be
+    unpickled by setting its attributes (mypyc's default), so such classes pickle as a call of
+    the class with these (derived `init=False` fields are recomputed by `__post_init__`)."""
+    return tuple(getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init)

@@ -14,7 +14,7 @@ tests/sim/test_records_hash.py that speed work moved no number).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
@@ -26,9 +26,9 @@ from phaselens.sim.records import STEP_DTYPE
 if TYPE_CHECKING:
     from phaselens.sim.cluster import Cluster
 
-NUMPY_STRETCH = 48  # longer stretches are computed with numpy, shorter ones in a loop
-MAX_STRETCH = 4096
-MAX_STEP_FNS = 4096  # cached decode-step functions per engine (`stretch_scalar`)
+NUMPY_STRETCH: Final = 48  # longer stretches are computed with numpy, shorter ones in a loop
+MAX_STRETCH: Final = 4096
+MAX_STEP_FNS: Final = 4096  # cached decode-step functions per engine (`stretch_scalar`)
 
 
 def run_ahead(cl: Cluster, i: int, st: EngineState, cost: StepCost) -> tuple[int, StepCost] | None:
