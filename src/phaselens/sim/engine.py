@@ -71,6 +71,7 @@ class EngineState:
         self.admit = ADMIT[policy.type]
         self.max_batched = policy.max_num_batched_tokens
         self.chunked = policy.chunked_prefill
+        self.max_seqs = policy.max_num_seqs
         self.step_bw = cost.step_bw
         self.bandwidth = cost.bandwidth
         self.queue_kv = policy.kv_full == "queue"  # admit only what can finish unpreempted

@@ -131,7 +131,7 @@ def stretch_limit(st: EngineState) -> int:
         or st.cur_preempt
         or st.decode_admits
         or not st.n_dec
-        or (st.waiting and len(st.running) < st.policy.max_num_seqs)
+        or (st.waiting and len(st.running) < st.max_seqs)
     ):
         return -1
     heap = st.fin_heap
