@@ -106,10 +106,9 @@ def take_arrivals(cl: Cluster, end: int) -> None:
     t_arr = cl.t_arr
     n = len(t_arr)
     k0 = k = cl.arr_k
-    send = cl._send
     while k < n and t_arr[k] <= end:
         cl.now = t_arr[k]
-        send(k)
+        cl._send(k)  # (compiled: a native call, faster than a bound method kept)
         k += 1
     cl.events += k - k0
     cl.arr_k = k
