@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from phaselens.sim import MODE as sim_mode
+import phaselens.sim
 from phaselens.sim.cluster import Cluster
 from phaselens.sim.deploy import Deployment, parse_deployment
 from phaselens.sim.run import simulate
@@ -137,7 +137,8 @@ def main() -> None:
         # peak: where the allocator finds room for them moves max_rss_mb by tens of MB)
         "max_rss_sim_mb": round(rss_sim),
         "python": sys.version.split()[0],
-        "sim_mode": sim_mode,  # "compiled" (mypyc, setup.py) or "pure"/"stale" (Python)
+        # "compiled" (mypyc, setup.py) or "pure"/"stale" (Python; code before the build: pure)
+        "sim_mode": getattr(phaselens.sim, "MODE", "pure"),
         "cpu": _cpu(),
     }
     if a.frames:
