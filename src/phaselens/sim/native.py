@@ -39,6 +39,7 @@ NATIVE_MODULES = (
     "records",
     "seq",
     "sessions",
+    "sink",
     "stretch",
 )
 # written by the build beside the compiled modules: the digest of the sources it compiled
