@@ -18,7 +18,6 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -93,12 +92,15 @@ def is_compiled() -> bool:
 
 
 def select(folder: Path) -> str:
-    """Set up the imports of the native modules; returns "compiled", "pure" or "stale"."""
+    """Set up the imports of the native modules; returns "compiled", "pure" or "stale".
+
+    No warning when stale: the results are the same, and commands whose stderr must stay clean
+    would fail in an edited checkout (`MODE`, sim_speed.py's `sim_mode` and
+    tests/sim/test_native.py's skip say it)."""
     if not _compiled(folder):
         return "pure"
-    stale = False
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
-        why = "pure"
+        mode = "pure"
     else:
         try:
             built = (folder / DIGEST_FILE).read_text().strip()
@@ -106,18 +108,10 @@ def select(folder: Path) -> str:
             built = ""
         if built == source_digest(folder):
             return "compiled"
-        why, stale = "stale", True
+        mode = "stale"
     if not any(isinstance(f, _Sources) and f.folder == folder for f in sys.meta_path):
         sys.meta_path.insert(0, _Sources(folder))
-    if stale:
-        warnings.warn(
-            "phaselens.sim: the compiled simulator modules do not match their sources "
-            "(edited since the build): running the pure-Python sources (~3x slower); "
-            "rebuild with `make native`, or set PHASELENS_PURE_PYTHON=1 to silence this",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-    return why
+    return mode
 
 
 def init_args(obj: Any) -> tuple[object, ...]:
