@@ -1,5 +1,7 @@
 """Roofline step cost: time, FLOPs and bytes of one engine iteration (no policy here).
 
+(Over 400 lines: `step_bw` and its decode-only forms must stay side by side, op for op.)
+
 Why a roofline per op class: prefill GEMMs are compute-bound and decode GEMMs memory-bound,
 while attention has its own arithmetic intensity (context length, not batch). Taking
 max(compute, memory) per class and adding launch/CPU overheads is the simplest model that gets
