@@ -3,16 +3,27 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# the simulator's modules compiled by mypyc (setup.py; docs/simulator.md): rebuilt when they change
+NATIVE_STAMP := $(VENV)/.native-stamp
 
-.PHONY: install demo test lint typecheck unit e2e engines browser prometheus bench clean fuzz
+.PHONY: install native demo test lint typecheck unit e2e engines browser prometheus bench clean fuzz
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(NATIVE_STAMP)
 
-install: $(STAMP)
+$(NATIVE_STAMP): $(STAMP) $(wildcard src/phaselens/sim/*.py)
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(NATIVE_STAMP)
+
+install: $(STAMP) $(NATIVE_STAMP)
+
+# rebuild the compiled simulator now (PHASELENS_PURE_PYTHON=1 at run time: the pure-Python one)
+native: $(STAMP)
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(NATIVE_STAMP)
 
 demo: install
 	$(VENV)/bin/phaselens demo
@@ -58,4 +69,5 @@ bench: install
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache runs
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache runs build
+	rm -f src/*__mypyc*.so src/phaselens/sim/*.so src/phaselens/sim/_native_digest.txt

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+import phaselens.sim
 from phaselens.sim.cluster import Cluster
 from phaselens.sim.deploy import Deployment, parse_deployment
 from phaselens.sim.run import simulate
@@ -136,6 +137,8 @@ def main() -> None:
         # peak: where the allocator finds room for them moves max_rss_mb by tens of MB)
         "max_rss_sim_mb": round(rss_sim),
         "python": sys.version.split()[0],
+        # "compiled" (mypyc, setup.py) or "pure"/"stale" (Python; code before the build: pure)
+        "sim_mode": getattr(phaselens.sim, "MODE", "pure"),
         "cpu": _cpu(),
     }
     if a.frames:

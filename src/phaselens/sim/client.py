@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from phaselens.sim.native import init_args
+
 OPEN, CLOSED = "open", "closed"
 
 
@@ -42,6 +44,9 @@ class LoadShape:
         for v in (self.concurrency, self.max_inflight):
             if v is not None and v < 1:
                 raise ValueError(f"expected >= 1, got {v}")
+
+    def __reduce__(self) -> tuple[type[LoadShape], tuple[object, ...]]:
+        return (LoadShape, init_args(self))  # compiled, frozen: see native.init_args
 
     @property
     def loop(self) -> str:

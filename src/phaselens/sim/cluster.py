@@ -20,8 +20,9 @@ from phaselens.sim.device import DeviceState, gpus_free, release_gpus, take_gpus
 from phaselens.sim.engine import EngineState
 from phaselens.sim.loop import ARRIVE, KV_DONE, NEVER, SEND, STEP_END, TURN, WAKE, EventLoop
 from phaselens.sim.records import NO_TIME, SEGMENT, ClusterResult, Records
-from phaselens.sim.seq import Seq, Sink
+from phaselens.sim.seq import Seq
 from phaselens.sim.sessions import Sessions, attach, plan_sessions, turn_due, turn_ended
+from phaselens.sim.sink import ClusterSink
 from phaselens.sim.stretch import run_ahead
 from phaselens.types import Schedule
 
@@ -56,7 +57,7 @@ class Cluster:
             )
             self.engines.append(
                 EngineState(
-                    i, e.policy, cost, e.kv_capacity_tokens, e.role, self._sink(i, self.rec)
+                    i, e.policy, cost, e.kv_capacity_tokens, e.role, ClusterSink(self, i, self.rec)
                 )
             )
             for m in e.serves:
@@ -93,33 +94,6 @@ class Cluster:
         self.overhead_ns = round(deploy.request_overhead_s * 1e9)  # send -> at the engine
         self.sessions: Sessions | None = None  # a session's turns are chained (sessions.py)
         self.arrivals = 0  # requests queued at an engine so far (sessions: the FCFS order)
-
-    # ---- sink: engines report here ----------------------------------------------------------
-    def _sink(self, i: int, rec: Records) -> Sink:
-        segs, first, p_start = rec.segs, rec.first_token_ns, rec.prefill_start_ns
-        pack = SEGMENT.pack
-        p_end, end, delivered = rec.prefill_end_ns, rec.end_ns, rec.delivered
-
-        def segment(rid: int, eng: int, a: int, b: int) -> None:
-            segs.extend(pack(rid, eng, a, b))
-
-        def first_token(rid: int) -> None:
-            first[rid] = p_end[rid] = self.now
-
-        def prefill_start(rid: int) -> None:
-            if p_start[rid] == NO_TIME:
-                p_start[rid] = self.now
-
-        def finished(rid: int, tokens: int) -> None:
-            end[rid] = self.now
-            delivered[rid] = tokens
-            if self.coupled:
-                self._done(rid)
-
-        def handoff(seq: Seq) -> None:
-            self._handoff(i, seq)
-
-        return Sink(segment, first_token, prefill_start, finished, handoff)
 
     # ---- starting steps (GPU arbitration in device.py, the run-ahead in stretch.py) ----------
     def _try_start(self, i: int, ahead: bool = True) -> None:
@@ -350,7 +324,7 @@ class Cluster:
         eng_of = route_by_idx[schedule.model_idx] if n else np.zeros(0, dtype=np.int64)
         self.rec = Records(schedule.t_ns, eng_of)
         for i, st in enumerate(self.engines):
-            st.sink = self._sink(i, self.rec)
+            st.sink = ClusterSink(self, i, self.rec)
         t_arr = self.t_arr = schedule.t_ns.tolist()
         self.eng_l: list[int] = eng_of.tolist()
         self.inp: list[int] = schedule.input_tokens.tolist()

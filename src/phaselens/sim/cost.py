@@ -1,5 +1,7 @@
 """Roofline step cost: time, FLOPs and bytes of one engine iteration (no policy here).
 
+(Over 400 lines: `step_bw` and its decode-only forms must stay side by side, op for op.)
+
 Why a roofline per op class: prefill GEMMs are compute-bound and decode GEMMs memory-bound,
 while attention has its own arithmetic intensity (context length, not batch). Taking
 max(compute, memory) per class and adding launch/CPU overheads is the simplest model that gets
@@ -37,6 +39,7 @@ from typing import NamedTuple, cast
 import numpy as np
 
 from phaselens.sim.models import ModelSpec
+from phaselens.sim.native import init_args
 from phaselens.types import F64
 
 
@@ -122,6 +125,9 @@ class CostParams:
     switch_overhead_s: float = 5e-5  # time-slicing: switching the GPU to another engine
     reserve_gb: float = 1.5  # activations + CUDA context/graphs per engine per GPU
 
+    def __reduce__(self) -> tuple[type[CostParams], tuple[object, ...]]:
+        return (CostParams, init_args(self))  # compiled, frozen: see native.init_args
+
 
 def per_head_seconds_per_token(m: ModelSpec, p: CostParams, sm_clocks: float, tp: int) -> float:
     """Seconds of per-head (masked MHA) CUDA-core work per cached token of a decode step:
@@ -182,6 +188,9 @@ class EngineCost:
     _c0: float = field(init=False, repr=False)
     _cseq: float = field(init=False, repr=False)
     _extras: bool = field(init=False, repr=False)
+
+    def __reduce__(self) -> tuple[type[EngineCost], tuple[object, ...]]:
+        return (EngineCost, init_args(self))  # compiled, frozen: see native.init_args
 
     def __post_init__(self) -> None:
         m, p, tp = self.model, self.params, self.tp

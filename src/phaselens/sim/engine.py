@@ -71,7 +71,7 @@ class EngineState:
         self.admit = ADMIT[policy.type]
         self.max_batched = policy.max_num_batched_tokens
         self.chunked = policy.chunked_prefill
-        self.step_bw = cost.step_bw
+        self.max_seqs = policy.max_num_seqs
         self.bandwidth = cost.bandwidth
         self.queue_kv = policy.kv_full == "queue"  # admit only what can finish unpreempted
         # statistics
@@ -310,7 +310,7 @@ class EngineState:
                 ctx = self.batch_pmax + self.batch_k - 1
                 tokens, attn, kv_read = slots, float(slots * (ctx + 1)), float(slots * ctx)
             sampled = seqs = slots
-        return self.step_bw(
+        return self.cost.step_bw(  # (a native call compiled; not a bound method kept)
             tokens,
             sampled,
             attn,

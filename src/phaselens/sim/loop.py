@@ -9,14 +9,15 @@ replay from paying a heap push per request.
 from __future__ import annotations
 
 import heapq
+from typing import Final
 
-STEP_END = 0
-WAKE = 1
-KV_DONE = 2
-SEND = 3  # requests a request's end let out (closed loop, --max-inflight), then the engine
-ARRIVE = 4  # a sent request reaches its engine (after the deployment's request overhead)
-TURN = 5  # a session's next turn leaves the client (think time after its previous turn ended)
-NEVER = 2**62  # an instant after every other (no event, no arrival left)
+STEP_END: Final = 0
+WAKE: Final = 1
+KV_DONE: Final = 2
+SEND: Final = 3  # requests a request's end let out (closed loop, --max-inflight), then the engine
+ARRIVE: Final = 4  # a sent request reaches its engine (after the deployment's request overhead)
+TURN: Final = 5  # a session's next turn leaves the client (think time after its last turn ended)
+NEVER: Final = 2**62  # an instant after every other (no event, no arrival left)
 
 
 class EventLoop:

@@ -14,10 +14,11 @@ full block, generated ones included. Other groups publish their shared prefix on
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Final
 
 from phaselens.sim.seq import Seq
 
-SESSION_GROUPS = 1 << 40  # prefix groups from here on are sessions' own chains
+SESSION_GROUPS: Final = 1 << 40  # prefix groups from here on are sessions' own chains
 
 
 class PrefixCache:

@@ -13,22 +13,24 @@ from __future__ import annotations
 import struct
 from array import array
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
+
+from phaselens.sim.native import init_args
 
 if TYPE_CHECKING:
     from phaselens.sim.engine import EngineState
 
 
 ST_OK, ST_REJECTED, ST_NOT_SENT = 0, 1, 2
-NO_TIME = -1
+NO_TIME: Final = -1
 # An engine's step log: one packed record per step, appended to a bytearray (one C call a step,
 # a third of the cost of extending typed arrays) and read back as a numpy structured view.
 STEP_FIELDS = ("t0", "t1", "prefill", "dec", "kv", "running", "waiting", "preempt")
 STEP_DTYPE = np.dtype([*((f, "<i8") for f in STEP_FIELDS), ("flops", "<f8"), ("bytes", "<f8")])
-STEP_RECORD = struct.Struct("<8q2d")  # the same layout
-SEGMENT = struct.Struct("<4q")  # a token segment: rid, engine, a, b
+STEP_RECORD: Final = struct.Struct("<8q2d")  # the same layout
+SEGMENT: Final = struct.Struct("<4q")  # a token segment: rid, engine, a, b
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,9 @@ class StepLog:
     preempt: np.ndarray
     flops: np.ndarray
     bytes: np.ndarray
+
+    def __reduce__(self) -> tuple[type[StepLog], tuple[object, ...]]:
+        return (StepLog, init_args(self))  # compiled, frozen: see native.init_args
 
 
 def step_log(log: bytearray) -> StepLog:
@@ -78,6 +83,9 @@ class ClusterResult:
     engines: tuple[EngineState, ...]
     logs: tuple[StepLog, ...]
     events: int
+
+    def __reduce__(self) -> tuple[type[ClusterResult], tuple[object, ...]]:
+        return (ClusterResult, init_args(self))  # compiled, frozen: see native.init_args
 
 
 def _times(n: int) -> array[int]:

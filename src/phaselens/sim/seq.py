@@ -6,9 +6,6 @@ read and move the same per-request state; none of them owns it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 
 class Seq:
     """One request in flight on an engine (mutable simulator state, never leaves the package)."""
@@ -49,12 +46,28 @@ class Seq:
         self.g0 = 0  # decoding: tokens generated before step s0
 
 
-@dataclass(frozen=True, slots=True)
 class Sink:
-    """Where an engine reports what happened to requests (the cluster owns the arrays)."""
+    """Where an engine reports what happened to requests (the cluster's: `sink.ClusterSink`).
 
-    segment: Callable[[int, int, int, int], None]  # (rid, engine index, first step, last step)
-    first_token: Callable[[int], None]  # (rid): first token at the end of the current step
-    prefill_start: Callable[[int], None]  # (rid): first admitted, at the start of this step
-    finished: Callable[[int, int], None]  # (rid, tokens delivered), at the current step end
-    handoff: Callable[[Seq], None]  # prefill done on a prefill engine: send the KV on
+    Methods of a class rather than callables in fields: compiled, the engine's calls to them
+    are native calls with unboxed arguments."""
+
+    def segment(self, rid: int, eng: int, a: int, b: int) -> None:
+        """Request rid decoded on engine `eng` from step a to step b (its token segment)."""
+        raise NotImplementedError
+
+    def first_token(self, rid: int) -> None:
+        """Request rid's first token, at the end of the current step."""
+        raise NotImplementedError
+
+    def prefill_start(self, rid: int) -> None:
+        """Request rid first admitted, at the start of the current step."""
+        raise NotImplementedError
+
+    def finished(self, rid: int, tokens: int) -> None:
+        """Request rid ended with `tokens` delivered, at the current step's end."""
+        raise NotImplementedError
+
+    def handoff(self, seq: Seq) -> None:
+        """Prefill done on a prefill engine: send the KV on."""
+        raise NotImplementedError

@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from phaselens.sim.loop import TURN
+from phaselens.sim.native import init_args
 from phaselens.sim.prefix import SESSION_GROUPS
 from phaselens.sim.records import ST_OK, ST_REJECTED
 from phaselens.types import Schedule
@@ -45,6 +46,9 @@ class Sessions:
     held: npt.NDArray[np.bool_]  # rows sent by their previous turn's end, not at their instant
     turn: list[int]
     group: list[int]  # a session row's own prefix-cache chain (-1: not in a session)
+
+    def __reduce__(self) -> tuple[type[Sessions], tuple[object, ...]]:
+        return (Sessions, init_args(self))  # compiled, frozen: see native.init_args
 
 
 def plan_sessions(schedule: Schedule, replies: frozenset[str] = frozenset()) -> Sessions | None:

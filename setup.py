@@ -1,0 +1,96 @@
+"""Build hook: the simulator's hot modules compiled with mypyc, or pure Python if that fails.
+
+Everything else is in pyproject.toml. The modules are `phaselens.sim.native.NATIVE_MODULES`;
+compiled, the benchmark's 1M-request replay takes about a third of the CPU time with the same
+records (benchmarks/README.md). `PHASELENS_PURE_PYTHON=1` at build time skips compilation;
+mypyc or a C compiler missing or failing leaves the pure-Python package with a warning. The
+build writes the sources' digest beside the modules: edited sources then run as Python
+(`native.select`) until rebuilt.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+SIM = Path("src", "phaselens", "sim")
+
+
+def _native() -> Any:
+    """phaselens.sim.native loaded by path (the package's dependencies need not be installed)."""
+    spec = importlib.util.spec_from_file_location("_phaselens_native", ROOT / SIM / "native.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _warn(msg: str) -> None:
+    print(f"phaselens setup.py: {msg}; building the pure-Python simulator", file=sys.stderr)
+
+
+# the commands that build extensions (setup.py also runs for metadata: no mypyc run then)
+BUILDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "install", "develop"}
+
+
+def _extensions(native: Any) -> list[Any]:
+    if os.environ.get(native.PURE_ENV, "") not in ("", "0") or not BUILDS & set(sys.argv[1:]):
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError as e:
+        _warn(f"mypyc unavailable ({e})")
+        return []
+    paths = [str(SIM / f"{name}.py") for name in native.NATIVE_MODULES]
+    # not pyproject's [tool.mypy] (its pydantic plugin and strictness are for `make typecheck`;
+    # the build environment holds only the build requirements): the modules are checked and
+    # typed on their own, what they import from outside them taken as found or as Any
+    opts = ["--config-file=", "--ignore-missing-imports", "--follow-imports=silent"]
+    try:
+        exts = mypycify([*opts, *paths], opt_level="3", target_dir=str(Path("build", "mypyc")))
+        return list(exts)
+    except (Exception, SystemExit) as e:  # mypy's type errors exit via SystemExit
+        _warn(f"mypyc failed ({type(e).__name__}: {e})")
+        return []
+
+
+class BuildExt(build_ext):
+    """build_ext that falls back to pure Python and records the compiled sources' digest."""
+
+    def run(self) -> None:
+        if not self.extensions:
+            return
+        try:
+            super().run()
+        except Exception as e:  # no compiler, a compile error: the .py files still work
+            _warn(f"compiling failed ({type(e).__name__}: {e})")
+            self._remove_outputs()
+            return
+        native = _native()
+        digest = native.source_digest(ROOT / SIM) + "\n"
+        targets = [Path(self.build_lib, "phaselens", "sim")]
+        if self.inplace or getattr(self, "editable_mode", False):
+            targets.append(ROOT / SIM)
+        for folder in targets:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / native.DIGEST_FILE).write_text(digest)
+
+    def _remove_outputs(self) -> None:
+        for ext in self.extensions:
+            Path(self.get_ext_fullpath(ext.name)).unlink(missing_ok=True)
+
+    def get_outputs(self) -> list[str]:
+        outs = super().get_outputs()
+        if self.extensions:
+            outs.append(str(Path(self.build_lib, "phaselens", "sim", _native().DIGEST_FILE)))
+        return outs
+
+
+setup(ext_modules=_extensions(_native()), cmdclass={"build_ext": BuildExt})
