@@ -66,11 +66,12 @@ def _family(line: str) -> str:
 def _restricted(tpl: list[tuple[str, str, float]], names: set[str]) -> list[tuple[str, str, float]]:
     """The template as prometheus-client's `name[]` filter serves it (vLLM, SGLang): the samples
     whose name is asked for (`Metric._restricted_metric`), with their families' HELP/TYPE."""
-    kept = [(k, h, v) for k, h, v in tpl if k and h.split("{", 1)[0].split(" ", 1)[0] in names]
-    fams = {_family(h) for _, h, _ in kept}
-    return [
-        (k, h, v) for k, h, v in tpl if (k and (k, h, v) in kept) or (not k and _family(h) in fams)
-    ]
+
+    def asked(head: str) -> bool:
+        return head.split("{", 1)[0].split(" ", 1)[0] in names
+
+    fams = {_family(h) for k, h, _ in tpl if k and asked(h)}
+    return [(k, h, v) for k, h, v in tpl if (asked(h) if k else _family(h) in fams)]
 
 
 def _render(tpl: list[tuple[str, str, float]], t: float, phase: float) -> bytes:

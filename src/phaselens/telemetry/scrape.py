@@ -42,6 +42,10 @@ NARROW_REFRESH_S = 30.0
 NARROW_IGNORED_SHARE = 0.9
 
 
+class StatusError(OSError):
+    """The server answered with a status other than 200 (the message: `HTTP <status>`)."""
+
+
 def health(name: str, ok: int, failed: int, why: str, skipped: int = 0, skip_why: str = "") -> str:
     """The manifest status of a source: ok, degraded: <what failed>, or unavailable: <why>."""
     if failed and not ok:
@@ -137,7 +141,7 @@ class ScrapeSource:
         if len(body) > MAX_BODY_BYTES:
             raise ValueError(f"/metrics body over {MAX_BODY_BYTES >> 20} MiB")
         if status != 200:
-            raise OSError(f"HTTP {status}")
+            raise StatusError(f"HTTP {status}")
         return body.decode("utf-8", errors="replace")
 
     def _read(self, t0: int) -> Parsed:
@@ -154,9 +158,7 @@ class ScrapeSource:
                         self._narrow_next("the filter was ignored")
                     return parsed
                 self._narrow_next("a family was missing from the narrowed answer")
-            except OSError as e:  # an error status: the filter refused; a dead server fails
-                if not str(e).startswith("HTTP "):  # again below, as any scrape would
-                    raise
+            except StatusError as e:  # the filter refused (a dead server fails as any scrape)
                 self._narrow_next(f"{e} to the narrowed query")
         text = self._fetch(self._path)
         parsed = parse_planned(text, self._keep, False, self._shapes)
