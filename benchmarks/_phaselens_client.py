@@ -38,8 +38,8 @@ def main() -> None:
     from phaselens import load_run
     from phaselens.driver.options import DriverOptions
     from phaselens.execute import HttpTarget, Options, RunInfo, execute
-    from phaselens.spec import parse_spec
     from phaselens.workload.plan import build_schedule
+    from phaselens.workload.spec import parse_spec
 
     model: dict[str, object] = {
         "name": "bench",

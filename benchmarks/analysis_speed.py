@@ -32,8 +32,8 @@ def make(root: Path, n: int, scale: float) -> Path:
     assert spec is not None and spec.loader is not None
     sim_speed = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sim_speed)
+    from phaselens.rundir.write import write_run
     from phaselens.sim.run import simulate
-    from phaselens.store import write_run
 
     deploy = sim_speed.bench_deployment()
     t0 = time.perf_counter()
@@ -72,7 +72,7 @@ def make(root: Path, n: int, scale: float) -> Path:
 
 def measure_child(path: Path) -> None:
     from phaselens.analysis.summary import analyze, to_json
-    from phaselens.store import load_run
+    from phaselens.rundir.load import load_run
 
     t0, c0 = time.perf_counter(), time.process_time()
     run = load_run(path)

@@ -254,8 +254,8 @@ def probe_phaselens(url: str, rate: float, seconds: float, out: Path) -> dict[st
     from phaselens import load_run
     from phaselens.driver.options import DriverOptions
     from phaselens.execute import HttpTarget, Options, RunInfo, execute
-    from phaselens.spec import parse_spec
     from phaselens.workload.plan import build_schedule
+    from phaselens.workload.spec import parse_spec
 
     spec = parse_spec(
         {

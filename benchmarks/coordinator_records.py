@@ -27,7 +27,7 @@ from phaselens.driver.packed import pack
 from phaselens.driver.shard import BATCH_MAX, Intake
 from phaselens.driver.state import LiveStats
 from phaselens.driver.writer import WriterThread
-from phaselens.store import RunWriter
+from phaselens.rundir.write import RunWriter
 from phaselens.types import RequestRecord
 
 TOKENS = 256

@@ -18,7 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from phaselens.store import RunWriter, load_run
+from phaselens.rundir.load import load_run
+from phaselens.rundir.write import RunWriter
 from phaselens.types import RequestRecord
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from phaselens.spec import load_spec
 from phaselens.workload.plan import build_schedule
+from phaselens.workload.spec import load_spec
 from phaselens.workload.views import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +82,7 @@ def _plan_dataset(path: str, sessions: bool) -> None:
     }
     if sessions:
         model["sessions"] = {"think_time_s": {"type": "exponential", "mean": 2.0}}
-    from phaselens.spec import parse_spec
+    from phaselens.workload.spec import parse_spec
 
     spec = parse_spec({"duration_s": 1000, "models": [model]}, "bench", Path(path).parent)
     t0 = time.perf_counter()

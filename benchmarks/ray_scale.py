@@ -50,8 +50,8 @@ def one(url: str, mode: str, workers: int, rate: float, duration: float, out: Pa
     from phaselens import load_run
     from phaselens.driver.options import DriverOptions
     from phaselens.execute import HttpTarget, Options, RayTarget, RunInfo, execute
-    from phaselens.spec import parse_spec
     from phaselens.workload.plan import build_schedule
+    from phaselens.workload.spec import parse_spec
 
     n = int(rate * duration)
     model = {

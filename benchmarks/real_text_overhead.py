@@ -84,8 +84,8 @@ def make_dataset(path: Path, n: int = 2000, seed: int = 7) -> float:
 def mean_input(dataset: Path, sessions: bool, n: int, rate: float) -> int:
     """Mean planned prompt length (tokens, estimated) of the dataset case as the client plans it."""
     sys.path.insert(0, str(ROOT / "src"))
-    from phaselens.spec import parse_spec
     from phaselens.workload.plan import build_schedule
+    from phaselens.workload.spec import parse_spec
 
     model: dict[str, Any] = {
         "name": "bench",

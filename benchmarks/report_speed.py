@@ -31,8 +31,8 @@ LIMIT_MB = 15.0
 
 def make(root: Path, n: int) -> Path:
     from phaselens.execute import RunInfo, SimTarget, execute
-    from phaselens.spec import load_spec
     from phaselens.workload.plan import build_schedule
+    from phaselens.workload.spec import load_spec
 
     # The seed spec plans ~1,200 requests in 3 x 60 s at rates the default deployment keeps
     # up with; stretch the stages (not the rates) to reach n: a long run at a sane load, which
@@ -59,7 +59,7 @@ def measure_child(path: Path, out: Path) -> None:
     from phaselens.analysis.summary import compute
     from phaselens.report.headline import headline
     from phaselens.report.html import build_context, render_page
-    from phaselens.store import load_run
+    from phaselens.rundir.load import load_run
 
     c0 = time.process_time()
     t0 = time.perf_counter()

@@ -26,7 +26,8 @@ import polars as pl
 
 import phaselens.sim
 from phaselens.sim.cluster import Cluster
-from phaselens.sim.deploy import Deployment, parse_deployment
+from phaselens.sim.config import Deployment
+from phaselens.sim.deploy import parse_deployment
 from phaselens.sim.run import simulate
 from phaselens.types import Schedule, StageInfo
 

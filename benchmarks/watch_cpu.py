@@ -148,8 +148,9 @@ def _watcher(urls: list[str], gpus: int, conn: Any) -> None:  # runs in a child 
 
     from tests.telemetry.fake_nvml import FakeGpu, make_fake
 
+    from phaselens.watch.config import WatchConfig
     from phaselens.watch.engines import parse_engines
-    from phaselens.watch.loop import WatchConfig, watch
+    from phaselens.watch.loop import watch
 
     fake = [FakeGpu(util=(40 + 5 * i, 20)) for i in range(gpus)]
     nv = make_fake(fake)

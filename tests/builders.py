@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from phaselens.store import Run, records_frame, samples_frame, steps_frame
+from phaselens.rundir.columns import records_frame, samples_frame, steps_frame
+from phaselens.rundir.load import Run
 from phaselens.types import RequestRecord, Schedule, StageInfo, StepRecord, TelemetrySample
 
 Column = npt.ArrayLike  # one value per request, or one value for all

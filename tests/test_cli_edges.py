@@ -9,7 +9,7 @@ import pytest
 import typer
 
 from phaselens import cli
-from phaselens.cliargs import check_out_dir, check_out_file, out_of_range
+from phaselens.cli.args import check_out_dir, check_out_file, out_of_range
 from phaselens.errors import InputError, one_line
 
 SPEC = """\
@@ -168,7 +168,7 @@ def test_internal_error_is_one_line_exit_70(
     def boom(*_: object, **__: object) -> None:
         raise ZeroDivisionError("division by zero\nsecond line")
 
-    monkeypatch.setattr("phaselens.spec.load_spec", boom)
+    monkeypatch.setattr("phaselens.workload.spec.load_spec", boom)
     monkeypatch.delenv("PHASELENS_DEBUG", raising=False)
     code, _, err = call(["plan", str(spec)], capsys)
     assert code == 70
@@ -190,9 +190,9 @@ def test_interrupt_is_exit_130_and_typer_exit_codes_kept(
     def exit3(*_: object, **__: object) -> None:
         raise typer.Exit(3)
 
-    monkeypatch.setattr("phaselens.spec.load_spec", interrupted)
+    monkeypatch.setattr("phaselens.workload.spec.load_spec", interrupted)
     assert call(["plan", str(spec)], capsys) == (130, "", "phaselens: interrupted\n")
-    monkeypatch.setattr("phaselens.spec.load_spec", exit3)
+    monkeypatch.setattr("phaselens.workload.spec.load_spec", exit3)
     assert call(["plan", str(spec)], capsys) == (3, "", "")
 
 
@@ -202,7 +202,7 @@ def test_os_error_naming_a_file_is_one_line(
     def full(*_: object, **__: object) -> None:
         raise OSError(28, "No space left on device", "/data/runs/x")
 
-    monkeypatch.setattr("phaselens.spec.load_spec", full)
+    monkeypatch.setattr("phaselens.workload.spec.load_spec", full)
     assert call(["plan", str(spec)], capsys) == (
         2,
         "",

@@ -13,16 +13,14 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from phaselens.runcheck import NOT_NULL
-from phaselens.store import (
+from phaselens.rundir.check import NOT_NULL
+from phaselens.rundir.columns import records_frame, samples_frame, steps_frame
+from phaselens.rundir.schema import (
     REQUEST_SCHEMA,
     STEP_SCHEMA,
     TELEMETRY_SCHEMA,
     contract_mismatches,
     record_contract_problems,
-    records_frame,
-    samples_frame,
-    steps_frame,
 )
 from phaselens.types import RequestRecord, StepRecord, TelemetrySample
 

@@ -11,15 +11,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from phaselens.store import (
-    EVENTS,
-    REQUESTS,
-    RunFormatError,
-    RunWriter,
-    load_run,
-    records_frame,
-    write_run,
-)
+from phaselens.rundir.check import RunFormatError
+from phaselens.rundir.columns import records_frame
+from phaselens.rundir.load import load_run
+from phaselens.rundir.schema import EVENTS, REQUESTS
+from phaselens.rundir.write import RunWriter, write_run
 from phaselens.types import RequestRecord, StepRecord, TelemetrySample
 
 
@@ -62,7 +58,7 @@ def test_killed_writer_is_recovered_and_partial(tmp_path: Path) -> None:
     # A child writes 300 records with flushes, then dies by SIGKILL without closing.
     code = textwrap.dedent(f"""
         import os, signal
-        from phaselens.store import RunWriter
+        from phaselens.rundir.write import RunWriter
         from phaselens.types import RequestRecord
         w = RunWriter.create({str(tmp_path)!r}, "k", {{"name": "k"}})
         for i in range(300):

@@ -24,20 +24,11 @@ from tests.builders import schedule
 
 from analysis.helpers import rec, util
 from phaselens.cli import main
-from phaselens.store import (
-    EVENTS,
-    MANIFEST,
-    REQUESTS,
-    STEPS,
-    TELEMETRY,
-    RunFormatError,
-    RunWriter,
-    load_run,
-    records_frame,
-    samples_frame,
-    steps_frame,
-    write_run,
-)
+from phaselens.rundir.check import RunFormatError
+from phaselens.rundir.columns import records_frame, samples_frame, steps_frame
+from phaselens.rundir.load import load_run
+from phaselens.rundir.schema import EVENTS, MANIFEST, REQUESTS, STEPS, TELEMETRY
+from phaselens.rundir.write import RunWriter, write_run
 from phaselens.types import StepRecord
 
 N = 12
@@ -519,7 +510,8 @@ MS_NS = 1_000_000
 
 
 def test_recovery_marks_the_planned_requests_without_a_record_lost(tmp_path: Path) -> None:
-    from phaselens.store import LOST, LOST_ERROR, write_schedule
+    from phaselens.rundir.schema import LOST, LOST_ERROR
+    from phaselens.rundir.write import write_schedule
 
     path = _crashed(tmp_path)  # records 0..11 logged
     write_schedule(path, _schedule(20))

@@ -16,8 +16,8 @@ from phaselens import cli
 from phaselens.errors import InputError
 from phaselens.sim.cost import CostParams
 from phaselens.sim.deploy import load_deployment, parse_deployment
-from phaselens.spec import load_spec
 from phaselens.whatif.calibfile import Calibration, load_calibration, write_calibration
+from phaselens.workload.spec import load_spec
 
 SPEC = """\
 name: lines

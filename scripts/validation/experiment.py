@@ -142,8 +142,8 @@ def measure(
     the same runs (`...-x2`, manifest `validation.repeat`)."""
     from phaselens.driver.options import DriverOptions
     from phaselens.execute import HttpTarget, Options, RunInfo, execute
-    from phaselens.spec import parse_spec
     from phaselens.workload.plan import build_schedule
+    from phaselens.workload.spec import parse_spec
 
     eng_mod = _engines()
     out.mkdir(parents=True, exist_ok=True)
@@ -226,7 +226,7 @@ def _np_of(key: str) -> int:
 def predict(
     out: Path, calib_on: str, tflops: float, bandwidth_gbs: float, source: str = "client"
 ) -> dict[str, Any]:
-    from phaselens.store import load_run
+    from phaselens.rundir.load import load_run
     from phaselens.whatif.calibfile import write_calibration
     from phaselens.whatif.calibrate import calibrate, check
 
@@ -257,7 +257,7 @@ def predict(
 
 def validity(out: Path) -> str:
     """One row per run: the client self-check's verdict and the lags it judged, and statuses."""
-    from phaselens.store import load_run
+    from phaselens.rundir.load import load_run
 
     lines = [
         "| run | self-check | send lag p99 (ms) | loop lag p99 (ms) | requests (status) |",
@@ -330,7 +330,7 @@ def repeats(
     per single run the prediction against the mean of the *other* repeats, both within 15%."""
     from collections import defaultdict
 
-    from phaselens.store import load_run
+    from phaselens.rundir.load import load_run
     from phaselens.whatif.calibrate import calibrate, check
 
     cal = load_run(calib_run)
@@ -406,7 +406,7 @@ def pick_rates(out: Path, light_key: str, tflops: float, bw: float) -> tuple[flo
     """The knee and an overloaded rate, chosen by the model calibrated on the light run:
     the knee is the lowest rate whose predicted regime is no longer light; overloaded is twice
     that (same requests, times compressed: whatif's load.scale)."""
-    from phaselens.store import load_run
+    from phaselens.rundir.load import load_run
     from phaselens.whatif.calibfile import with_cost
     from phaselens.whatif.calibrate import calibrate
     from phaselens.whatif.replay import schedule_from_run

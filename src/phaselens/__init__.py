@@ -1,6 +1,6 @@
 """phaselens: load-test LLM inference services and explain GPU utilization phase by phase."""
 
-from phaselens.store import Run, load_run
+from phaselens.rundir.load import Run, load_run
 from phaselens.types import (
     Finding,
     PlannedRequest,

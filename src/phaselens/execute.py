@@ -24,8 +24,8 @@ import numpy as np
 
 from phaselens import __version__
 from phaselens.errors import InputError
-from phaselens.redact import Secrets, scrub_json
-from phaselens.store import RunWriter, write_phases, write_schedule
+from phaselens.inputs.redact import Secrets, scrub_json
+from phaselens.rundir.write import RunWriter, write_phases, write_schedule
 from phaselens.types import Outcome, Schedule
 
 if TYPE_CHECKING:  # (imported where used: a simulated run loads no driver module, and back)
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # (imported where used: a simulated run loads no driver modul
     from phaselens.driver.fleet import WorkerPool
     from phaselens.driver.options import DriverOptions
     from phaselens.driver.state import StopHook
-    from phaselens.spec import WorkloadSpec
+    from phaselens.workload.spec import WorkloadSpec
 
 # Every option a target may or may not honour, by the CLI flag a user wrote it with.
 # (`quiet`, `handle_sigint` and `preflight` are about the caller's process, not the load: every
@@ -269,7 +269,7 @@ class HttpTarget:
 
     @property
     def targets(self) -> Mapping[str, str]:
-        from phaselens.redact import redact_url
+        from phaselens.inputs.redact import redact_url
 
         return {m: redact_url(u) for m, u in self.urls.items()}
 

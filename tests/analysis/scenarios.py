@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 from tests import builders
 
-from phaselens.sim.deploy import Deployment, parse_deployment
+from phaselens.rundir.load import Run
+from phaselens.sim.config import Deployment
+from phaselens.sim.deploy import parse_deployment
 from phaselens.sim.run import simulate
-from phaselens.store import Run
 from phaselens.types import Schedule, StageInfo
 
 S = 1_000_000_000

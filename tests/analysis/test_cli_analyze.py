@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from phaselens.cli import app
-from phaselens.store import write_run
+from phaselens.rundir.write import write_run
 
 from .helpers import make_run, rec, util
 

@@ -16,8 +16,8 @@ from phaselens import load_run
 from phaselens.analysis.summary import analyze
 from phaselens.driver.options import DriverOptions
 from phaselens.execute import HttpTarget, Options, RunInfo, execute
-from phaselens.spec import parse_spec
 from phaselens.workload.plan import build_schedule
+from phaselens.workload.spec import parse_spec
 
 pytestmark = pytest.mark.e2e
 

@@ -298,7 +298,7 @@ def test_itl_histogram_path_matches_the_exact_one(
 def test_requests_without_chunk_times_use_first_token_and_end() -> None:
     import polars as pl
 
-    from phaselens.store import Run
+    from phaselens.rundir.load import Run
 
     run = make_run([rec(0, 0, chunks_ms=[10, 20, 40])])
     req = run.requests.with_columns(

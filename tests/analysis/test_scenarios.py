@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from phaselens.analysis.summary import analyze
-from phaselens.store import Run
+from phaselens.rundir.load import Run
 
 from .helpers import eng, make_run, rec, util
 from .scenarios import constant, deployment, schedule, sim_run

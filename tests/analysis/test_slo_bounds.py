@@ -10,7 +10,7 @@ import pytest
 from phaselens.analysis.latency import request_table, slo_block, slo_targets
 from phaselens.cli import invoke
 from phaselens.errors import InputError
-from phaselens.store import write_run
+from phaselens.rundir.write import write_run
 
 from .helpers import make_run, rec
 

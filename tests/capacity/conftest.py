@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.driver.conftest import server_process
 
-from phaselens.spec import WorkloadSpec, parse_spec
+from phaselens.workload.spec import WorkloadSpec, parse_spec
 
 SERVER = Path(__file__).with_name("slotserver.py")
 

@@ -20,8 +20,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "report"))
 from report_browser import find_chromium, open_page
 
-from phaselens.capacity.figures import VERDICT_COLORS
 from phaselens.cli import invoke
+from phaselens.report.fig_capacity import VERDICT_COLORS
 
 from .conftest import slot_server
 from .test_sim_search import _args

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from phaselens.capacity.search import SearchConfig, find_capacity, fixed_rate_probe
+from phaselens.capacity.config import SearchConfig
+from phaselens.capacity.search import find_capacity, fixed_rate_probe
 from phaselens.errors import InputError
 from phaselens.execute import HttpTarget, Options, SimTarget, execute
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
 from phaselens.workload.plan import build_schedule
 
 from .conftest import constant_spec, slot_server

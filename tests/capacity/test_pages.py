@@ -18,8 +18,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "report"))
 from report_browser import find_chromium, open_page
 
-from phaselens.capacity.figures import VERDICT_COLORS
-from phaselens.capacity.page import capacity_page, sweep_page
+from phaselens.report.capacity_page import capacity_page, sweep_page
+from phaselens.report.fig_capacity import VERDICT_COLORS
 
 pytestmark = pytest.mark.skipif(
     find_chromium() is None, reason="chromium not installed: run scripts/install_browser.sh"

@@ -93,7 +93,7 @@ def test_a_sweeps_predictions_are_the_same_on_ray(
 ) -> None:
     """`sweep --deploy --ray`: the whatif replay of every setting ran as Ray tasks; the same
     measured runs predicted in this process give the same prediction block."""
-    from phaselens.capacity.sweeppredict import plan_prediction, predict_rows
+    from phaselens.sweep.predict import plan_prediction, predict_rows
 
     spec, deploy = tmp_path / "spec.yaml", tmp_path / "d.yaml"
     spec.write_text(yaml.safe_dump(SPEC))

@@ -8,7 +8,7 @@ import pytest
 
 from phaselens.capacity.scale import base_rate, scaled_spec
 from phaselens.errors import InputError
-from phaselens.spec import TraceArrival, parse_spec
+from phaselens.workload.spec import TraceArrival, parse_spec
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

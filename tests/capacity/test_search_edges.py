@@ -10,23 +10,23 @@ from typing import Any
 
 import pytest
 
-from phaselens.capacity.nocapacity import tail_decided, unreachable
+from phaselens.capacity.config import SearchConfig
+from phaselens.capacity.explain import tail_decided, unreachable
+from phaselens.capacity.nextprobe import STEP_PREDICTED, SearchState
 from phaselens.capacity.probe import ProbeResult, ProbeSettings
 from phaselens.capacity.result import bracket, build_result, upper_edge
-from phaselens.capacity.search import SearchConfig
-from phaselens.capacity.steps import STEP_PREDICTED, _Search
 
 from .conftest import constant_spec
 from .test_search_rules import SLO, _probe
 
 
-def _run(light: float, *probes: ProbeResult, probe_s: float = 10.0) -> _Search:
-    s = _Search(SearchConfig(), ProbeSettings(probe_s, 2.0, SLO, 1), light)
+def _run(light: float, *probes: ProbeResult, probe_s: float = 10.0) -> SearchState:
+    s = SearchState(SearchConfig(), ProbeSettings(probe_s, 2.0, SLO, 1), light)
     s.probes.extend(probes)
     return s
 
 
-def _result(s: _Search) -> dict[str, Any]:
+def _result(s: SearchState) -> dict[str, Any]:
     ws = constant_spec(1.0, 4, SLO)  # rate 1: a load scale is its req/s
     return build_result(ws, s.ps, s.cfg, s.probes, {}, [], "complete", 1.0).to_json()
 
@@ -150,7 +150,7 @@ def test_probes_decided_by_a_few_slow_requests_are_noted() -> None:
 
 
 def test_a_predicted_knee_below_the_passing_light_probe_is_refuted() -> None:
-    from phaselens.capacity.steps import refuted
+    from phaselens.capacity.nextprobe import refuted
 
     assert refuted(0.5, 1.286)  # half the light load: the light probe passed there already
     assert refuted(1.29, 1.286)  # at it (within 1%): nothing to measure above it

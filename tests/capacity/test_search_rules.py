@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from phaselens.capacity.config import SearchConfig
+from phaselens.capacity.nextprobe import STEP_PREDICTED, SearchState
 from phaselens.capacity.probe import ProbeResult, ProbeSettings
-from phaselens.capacity.search import STEP_PREDICTED, SearchConfig, _Search
 from phaselens.capacity.verdict import TargetVerdict
 
 SLO = {"ttft_ms": {"p90": 300}}
@@ -44,8 +45,8 @@ def _probe(
     )
 
 
-def _search(*probes: ProbeResult, knee: float | None = None) -> _Search:
-    s = _Search(SearchConfig(), ProbeSettings(10.0, 1.0, SLO, 1), 1.0)
+def _search(*probes: ProbeResult, knee: float | None = None) -> SearchState:
+    s = SearchState(SearchConfig(), ProbeSettings(10.0, 1.0, SLO, 1), 1.0)
     s.probes.extend(probes)
     if knee is not None:  # as find_capacity sets them once the prediction is probed
         s.knee, s.step = knee, STEP_PREDICTED

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from phaselens.cli import invoke
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
 
 ROOT = Path(__file__).resolve().parents[2]
 # one Llama-3-8B engine on one L40S serving both models (examples/deploy/one-l40s.yaml's engine)

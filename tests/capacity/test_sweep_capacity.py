@@ -25,7 +25,7 @@ import yaml
 
 from phaselens.cli import invoke
 from phaselens.report.page import fmt
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
 
 SERVER = Path(__file__).with_name("slotserver.py")
 PREFILL_MS, TOKEN_MS, TOKENS = 100.0, 25.0, 4

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from phaselens.cli import invoke
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
 
 from .test_sweep_capacity import open_sweep_page, page_rows
 

@@ -34,9 +34,9 @@ import yaml
 from phaselens.analysis.latency import request_table, slo_block
 from phaselens.cli import invoke
 from phaselens.execute import HttpTarget, Options, RunInfo, execute
-from phaselens.spec import load_spec
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
 from phaselens.workload.plan import build_schedule
+from phaselens.workload.spec import load_spec
 
 pytestmark = pytest.mark.e2e
 

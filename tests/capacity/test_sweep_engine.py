@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from phaselens.capacity.engine import EngineError, parse_template, running_engine
+from phaselens.sweep.launch import EngineError, parse_template, running_engine
 
 PY = shlex.quote(sys.executable)
 

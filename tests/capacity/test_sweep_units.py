@@ -8,18 +8,11 @@ from typing import Any
 import pytest
 import yaml
 
-from phaselens.capacity.engine import parse_template
-from phaselens.capacity.sweep import (
-    check_gpus,
-    gpus_of,
-    pareto,
-    parse_sets,
-    rank,
-    settings_of,
-    summarize,
-)
-from phaselens.capacity.sweeppredict import plan_prediction
 from phaselens.errors import InputError
+from phaselens.sweep.launch import parse_template
+from phaselens.sweep.predict import plan_prediction
+from phaselens.sweep.run import pareto, rank, summarize
+from phaselens.sweep.settings import check_gpus, gpus_of, parse_sets, settings_of
 
 
 def test_grid_is_the_cartesian_product_last_set_fastest() -> None:

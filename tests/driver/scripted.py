@@ -19,12 +19,12 @@ from typing import Any
 from phaselens.driver.transport import (
     MORE,
     STOP,
+    BodySink,
     ConnectionLost,
+    Endpoint,
     Head,
     Response,
     Sent,
-    Sink,
-    Target,
 )
 
 MS = 1_000_000
@@ -124,7 +124,7 @@ class ScriptedResponse:
         self._task: asyncio.Task[None] | None = None
         self.complete = False  # the body was played to its end (as `http.Conn.complete`)
 
-    async def _play(self, sink: Sink) -> None:
+    async def _play(self, sink: BodySink) -> None:
         assert self.reply is not None
         t0 = self.owner.t0
         wants = True
@@ -149,7 +149,7 @@ class ScriptedResponse:
         if wants:
             sink.end(t0 + int(last * MS))
 
-    def read_body(self, sink: Sink) -> Awaitable[None]:
+    def read_body(self, sink: BodySink) -> Awaitable[None]:
         self._task = asyncio.get_running_loop().create_task(self._play(sink))
         return self._task
 
@@ -203,7 +203,7 @@ class ScriptedTransport:
         resp.reply = ex
         return Head(ex.status, ex.reason, {k.lower(): v for k, v in ex.headers.items()})
 
-    def write_idle(self, target: Target, data: bytes) -> Sent | None:
+    def write_idle(self, target: Endpoint, data: bytes) -> Sent | None:
         if not self.idle:
             return None
         seen, ex = self._take(data)
@@ -211,7 +211,7 @@ class ScriptedTransport:
         return resp, asyncio.get_running_loop().create_task(self._head(resp, ex))
 
     async def exchange(
-        self, target: Target, data: bytes, sent: Sent | None = None
+        self, target: Endpoint, data: bytes, sent: Sent | None = None
     ) -> tuple[Response, Head]:
         if sent is not None:
             return sent[0], await sent[1]
@@ -219,7 +219,7 @@ class ScriptedTransport:
         resp = ScriptedResponse(self, seen, None)
         return resp, await self._head(resp, ex)
 
-    async def warm(self, target: Target, n: int) -> int:
+    async def warm(self, target: Endpoint, n: int) -> int:
         self.warmed += n
         return 0
 

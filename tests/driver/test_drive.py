@@ -20,7 +20,8 @@ from phaselens.analysis.summary import analyze
 from phaselens.driver.options import DriverOptions
 from phaselens.execute import HttpTarget, Options, execute
 from phaselens.report.headline import headline
-from phaselens.store import EVENTS, load_run
+from phaselens.rundir.load import load_run
+from phaselens.rundir.schema import EVENTS
 from phaselens.types import STATUSES
 
 from .conftest import fake_server, make_schedule

@@ -20,7 +20,7 @@ from phaselens.execute import (
     build_manifest,
     execute,
 )
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
 from phaselens.types import Schedule
 
 from .conftest import make_schedule

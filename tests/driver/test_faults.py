@@ -13,7 +13,7 @@ import pytest
 from phaselens.driver.options import DriverOptions
 from phaselens.errors import InputError
 from phaselens.execute import HttpTarget, Options, RunInfo, execute
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
 
 from .conftest import fake_server, make_schedule
 from .fakeserver import FAULTS

@@ -20,8 +20,8 @@ from phaselens.driver import http
 from phaselens.driver.openai import CONTINUE, DONE, FAILED
 from phaselens.driver.pool import Pool, exchange
 from phaselens.driver.request import check_header, request_head
-from phaselens.driver.transport import ConnectFailed, ConnectionLost, Head, HttpError, Target
-from phaselens.redact import basic_auth
+from phaselens.driver.transport import ConnectFailed, ConnectionLost, Endpoint, Head, HttpError
+from phaselens.inputs.redact import basic_auth
 
 
 class _Transport:
@@ -285,7 +285,7 @@ def test_parser_codes_are_the_sink_codes() -> None:
 
 
 def test_request_head_and_header_checks() -> None:
-    t = Target.of("https://u:p%40ss@api.example:8443/v1/chat/completions?x=1")
+    t = Endpoint.of("https://u:p%40ss@api.example:8443/v1/chat/completions?x=1")
     assert t.key == ("https", "api.example", 8443) and t.tls
     assert t.path == "/v1/chat/completions?x=1" and t.authority == "api.example:8443"
     head = request_head(t, {"Content-Type": "application/json"})
@@ -311,7 +311,7 @@ def test_refused_connection_says_cannot_connect() -> None:
     async def go() -> BaseException:
         pool = Pool(asyncio.get_running_loop())
         try:
-            await exchange(pool, Target.of(f"http://127.0.0.1:{_closed_port()}/"), b"x")
+            await exchange(pool, Endpoint.of(f"http://127.0.0.1:{_closed_port()}/"), b"x")
         except ConnectFailed as e:
             return e
         raise AssertionError("connected")
@@ -339,7 +339,7 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         pool = Pool(asyncio.get_running_loop())
-        target = Target.of(f"http://127.0.0.1:{port}/")
+        target = Endpoint.of(f"http://127.0.0.1:{port}/")
         got = []
         for _ in range(2):
             conn, _head = await exchange(pool, target, b"POST / HTTP/1.1\r\n\r\n")
@@ -384,18 +384,18 @@ def test_exchange_retries_once_when_a_reused_connection_dies_before_any_response
             conn.send = send  # type: ignore[method-assign]
             return conn
 
-        async def acquire(target: Target) -> tuple[http.Conn, bool]:
+        async def acquire(target: Endpoint) -> tuple[http.Conn, bool]:
             calls.append("acquire")
             return conn_that(dies[len(calls) - 1]), reused
 
-        async def connect(target: Target) -> http.Conn:
+        async def connect(target: Endpoint) -> http.Conn:
             calls.append("connect")
             return conn_that(dies[len(calls) - 1])
 
         pool.acquire = acquire  # type: ignore[method-assign]
         pool.connect = connect  # type: ignore[method-assign]
         try:
-            _, head = await exchange(pool, Target.of("http://h/"), b"x")
+            _, head = await exchange(pool, Endpoint.of("http://h/"), b"x")
             return f"status {head.status}", calls
         except ConnectionLost as e:
             return f"lost: {e}", calls
@@ -436,7 +436,7 @@ def test_the_retry_never_takes_another_idle_connection() -> None:
         port = server.sockets[0].getsockname()[1]
         loop = asyncio.get_running_loop()
         pool = Pool(loop)
-        target = Target.of(f"http://127.0.0.1:{port}/")
+        target = Endpoint.of(f"http://127.0.0.1:{port}/")
         req = b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
         # two connections, each used once and back in the pool (now stale)
         pairs = [await exchange(pool, target, req) for _ in range(2)]

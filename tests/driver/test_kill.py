@@ -14,7 +14,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from phaselens.store import EVENTS, LOST, LOST_ERROR, SCHEDULE, load_run
+from phaselens.rundir.load import load_run
+from phaselens.rundir.schema import EVENTS, LOST, LOST_ERROR, SCHEDULE
 
 from .conftest import fake_server
 

@@ -15,8 +15,10 @@ from phaselens.driver.packed import pack, scrub_batch, unpack
 from phaselens.driver.shard import Intake
 from phaselens.driver.state import LiveStats
 from phaselens.driver.writer import WriterThread
-from phaselens.redact import Secrets
-from phaselens.store import EVENTS, RunWriter, load_run
+from phaselens.inputs.redact import Secrets
+from phaselens.rundir.load import load_run
+from phaselens.rundir.schema import EVENTS
+from phaselens.rundir.write import RunWriter
 from phaselens.types import RequestRecord
 
 

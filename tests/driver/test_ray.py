@@ -25,7 +25,8 @@ from phaselens.analysis.summary import analyze
 from phaselens.driver.options import DriverOptions
 from phaselens.execute import Options, RayTarget, execute
 from phaselens.report.html import report_from_run
-from phaselens.store import EVENTS, load_run
+from phaselens.rundir.load import load_run
+from phaselens.rundir.schema import EVENTS
 
 from .conftest import fake_server, make_schedule
 

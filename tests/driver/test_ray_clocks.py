@@ -25,7 +25,7 @@ from phaselens.driver.rayactor import (
     TEST_START_DELAY_ENV,
 )
 from phaselens.execute import Options, RayTarget, execute
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
 
 from .conftest import fake_server, make_schedule
 from .test_ray import _truth

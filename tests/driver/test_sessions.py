@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from phaselens.driver.eventloop import run_loop
+from phaselens.driver.history import next_turns, with_replies
 from phaselens.driver.options import DriverOptions
 from phaselens.driver.runner import run_schedule
-from phaselens.driver.sessions import next_turns, with_replies
 from phaselens.types import PromptRows, RequestRecord, Schedule
 
 from .conftest import make_schedule
@@ -170,7 +170,7 @@ def test_a_stop_mid_session_records_the_rest_not_sent() -> None:
 
 
 def test_the_reply_text_is_every_content_or_text_string_of_the_stream() -> None:
-    from phaselens.driver.sessions import TextParser
+    from phaselens.driver.history import TextParser
 
     events = [
         {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},

@@ -17,9 +17,9 @@ import numpy as np
 from phaselens.driver.eventloop import run_loop
 from phaselens.driver.options import DriverOptions
 from phaselens.driver.runner import run_schedule
-from phaselens.spec import parse_spec
 from phaselens.types import RequestRecord, Schedule
 from phaselens.workload.plan import build_schedule
+from phaselens.workload.spec import parse_spec
 
 from .scripted import MS, Chunk, Reply, ScriptedTransport, sse
 

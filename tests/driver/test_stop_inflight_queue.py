@@ -19,7 +19,7 @@ from tests.capacity.conftest import constant_spec, slot_server
 from phaselens.driver.options import DriverOptions
 from phaselens.driver.state import LiveView
 from phaselens.execute import HttpTarget, Options, execute
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
 from phaselens.workload.plan import build_schedule
 
 

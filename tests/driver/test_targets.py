@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from phaselens.cli import _parse_pairs
+from phaselens.cli.args import parse_pairs
 from phaselens.driver.options import DriverOptions, check_targets, endpoint_url
 from phaselens.errors import InputError
 from phaselens.execute import HttpTarget, SimTarget, target_of
-from phaselens.redact import redact_url
+from phaselens.inputs.redact import redact_url
 
 from .conftest import make_schedule
 
@@ -54,9 +54,9 @@ def test_cli_target_parsing() -> None:
         target_of(["http://a:1", "http://b:2"])
     with pytest.raises(InputError, match="sim cannot be mixed"):
         target_of(["m1=http://a:1", "m2=sim"])
-    assert _parse_pairs(["X-A: 1:2", "B:c"], "--header", ":") == {"X-A": "1:2", "B": "c"}
+    assert parse_pairs(["X-A: 1:2", "B:c"], "--header", ":") == {"X-A": "1:2", "B": "c"}
     with pytest.raises(InputError, match="expected KEY=VALUE"):
-        _parse_pairs(["novalue"], "--model-map", "=")
+        parse_pairs(["novalue"], "--model-map", "=")
 
 
 def test_routing_needs_a_target_per_model() -> None:

@@ -17,12 +17,12 @@ from typing import Any
 import polars as pl
 import pytest
 
-from phaselens import store
 from phaselens.driver.openai import StreamParser
 from phaselens.driver.options import DriverOptions
-from phaselens.driver.values import MAX_SERVER_MS, MAX_TOKENS, count, timings
+from phaselens.driver.reported import MAX_SERVER_MS, MAX_TOKENS, count, timings
 from phaselens.execute import HttpTarget, Options, Outcome, execute
-from phaselens.store import load_run
+from phaselens.rundir import schema, write
+from phaselens.rundir.load import load_run
 from phaselens.types import RequestRecord
 
 from .conftest import fake_server, make_schedule
@@ -174,7 +174,7 @@ def test_a_bad_count_midway_stops_usage_counting_for_the_stream() -> None:
 
 def test_the_writer_refuses_a_record_that_does_not_fit_and_keeps_the_rest(tmp_path: Path) -> None:
     rec = RequestRecord(id=0, model="m", stage=0, scheduled_ns=0, status="ok")
-    w = store.RunWriter.create(tmp_path, "w", {"kind": "driver"})
+    w = write.RunWriter.create(tmp_path, "w", {"kind": "driver"})
     w.add_record(rec)
     for bad, field in (
         (dataclasses.replace(rec, id=1, output_tokens=10**20), "output_tokens"),
@@ -188,7 +188,7 @@ def test_the_writer_refuses_a_record_that_does_not_fit_and_keeps_the_rest(tmp_pa
         assert len(str(e.value)) < 200
     w.add_record(dataclasses.replace(rec, id=6))
     w.flush()
-    logged = (w.path / store.EVENTS).read_text().splitlines()
+    logged = (w.path / schema.EVENTS).read_text().splitlines()
     assert len(logged) == 2  # nothing of a refused record was logged
     run = load_run(w.close())
     assert run.requests["id"].to_list() == [0, 6]
@@ -208,16 +208,16 @@ def test_a_writer_failure_fails_the_run_loudly_and_keeps_every_record(
         real_record(self, r)
 
     failed_once = [False]
-    real_flush = store.RunWriter.flush
+    real_flush = write.RunWriter.flush
 
-    def flush(self: store.RunWriter) -> None:
+    def flush(self: write.RunWriter) -> None:
         if threading.current_thread().name == "phaselens-writer" and not failed_once[0]:
             failed_once[0] = True  # (the disk is back when the run closes)
             raise OSError(28, "No space left on device (test)")
         real_flush(self)
 
     monkeypatch.setattr(writer_mod.WriterThread, "record", record)
-    monkeypatch.setattr(store.RunWriter, "flush", flush)
+    monkeypatch.setattr(write.RunWriter, "flush", flush)
     n = 12
     with fake_server("--d-ms", "2") as url:
         res, req = _drive(tmp_path, url, n)
@@ -240,11 +240,11 @@ def test_a_close_that_fails_keeps_the_event_log(
     """The Parquet write fails at close: the run's error says so, and events.jsonl keeps every
     record (load_run rebuilds the run from it)."""
 
-    def close(self: store.RunWriter, *a: object, **kw: object) -> Path:
+    def close(self: write.RunWriter, *a: object, **kw: object) -> Path:
         self.flush()
         raise OSError(28, "No space left on device (test)")
 
-    monkeypatch.setattr(store.RunWriter, "close", close)
+    monkeypatch.setattr(write.RunWriter, "close", close)
     with fake_server("--d-ms", "2") as url:
         res = execute(
             make_schedule([3.0 * k for k in range(6)], out_tokens=2),
@@ -257,7 +257,7 @@ def test_a_close_that_fails_keeps_the_event_log(
         "run writer: could not close the run: OSError: [Errno 28] No space left on device"
         " (test); the run is marked partial"
     )
-    assert (res.path / store.EVENTS).exists()
+    assert (res.path / schema.EVENTS).exists()
     monkeypatch.undo()
     req = load_run(res.path).requests
     assert sorted(req["id"].to_list()) == list(range(6))
@@ -269,14 +269,14 @@ def test_a_run_whose_writer_fails_exits_nonzero_with_one_error_line(
 ) -> None:
     from phaselens import cli
 
-    real_check = store.check_record
+    real_check = write.check_record
 
     def check(r: RequestRecord) -> object:
         if r.id == 1 and r.status == "ok":
             raise ValueError("request 1: output_tokens = 1e20 does not fit (test)")
         return real_check(r)
 
-    monkeypatch.setattr(store, "check_record", check)
+    monkeypatch.setattr(write, "check_record", check)
     spec = tmp_path / "spec.yaml"
     spec.write_text(
         "name: w\nseed: 1\nduration_s: 1\nmodels:\n  - name: m\n    rate: 4\n"

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from phaselens import cli
 from phaselens.driver.options import DriverOptions, check_targets
 from phaselens.errors import InputError
-from phaselens.redact import Secrets, basic_auth, redact_text, redact_url
-from phaselens.telemetry.choose import parse_spec
-from phaselens.urls import url_problem
+from phaselens.inputs.redact import Secrets, basic_auth, redact_text, redact_url
+from phaselens.inputs.urls import url_problem
+from phaselens.telemetry.options import parse_spec
 
 from .conftest import make_schedule
 
@@ -174,7 +174,7 @@ def test_every_cli_error_line_masks_urls(
 
 
 def test_sample_labels_scrubbed_only_where_a_secret_is() -> None:
-    from phaselens.redact import scrub_samples
+    from phaselens.inputs.redact import scrub_samples
     from phaselens.types import TelemetrySample
 
     a = TelemetrySample(1, "vllm", "x", 1.0, {"auth": "Bearer sk-999", "model": "m"})

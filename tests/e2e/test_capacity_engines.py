@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 
-from phaselens.capacity.search import SearchConfig, find_capacity
+from phaselens.capacity.config import SearchConfig
+from phaselens.capacity.search import find_capacity
 from phaselens.driver.options import DriverOptions
 from phaselens.execute import HttpTarget
-from phaselens.spec import parse_spec
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
+from phaselens.workload.spec import parse_spec
 
 pytestmark = pytest.mark.e2e
 

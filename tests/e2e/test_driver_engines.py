@@ -22,8 +22,8 @@ import pytest
 from phaselens import load_run
 from phaselens.driver.options import DriverOptions
 from phaselens.execute import HttpTarget, Options, RunInfo, execute
-from phaselens.spec import parse_spec
 from phaselens.workload.plan import build_schedule
+from phaselens.workload.spec import parse_spec
 
 from .conftest import LLAMACPP_MODEL, PARALLEL, VLLM_MODEL
 from .helpers import GEN_TOKENS, max_overlap, scrape

@@ -25,7 +25,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e

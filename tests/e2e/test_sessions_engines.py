@@ -25,9 +25,9 @@ from phaselens.analysis.summary import analyze
 from phaselens.driver.options import DriverOptions
 from phaselens.driver.tokenize import server_counter
 from phaselens.execute import HttpTarget, Options, RunInfo, execute
-from phaselens.spec import parse_spec
 from phaselens.types import Schedule
 from phaselens.workload.plan import build_schedule
+from phaselens.workload.spec import parse_spec
 
 from .conftest import LLAMACPP_MODEL, engines
 

@@ -42,13 +42,13 @@ import yaml
 
 from phaselens.driver.options import DriverOptions
 from phaselens.execute import HttpTarget, Options, RunInfo, SimTarget, execute
-from phaselens.spec import parse_spec
-from phaselens.store import Run, load_run
+from phaselens.rundir.load import Run, load_run
 from phaselens.whatif.calibfile import Calibration, with_cost
 from phaselens.whatif.calibrate import calibrate
 from phaselens.whatif.predict import per_request
 from phaselens.whatif.replay import schedule_from_run
 from phaselens.workload.plan import build_schedule
+from phaselens.workload.spec import parse_spec
 
 from .helpers import max_overlap
 

@@ -27,9 +27,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from phaselens.telemetry.clock import RunClock
 from phaselens.telemetry.scrape import ScrapeSource, metrics_url
+from phaselens.watch.config import WatchConfig, WatchResult
 from phaselens.watch.engines import WATCH_KEEP, parse_engines
 from phaselens.watch.indicators import Snapshot
-from phaselens.watch.loop import WatchConfig, WatchResult, watch
+from phaselens.watch.loop import watch
 
 from .helpers import Streamed, open_loop
 

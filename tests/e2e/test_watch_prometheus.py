@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 from tests.promserver import Prom, free_port, prometheus, wait_for
 
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
 
 pytestmark = pytest.mark.e2e
 

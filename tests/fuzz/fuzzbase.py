@@ -39,7 +39,7 @@ class Base:
 
 def _crashed_run(root: Path) -> Path:
     """A run directory as kill -9 leaves it: events.jsonl with 12 records, no Parquet."""
-    from phaselens.store import RunWriter
+    from phaselens.rundir.write import RunWriter
     from phaselens.types import RequestRecord
 
     w = RunWriter.create(root / "writer", "crashed", {"name": "crashed", "kind": "http"})

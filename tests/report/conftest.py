@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from report_runs import build_run
 
-from phaselens.store import Run
+from phaselens.rundir.load import Run
 
 
 @pytest.fixture

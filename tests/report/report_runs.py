@@ -7,7 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from phaselens.store import Run, load_run, records_frame, samples_frame, steps_frame, write_run
+from phaselens.rundir.columns import records_frame, samples_frame, steps_frame
+from phaselens.rundir.load import Run, load_run
+from phaselens.rundir.write import write_run
 from phaselens.types import RequestRecord, StepRecord, TelemetrySample
 
 MS = 1_000_000

@@ -17,7 +17,7 @@ from report_browser import find_chromium, open_page
 from report_runs import analysis_of
 
 from phaselens.report.html import write_report
-from phaselens.store import Run
+from phaselens.rundir.load import Run
 
 pytestmark = pytest.mark.skipif(
     find_chromium() is None, reason="chromium not installed: run scripts/install_browser.sh"
@@ -69,9 +69,9 @@ def test_simulated_demo_report(tmp_path: Path) -> None:
     """The demo's scenario (shortened) end to end: simulate, analyze, report, open."""
     from phaselens.execute import RunInfo, SimTarget, execute
     from phaselens.report.html import report_from_run
-    from phaselens.spec import demo_spec_path, load_spec
-    from phaselens.store import load_run
+    from phaselens.rundir.load import load_run
     from phaselens.workload.plan import build_schedule
+    from phaselens.workload.spec import demo_spec_path, load_spec
 
     ws = load_spec(demo_spec_path(), [f"stages[{i}].duration_s=20" for i in range(3)])
     run = load_run(execute(build_schedule(ws), SimTarget(), out=tmp_path, info=RunInfo.of(ws)).path)
@@ -96,13 +96,13 @@ def test_whatif_page_renders_without_js_errors(tmp_path: Path) -> None:
     import yaml
 
     from phaselens.execute import RunInfo, SimTarget, execute
-    from phaselens.spec import demo_spec_path, load_spec
-    from phaselens.store import load_run
+    from phaselens.rundir.load import load_run
     from phaselens.whatif.calibrate import calibrate
     from phaselens.whatif.knobs import grid, parse_sets
     from phaselens.whatif.render import write_html
     from phaselens.whatif.sweep import sweep
     from phaselens.workload.plan import build_schedule
+    from phaselens.workload.spec import demo_spec_path, load_spec
 
     ws = load_spec(demo_spec_path(), [f"stages[{i}].duration_s=15" for i in range(3)])
     deploy = Path(__file__).resolve().parents[2] / "examples/deploy/seed-two-models.yaml"

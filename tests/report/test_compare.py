@@ -15,9 +15,9 @@ from phaselens.cli import app
 from phaselens.errors import InputError
 from phaselens.execute import RunInfo, SimTarget, execute
 from phaselens.report.compare import write_compare
-from phaselens.spec import load_spec
-from phaselens.store import Run, load_run
+from phaselens.rundir.load import Run, load_run
 from phaselens.workload.plan import build_schedule
+from phaselens.workload.spec import load_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

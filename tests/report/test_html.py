@@ -16,7 +16,7 @@ from report_runs import analysis_of
 from phaselens.report.headline import headline
 from phaselens.report.html import render_report, write_report
 from phaselens.report.page import fmt
-from phaselens.store import Run
+from phaselens.rundir.load import Run
 
 XSS = "<script>alert(1)</script>"
 

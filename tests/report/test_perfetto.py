@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from phaselens.report.perfetto import write_trace
-from phaselens.store import Run
+from phaselens.rundir.load import Run
 
 ALLOWED_PH = {"b", "e", "C", "M", "i"}
 
@@ -113,7 +113,9 @@ def test_run_without_telemetry(make_run: Callable[..., Run], tmp_path: Path) -> 
 
 def test_zero_length_phases_still_nest(tmp_path: Path) -> None:
     """A request sent on schedule whose first token is its only token: all boundaries equal."""
-    from phaselens.store import load_run, records_frame, write_run
+    from phaselens.rundir.columns import records_frame
+    from phaselens.rundir.load import load_run
+    from phaselens.rundir.write import write_run
     from phaselens.types import RequestRecord
 
     recs = [

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 from tests.builders import schedule
 
+from phaselens.sim.config import Deployment
 from phaselens.sim.cost import CostParams
-from phaselens.sim.deploy import Deployment, parse_deployment
+from phaselens.sim.deploy import parse_deployment
 from phaselens.types import Schedule
 
 # Everything off but what a test switches on: efficiencies 1, no fixed cost, no padding.

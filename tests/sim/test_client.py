@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from phaselens.sim.client import LoadShape
-from phaselens.sim.deploy import Deployment, parse_deployment
+from phaselens.sim.config import Deployment
+from phaselens.sim.deploy import parse_deployment
 from phaselens.sim.run import simulate
 
 from .helpers import make_schedule, one_engine

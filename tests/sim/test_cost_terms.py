@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from phaselens.sim.config import Deployment
 from phaselens.sim.cost import CostParams, EngineCost
-from phaselens.sim.deploy import Deployment
 from phaselens.sim.hardware import GPUS
 from phaselens.sim.models import MODELS
 from phaselens.sim.run import simulate

@@ -13,8 +13,9 @@ import numpy as np
 import polars as pl
 import pytest
 
+from phaselens.sim.config import Deployment
 from phaselens.sim.cost import CostParams, EngineCost, prefill_attn_units
-from phaselens.sim.deploy import Deployment, parse_deployment
+from phaselens.sim.deploy import parse_deployment
 from phaselens.sim.hardware import GPUS
 from phaselens.sim.models import MODELS
 from phaselens.sim.run import simulate

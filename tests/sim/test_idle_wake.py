@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from phaselens.sim.config import Deployment
 from phaselens.sim.cost import CostParams, idle_ramp
-from phaselens.sim.deploy import Deployment
 from phaselens.sim.run import simulate
 
 from .helpers import make_schedule, one_engine

@@ -8,14 +8,11 @@ import polars as pl
 import pytest
 
 from phaselens.execute import RunInfo, SimTarget, execute
-from phaselens.store import (
-    PHASES,
-    PHASES_SCHEMA,
-    RunFormatError,
-    load_run,
-    records_frame,
-    write_run,
-)
+from phaselens.rundir.check import RunFormatError
+from phaselens.rundir.columns import records_frame
+from phaselens.rundir.load import load_run
+from phaselens.rundir.schema import PHASES, PHASES_SCHEMA
+from phaselens.rundir.write import write_run
 from phaselens.types import RequestRecord
 
 from .helpers import make_schedule

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from phaselens.sim.deploy import Deployment, parse_deployment
+from phaselens.sim.config import Deployment
+from phaselens.sim.deploy import parse_deployment
 from phaselens.sim.run import SimResult, simulate
 
 from .helpers import make_schedule, one_engine

@@ -25,7 +25,8 @@ import polars as pl
 import pytest
 
 from phaselens.sim.client import LoadShape
-from phaselens.sim.deploy import Deployment, parse_deployment
+from phaselens.sim.config import Deployment
+from phaselens.sim.deploy import parse_deployment
 from phaselens.sim.models import MODELS
 from phaselens.sim.run import SimResult, simulate
 from phaselens.types import Schedule

@@ -11,12 +11,12 @@ import pytest
 
 from phaselens.analysis.latency import request_table
 from phaselens.analysis.phases import build_timeline
-from phaselens.bounds import MAX_BINS, bins_for
 from phaselens.errors import InputError
 from phaselens.execute import RunInfo, SimTarget, execute
+from phaselens.inputs.bounds import MAX_BINS, bins_for
+from phaselens.rundir.load import load_run
 from phaselens.sim.binning import IDLE_TAIL_BINS, active_bins, telemetry_bins
 from phaselens.sim.run import simulate
-from phaselens.store import load_run
 from phaselens.types import BIN_NS
 
 from .helpers import make_schedule, one_engine

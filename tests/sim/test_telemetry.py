@@ -10,9 +10,10 @@ import polars as pl
 import pytest
 
 from phaselens.execute import RunInfo, SimTarget, execute
+from phaselens.rundir.load import load_run
+from phaselens.rundir.schema import REQUEST_SCHEMA, STEP_SCHEMA, TELEMETRY_SCHEMA
 from phaselens.sim.hardware import GPUS
 from phaselens.sim.run import PHASES, simulate
-from phaselens.store import REQUEST_SCHEMA, STEP_SCHEMA, TELEMETRY_SCHEMA, load_run
 
 from .helpers import make_schedule, one_engine
 

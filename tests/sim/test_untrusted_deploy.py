@@ -17,9 +17,10 @@ from hypothesis import strategies as hst
 
 from phaselens import cli
 from phaselens.errors import InputError
-from phaselens.sim.deploy import MAX_GPUS, load_deployment, parse_deployment
+from phaselens.inputs.yamlio import MAX_NODES
+from phaselens.sim.deploy import load_deployment, parse_deployment
+from phaselens.sim.deployfile import MAX_GPUS
 from phaselens.sim.models import read_hf_config
-from phaselens.yamlio import MAX_NODES
 
 SPEC = """\
 name: d

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from phaselens.telemetry import choose, nvml, sampler
+from phaselens.telemetry import nvml, sampler
+from phaselens.telemetry import options as choose
 
 from .fake_nvml import FakeGpu, make_fake
 

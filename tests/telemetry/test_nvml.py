@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from phaselens.telemetry import nvml
-from phaselens.telemetry.choose import SourceSpec, open_sources
+from phaselens.telemetry.options import SourceSpec, open_sources
 from phaselens.telemetry.source import Unavailable
 from phaselens.types import TelemetrySample
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from phaselens.errors import InputError
-from phaselens.telemetry.choose import SourceSpec, parse_spec
 from phaselens.telemetry.clock import RunClock
+from phaselens.telemetry.options import SourceSpec, parse_spec
 from phaselens.telemetry.sampler import start_sources, start_telemetry
 from phaselens.telemetry.scrape import ScrapeSource, metrics_url
 from phaselens.types import TelemetrySample

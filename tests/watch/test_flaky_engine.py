@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from tests.watch.scripted import Phase, ScriptedEngine
 
+from phaselens.watch.config import WatchConfig, WatchResult
 from phaselens.watch.engines import parse_engines
 from phaselens.watch.indicators import Snapshot
-from phaselens.watch.loop import WatchConfig, WatchResult, watch
+from phaselens.watch.loop import watch
 
 
 def test_restart_outage_and_slow_answers() -> None:

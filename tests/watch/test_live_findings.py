@@ -24,9 +24,10 @@ from rich.console import Console
 from tests.telemetry.fake_nvml import FakeGpu, make_fake
 from tests.watch.scripted import Phase, ScriptedEngine
 
+from phaselens.watch.config import WatchConfig, WatchResult
 from phaselens.watch.engines import parse_engines
 from phaselens.watch.hysteresis import CLEAR_HOLD_S, RAISE_HOLD_S
-from phaselens.watch.loop import WatchConfig, WatchResult, watch
+from phaselens.watch.loop import watch
 from phaselens.watch.panel import render
 
 SHORT, LONG = 1.0, 3.0

@@ -16,9 +16,10 @@ from tests.telemetry.fake_nvml import FakeGpu, make_fake
 from tests.watch.scripted import Phase, ScriptedEngine
 
 from phaselens.cli import invoke
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
+from phaselens.watch.config import WatchConfig, WatchResult
 from phaselens.watch.engines import parse_engines
-from phaselens.watch.loop import WatchConfig, WatchResult, watch
+from phaselens.watch.loop import watch
 
 ROOT = Path(__file__).resolve().parents[2]
 

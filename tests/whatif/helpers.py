@@ -8,11 +8,12 @@ from typing import Any
 
 import yaml
 
+from phaselens.rundir.load import Run, load_run
+from phaselens.rundir.write import write_run
 from phaselens.sim.deploy import parse_deployment
-from phaselens.spec import parse_spec
-from phaselens.store import Run, load_run, write_run
 from phaselens.whatif.predict import simulate_with
 from phaselens.workload.plan import build_schedule
+from phaselens.workload.spec import parse_spec
 
 TRUE_COST = {
     "eta_linear": 0.55,

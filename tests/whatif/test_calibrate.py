@@ -16,9 +16,8 @@ import polars as pl
 import pytest
 
 from phaselens.errors import InputError
+from phaselens.rundir.load import Run, load_run
 from phaselens.sim.deploy import parse_deployment
-from phaselens.spec import parse_spec
-from phaselens.store import Run, load_run
 from phaselens.whatif.basis import (
     coefficients,
     isolated_basis,
@@ -31,6 +30,7 @@ from phaselens.whatif.calibrate import calibrate, check
 from phaselens.whatif.fitinputs import lone_requests, max_inflight
 from phaselens.whatif.predict import regimes, simulate_with
 from phaselens.workload.plan import build_schedule
+from phaselens.workload.spec import parse_spec
 
 from .helpers import TRUE_COST, deploy_map, spec, truth_run
 

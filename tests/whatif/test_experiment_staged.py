@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 from scripts.validation import experiment as ex
 
-from phaselens.spec import parse_spec
 from phaselens.workload.plan import build_schedule
+from phaselens.workload.spec import parse_spec
 
 
 def test_staged_workload_steps_through_its_rates() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from phaselens.types import F64
 from phaselens.whatif.basis import COLUMNS, STEP, K
-from phaselens.whatif.fit import fit_linear, fit_robust
+from phaselens.whatif.nnls import fit_linear, fit_robust
 
 
 def _constant_rows(n: int) -> Callable[[F64], tuple[F64, F64]]:

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from phaselens.rundir.load import Run
 from phaselens.sim.deploy import parse_deployment
-from phaselens.store import Run
 from phaselens.whatif.basis import K, coefficients, isolated_predict
 from phaselens.whatif.calibrate import calibrate, check
-from phaselens.whatif.fit import U_FLOOR, _bound_unused
 from phaselens.whatif.gaps import decode_gaps, gaps_usable, prefill_gaps
+from phaselens.whatif.nnls import U_FLOOR, _bound_unused
 from phaselens.whatif.render import print_calibration
 from phaselens.whatif.replay import schedule_from_run
 

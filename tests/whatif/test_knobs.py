@@ -9,7 +9,6 @@ import pytest
 
 from phaselens.errors import InputError
 from phaselens.sim.deploy import parse_deployment
-from phaselens.spec import parse_spec
 from phaselens.whatif.knobs import (
     MAX_GRID,
     apply_deploy,
@@ -22,6 +21,7 @@ from phaselens.whatif.knobs import (
     valid_names,
 )
 from phaselens.workload.plan import build_schedule
+from phaselens.workload.spec import parse_spec
 
 from .helpers import deploy_map, spec
 

@@ -14,12 +14,12 @@ from tests.sim.helpers import SESSION_SPEC, write_conversations
 from phaselens import load_run
 from phaselens.driver.options import DriverOptions
 from phaselens.execute import Options, RunInfo, SimTarget, execute
+from phaselens.rundir.load import Run
 from phaselens.sim.run import parse_target
-from phaselens.spec import load_spec
-from phaselens.store import Run
 from phaselens.whatif.predict import simulate_with
 from phaselens.whatif.replay import history_replies, scale_load, schedule_from_run
 from phaselens.workload.plan import build_schedule
+from phaselens.workload.spec import load_spec
 
 
 def _sim_run(tmp: Path, optional: bool) -> Run:

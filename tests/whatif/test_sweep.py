@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from phaselens.cli import main
-from phaselens.store import Run
+from phaselens.rundir.load import Run
 from phaselens.whatif.calibfile import with_cost, write_calibration
 from phaselens.whatif.calibrate import calibrate
 from phaselens.whatif.knobs import grid, parse_sets

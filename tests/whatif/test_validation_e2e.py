@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from phaselens.errors import InputError
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
 from phaselens.whatif.calibrate import calibrate, check
 
 pytestmark = pytest.mark.e2e

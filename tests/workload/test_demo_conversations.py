@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 from phaselens.cli import main
-from phaselens.spec import demo_deploy_path, demo_spec_path, load_spec
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
 from phaselens.workload.datasets import read_dataset
 from phaselens.workload.plan import build_schedule
+from phaselens.workload.spec import demo_deploy_path, demo_spec_path, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "make_demo_conversations.py"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import yaml
 
-from phaselens.spec import parse_spec
 from phaselens.workload.datasets import read_dataset
 from phaselens.workload.gatewaylog import LogOptions, read_lines
 from phaselens.workload.plan import build_schedule
+from phaselens.workload.spec import parse_spec
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "workload.md"
 

@@ -22,9 +22,16 @@ from hypothesis import strategies as hst
 from untrusted_helpers import BOMB, GOOD, HYPO, TRACE_SPEC, call, one_error_line, plan_text
 
 from phaselens.errors import InputError
-from phaselens.names import slugify
-from phaselens.spec import MAX_STAGES, ramp_scale
-from phaselens.yamlio import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES, load_yaml, loads_json, parse_yaml
+from phaselens.inputs.names import slugify
+from phaselens.inputs.yamlio import (
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    MAX_NODES,
+    load_yaml,
+    loads_json,
+    parse_yaml,
+)
+from phaselens.workload.spec import MAX_STAGES, ramp_scale
 
 
 # ---------------------------------------------------------------- the YAML reader
@@ -417,7 +424,7 @@ def test_subprocess_exit_2_one_line(tmp_path: Path, case: str) -> None:
 
 def test_a_device_is_not_a_regular_file_and_is_never_read() -> None:
     # /dev/zero never ends: the reader must refuse it before reading, and say what it is
-    from phaselens.yamlio import read_text
+    from phaselens.inputs.yamlio import read_text
 
     with pytest.raises(InputError) as e:
         read_text("/dev/zero", "spec")

@@ -12,12 +12,6 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phaselens.spec import (
-    ConstantArrival,
-    GammaArrival,
-    OnOffArrival,
-    PoissonArrival,
-)
 from phaselens.workload.arrivals import (
     arrival_times,
     constant_times,
@@ -26,6 +20,7 @@ from phaselens.workload.arrivals import (
     onoff_rates,
     poisson_times,
 )
+from phaselens.workload.spec import ConstantArrival, GammaArrival, OnOffArrival, PoissonArrival
 
 Z99 = 2.5758  # two-sided 99% normal quantile
 

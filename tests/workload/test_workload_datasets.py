@@ -15,12 +15,12 @@ import pytest
 from phaselens.cli import main
 from phaselens.driver.openai import build_body
 from phaselens.errors import InputError
-from phaselens.spec import parse_spec
 from phaselens.types import I64
 from phaselens.workload import datasets
 from phaselens.workload.datasets import DatasetWarning, read_dataset
 from phaselens.workload.plan import build_schedule
 from phaselens.workload.prompted import count_turns
+from phaselens.workload.spec import parse_spec
 from phaselens.workload.tokens import Counter, estimate
 from phaselens.workload.views import schedule_frame
 

@@ -14,10 +14,10 @@ import pytest
 
 from phaselens.cli import main
 from phaselens.errors import InputError
-from phaselens.spec import parse_spec
 from phaselens.workload.anonymize import BLOCK_CHARS, anonymize_pool, block_prefixes
 from phaselens.workload.gatewaylog import LogOptions, read_lines
 from phaselens.workload.plan import build_schedule
+from phaselens.workload.spec import parse_spec
 from phaselens.workload.traces import TraceWarning
 
 SYSTEM = "You are the support assistant of ACME. " * 6  # 234 characters: 4 blocks shared
@@ -267,7 +267,7 @@ def test_the_estimated_note_only_when_something_was_estimated(
     rows = [line(1, "m", "a", 5, 30), line(2, "m", "b", 6, 31)]  # every line has its usage
     (tmp_path / "gateway.jsonl").write_text("\n".join(rows) + "\n")
     from phaselens.cli.workload import plan_real
-    from phaselens.spec import load_spec
+    from phaselens.workload.spec import load_spec
 
     _, extra = plan_real(load_spec(spec))
     assert extra["prompt_lengths"] == {"counted_by": "usage", "source": ""}

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
-from phaselens.spec import LengthDist
 from phaselens.workload.lengths import sample_lengths
+from phaselens.workload.spec import LengthDist
 
 Z99 = 2.5758
 N = 20000

@@ -16,9 +16,9 @@ from hypothesis import strategies as hst
 from tests.builders import schedule
 
 from phaselens.errors import InputError
-from phaselens.spec import apply_override, load_spec, parse_spec
 from phaselens.types import PlannedRequest, Schedule, StageInfo
 from phaselens.workload.plan import build_schedule, spec_hash
+from phaselens.workload.spec import apply_override, load_spec, parse_spec
 from phaselens.workload.traces import read_trace
 from phaselens.workload.views import schedule_frame, subset, summarize
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from phaselens.errors import InputError
-from phaselens.spec import (
+from phaselens.workload.spec import (
     GammaArrival,
     MixtureLength,
     TraceArrival,

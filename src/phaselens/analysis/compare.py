@@ -44,7 +44,7 @@ from phaselens.analysis.latency import (
 )
 from phaselens.analysis.phases import Timeline, build_timeline
 from phaselens.errors import InputError
-from phaselens.store import Run
+from phaselens.rundir.load import Run
 from phaselens.types import F64
 
 # metric key -> (source, stat, lower is better, unit)

@@ -25,7 +25,7 @@ from phaselens.analysis.bins import (
 from phaselens.analysis.labels import label_bins, work_lanes
 from phaselens.analysis.latency import RequestTable
 from phaselens.analysis.stats import as_int
-from phaselens.bounds import bins_for
+from phaselens.inputs.bounds import bins_for
 from phaselens.types import BIN_NS
 
 # Best utilization source first (docs/run-format.md): GPM SM% > DCGM SM active > NVML busy > sim.

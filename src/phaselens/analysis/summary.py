@@ -31,7 +31,7 @@ from phaselens.analysis.phases import build_timeline
 from phaselens.analysis.roofline import roofline
 from phaselens.analysis.sessions import session_block
 from phaselens.analysis.stats import fnum
-from phaselens.store import Run
+from phaselens.rundir.load import Run
 from phaselens.types import Finding
 
 

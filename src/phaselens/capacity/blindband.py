@@ -37,9 +37,9 @@ from phaselens.capacity.probe import (
 )
 from phaselens.capacity.result import bracket, by_scale, counted
 from phaselens.capacity.verdict import backlog_series, first_overload
-from phaselens.spec import WorkloadSpec
 from phaselens.types import Schedule
 from phaselens.workload.plan import build_schedule
+from phaselens.workload.spec import WorkloadSpec
 
 BAND_ALPHA = 0.05  # the capacity's repeats all pass with at most this probability ...
 BAND_STEPS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5)  # ... at the least of these excesses b

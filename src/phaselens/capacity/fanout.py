@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import polars as pl
 
 from phaselens.capacity.queuemodel import Saturation, queue_requests
-from phaselens.sim.deploy import Deployment
+from phaselens.sim.config import Deployment
 from phaselens.types import Schedule
 
 S = TypeVar("S")

@@ -37,12 +37,12 @@ from phaselens.capacity.queuemodel import (
 )
 from phaselens.errors import InputError
 from phaselens.execute import HttpTarget
-from phaselens.spec import WorkloadSpec
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
 from phaselens.whatif.calibfile import load_deploy_mapping
 from phaselens.whatif.calibrate import calibrate
 from phaselens.whatif.knobs import apply_deploy
 from phaselens.whatif.replay import history_replies
+from phaselens.workload.spec import WorkloadSpec
 
 GRID_STEP = math.sqrt(2.0)  # the predicted curve: loads light × √2^k ...
 GRID_MAX = 16  # ... for at most this many points before the bisection

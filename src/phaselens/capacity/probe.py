@@ -39,10 +39,10 @@ from phaselens.capacity.verdict import (
 from phaselens.driver.options import DriverOptions
 from phaselens.driver.state import LiveView, StopHook
 from phaselens.execute import HttpTarget, Options, RunInfo, SimTarget, execute
-from phaselens.spec import WorkloadSpec
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
 from phaselens.types import Schedule
 from phaselens.workload.plan import build_schedule
+from phaselens.workload.spec import WorkloadSpec
 
 NS = 1_000_000_000
 
@@ -89,7 +89,7 @@ class ProbeResult:
     goodput_ci_rps: tuple[float, float] | None = None
     truncation: Mapping[str, Any] | None = None  # the warm-up cut (`warmup_cut`)
     judged_requests: int | None = None  # requests the verdict was taken over (after the cut)
-    role: str = "search"  # "stability": asked as the 1.1x stability probe (search._Search)
+    role: str = "search"  # "stability": asked as the 1.1x stability probe (search.SearchState)
     superseded: bool = False  # an uncertain light probe re-measured longer: listed, not counted
 
     def to_json(self) -> dict[str, Any]:

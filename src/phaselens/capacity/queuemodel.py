@@ -30,10 +30,10 @@ from phaselens.capacity.probe import ProbeResult, ProbeSettings, probe_spec
 from phaselens.driver.options import DriverOptions
 from phaselens.driver.state import LiveView, StopHook
 from phaselens.execute import HttpTarget, Options, RunInfo, execute
-from phaselens.spec import WorkloadSpec
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
 from phaselens.types import Schedule
 from phaselens.workload.plan import build_schedule
+from phaselens.workload.spec import WorkloadSpec
 
 NS = 1_000_000_000
 FLOOD_FACTOR = 64.0  # the flood offers this many times the light probe's load ...

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from phaselens.analysis.stats import fnum
 from phaselens.capacity.probe import ProbeResult, ProbeSettings
-from phaselens.spec import WorkloadSpec
+from phaselens.workload.spec import WorkloadSpec
 
 if TYPE_CHECKING:
-    from phaselens.capacity.search import SearchConfig
+    from phaselens.capacity.config import SearchConfig
 
 FORMAT = "phaselens-capacity/1"
 STABILITY = 1.1

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from phaselens.errors import InputError
-from phaselens.spec import MAX_RATE, ModelSpec, TraceArrival, WorkloadSpec
+from phaselens.workload.spec import MAX_RATE, ModelSpec, TraceArrival, WorkloadSpec
 
 MIN_FACTOR = 1e-6  # the bounds of a trace's time_scale (spec.Scale): a factor must fit them
 MAX_FACTOR = 1e6

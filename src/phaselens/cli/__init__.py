@@ -15,6 +15,5 @@ from phaselens.cli import capacity as _capacity  # noqa: F401  (capacity)
 from phaselens.cli import model as _model  # noqa: F401  (calibrate, whatif)
 from phaselens.cli import sweep as _sweep  # noqa: F401  (sweep)
 from phaselens.cli import watch as _watch  # noqa: F401  (watch)
-from phaselens.cli.workload import _parse_pairs
 
-__all__ = ["_parse_pairs", "app", "invoke", "main"]
+__all__ = ["app", "invoke", "main"]

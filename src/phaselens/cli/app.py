@@ -12,11 +12,9 @@ import sys
 import typer
 
 from phaselens import __version__
-from phaselens.cliargs import (
-    usage_message,
-)
+from phaselens.cli.args import usage_message
 from phaselens.errors import InputError, one_line
-from phaselens.redact import redact_urls_in
+from phaselens.inputs.redact import redact_urls_in
 
 app = typer.Typer(
     name="phaselens",

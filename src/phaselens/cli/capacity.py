@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from phaselens.cli.app import app
-from phaselens.cliargs import (
+from phaselens.cli.args import (
     MAX_SEED,
     RAY_SIM_HELP,
     check_out_dir,
     integer,
     number,
+    parse_pairs,
+    parse_slo,
     ray_for_simulations,
 )
 from phaselens.errors import InputError
@@ -25,30 +27,6 @@ from phaselens.errors import InputError
 if TYPE_CHECKING:
     from phaselens.capacity.probe import ProbeResult
     from phaselens.capacity.result import CapacityResult
-
-
-def parse_slo(text: str) -> dict[str, dict[str, float]]:
-    """`ttft_ms.p90=200,tpot_ms.p90=50` -> {"ttft_ms": {"p90": 200.0}, ...}, checked as the
-    spec's SLO is (analysis.latency.slo_targets)."""
-    from phaselens.analysis.latency import SLO_COLUMN, slo_targets
-
-    out: dict[str, dict[str, float]] = {}
-    for item in (x.strip() for x in text.split(",")):
-        key, eq, val = item.partition("=")
-        metric, dot, stat = key.strip().partition(".")
-        if not eq or not dot or metric not in SLO_COLUMN:
-            raise InputError(
-                f"--slo: {item[:60]!r}: expected METRIC.STAT=MS, e.g. ttft_ms.p90=200 (metrics: "
-                f"{', '.join(SLO_COLUMN)})"
-            )
-        try:
-            out.setdefault(metric, {})[stat.strip()] = float(val)
-        except ValueError:
-            raise InputError(f"--slo: {item[:60]!r}: {val!r} is not a number of ms") from None
-    targets = slo_targets(out)  # (a NaN, 0 or negative threshold: one line naming it)
-    if len(targets) != sum(len(v) for v in out.values()):
-        raise InputError(f"--slo: {text[:60]!r}: a STAT must be pXX, mean or max")
-    return out
 
 
 def _p(x: float | None, unit: str = "") -> str:
@@ -152,7 +130,7 @@ def no_prediction(tgt: Any, deploy: Path | None, flood: bool) -> str:
 def write_page(doc: Any, d: Path) -> Path:
     """capacity.html beside capacity.json (docs/capacity.md, "Pages"), through a temporary file
     renamed over it as capacity.json is: a killed search leaves a whole page."""
-    from phaselens.capacity.page import capacity_page
+    from phaselens.report.capacity_page import capacity_page
 
     path = d / "capacity.html"
     os.replace(capacity_page(doc, d / ".capacity.html.tmp"), path)
@@ -218,11 +196,11 @@ def capacity(
     ] = None,
 ) -> None:
     """Find the highest load (the spec's mix scaled) held inside the SLO, with its interval."""
-    from phaselens.capacity.search import SearchConfig, find_capacity
-    from phaselens.cli.workload import _parse_pairs
+    from phaselens.capacity.config import SearchConfig
+    from phaselens.capacity.search import find_capacity
     from phaselens.driver.options import DriverOptions
     from phaselens.execute import HttpTarget, target_of
-    from phaselens.spec import load_spec
+    from phaselens.workload.spec import load_spec
 
     ws = load_spec(spec)
     tgt = target_of([target])
@@ -234,7 +212,7 @@ def capacity(
     if model_map:
         if not isinstance(tgt, HttpTarget):
             raise InputError("--model-map: only a real server's probes use it; drop it for sim")
-        pairs = _parse_pairs(model_map, "--model-map", "=")
+        pairs = parse_pairs(model_map, "--model-map", "=")
         driver = DriverOptions(model_map=pairs, timeout_s=(probe_s or 60.0) + 60.0)
     cfg = SearchConfig(
         slo=parse_slo(slo) if slo else None,

@@ -8,14 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from phaselens.cli.app import app
-from phaselens.cliargs import (
-    MAX_PRICE,
-    MAX_SEED,
-    MAX_WORKERS,
-    check_out_file,
-    integer,
-    number,
-)
+from phaselens.cli.args import MAX_PRICE, MAX_SEED, MAX_WORKERS, check_out_file, integer, number
 
 
 @app.command()

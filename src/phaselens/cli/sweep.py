@@ -14,7 +14,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from phaselens.cli.app import app
-from phaselens.cliargs import MAX_SEED, RAY_SIM_HELP, check_out_dir, integer, number
+from phaselens.cli.args import MAX_SEED, RAY_SIM_HELP, check_out_dir, integer, number
 
 
 def _num(x: Any, fmt: str = "{:.3g}") -> str:
@@ -193,10 +193,11 @@ def sweep(
     """Start the engine fresh for every setting, run the same load, stop it; rank the settings."""
     import json
 
-    from phaselens.capacity.engine import parse_template
-    from phaselens.capacity.sweep import SweepConfig, check_gpus, parse_sets, run_sweep
     from phaselens.errors import InputError
-    from phaselens.spec import load_spec
+    from phaselens.sweep.launch import parse_template
+    from phaselens.sweep.run import SweepConfig, run_sweep
+    from phaselens.sweep.settings import check_gpus, parse_sets
+    from phaselens.workload.spec import load_spec
 
     if capacity and rate is not None:
         raise InputError("--rate, --capacity: give one (a fixed load, or a capacity search)")
@@ -208,11 +209,11 @@ def sweep(
     check_out_dir(out, "--out")
     plan = None
     if deploy is not None:
-        from phaselens.capacity.sweeppredict import plan_prediction
+        from phaselens.sweep.predict import plan_prediction
 
         plan = plan_prediction(deploy, map_ or [], sets)
-    from phaselens.capacity.search import SearchConfig, settings
-    from phaselens.cliargs import ray_for_simulations
+    from phaselens.capacity.config import SearchConfig, settings
+    from phaselens.cli.args import ray_for_simulations
 
     nothing = "a fixed-rate sweep without --deploy simulates nothing"
     address = ray_for_simulations(ray, "" if capacity or deploy is not None else nothing)
@@ -226,7 +227,7 @@ def sweep(
         ray=address,
     )
     settings(ws, search)  # no SLO, a warm-up longer than the probe: refused before any engine
-    from phaselens.telemetry.choose import parse_spec
+    from phaselens.telemetry.options import parse_spec
 
     parse_spec(telemetry, ["http://127.0.0.1:1"])  # (the engine's URL is not known yet)
     cfg = SweepConfig(

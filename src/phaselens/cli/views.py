@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from phaselens.cli.app import app
-from phaselens.cliargs import (
+from phaselens.cli.args import (
     MAX_N_BOOT,
     MAX_PRICE,
     MAX_RUN_SECOND,
@@ -39,7 +39,7 @@ def analyze(
     from phaselens.analysis.summary import analyze as _analyze
     from phaselens.analysis.summary import to_json
     from phaselens.report.terminal import render
-    from phaselens.store import load_run
+    from phaselens.rundir.load import load_run
 
     summary = _analyze(load_run(run_dir), gpu_cost_per_hour=gpu_cost_per_hour)
     if as_json:
@@ -59,7 +59,7 @@ def report(
     """Write one self-contained HTML report (opens offline) and print the headline."""
     from phaselens.report.headline import headline
     from phaselens.report.html import report_from_run
-    from phaselens.store import load_run
+    from phaselens.rundir.load import load_run
 
     if output is not None:
         check_out_file(output, "--output")
@@ -96,7 +96,7 @@ def trace(
 ) -> None:
     """Write a Perfetto/Chrome trace: requests as slices, telemetry as counters."""
     from phaselens.report.perfetto import write_trace
-    from phaselens.store import load_run
+    from phaselens.rundir.load import load_run
 
     if t_from is not None and t_to is not None and t_to <= t_from:
         raise InputError(f"--to {t_to:g} must be after --from {t_from:g}")
@@ -146,7 +146,7 @@ def compare(
     """Compare runs against a baseline: differences with bootstrap intervals and verdicts."""
     from phaselens.analysis.compare import compare_runs, to_json
     from phaselens.report.compare import summary_lines, write_compare
-    from phaselens.store import load_run
+    from phaselens.rundir.load import load_run
 
     if output is not None or not as_json:
         check_out_file(output or Path("compare.html"), "--output")

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import threading
-import time
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from phaselens.cli.app import app
-from phaselens.cliargs import check_out_dir, number
+from phaselens.cli.args import check_out_dir, number, parse_slo
 from phaselens.errors import InputError
 
 ASSETS = Path(__file__).resolve().parents[1] / "data" / "watch"
@@ -117,17 +110,17 @@ def watch(
         for p in write_assets(write_assets_to):
             typer.echo(str(p))
         return
-    from phaselens.cli.capacity import parse_slo
+    from phaselens.watch.config import WatchConfig, check_windows
     from phaselens.watch.engines import parse_engines
     from phaselens.watch.exporter import parse_listen
-    from phaselens.watch.loop import WatchConfig, check_windows, watch
+    from phaselens.watch.loop import watch
 
     specs = parse_engines(engine or [])
     if listen is not None:
         parse_listen(listen)
     if record is not None:
         check_out_dir(record, "--record")
-    from phaselens.urls import check_url
+    from phaselens.inputs.urls import check_url
 
     cfg = WatchConfig(
         engines=specs,
@@ -147,66 +140,3 @@ def watch(
     res = watch(cfg, stop=stop)
     for d in res.record_dirs:
         typer.echo(f"recorded: {d}")
-
-
-SIDECAR_START_S = 30.0  # how long `run --listen` waits for its watcher to serve
-
-
-def _engine_args(urls: Mapping[str, str]) -> list[str]:
-    """`--engine` values for a run's targets: one per distinct server, named by its model."""
-    seen: dict[str, str] = {}
-    for model, url in urls.items():
-        seen.setdefault(url, model)
-    out = []
-    for url, model in seen.items():
-        named = model != "*" and model.replace("-", "").replace("_", "").replace(".", "").isalnum()
-        out.append(f"{model}={url}" if named else url)
-    return out
-
-
-@contextlib.contextmanager
-def sidecar(urls: Mapping[str, str], listen: str, gpu: bool) -> Iterator[None]:
-    """`phaselens run --listen`: a `phaselens watch` process on the run's servers, serving the
-    same live metrics while the load runs; stopped (Ctrl-C, then killed) when the run ends.
-
-    Why a process: the watcher parses every /metrics scrape, and in the driver's process that
-    parsing would hold the GIL the driver's send loop needs (docs/telemetry.md)."""
-    from phaselens.watch.exporter import parse_listen
-
-    host, port = parse_listen(listen)
-    if port == 0:
-        raise InputError("--listen: give a fixed port (HOST:PORT) for a run's live metrics")
-    cmd = [sys.executable, "-m", "phaselens.cli", "watch", "--quiet", "--listen", listen]
-    for e in _engine_args(urls):
-        cmd += ["--engine", e]
-    if gpu:
-        cmd.append("--gpu")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")]
-    ).rstrip(os.pathsep)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env)
-    try:
-        deadline = time.monotonic() + SIDECAR_START_S
-        probe = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-        while True:
-            if proc.poll() is not None:
-                raise InputError(f"--listen {listen}: the watcher exited ({proc.returncode})")
-            try:
-                socket.create_connection((probe, port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise InputError(
-                        f"--listen {listen}: the watcher did not serve within {SIDECAR_START_S:g} s"
-                    ) from None
-                time.sleep(0.2)
-        yield
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(15.0)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5.0)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from phaselens.cli.app import app
-from phaselens.cliargs import (
+from phaselens.cli.args import (
     MAX_INTERVAL_S,
     MAX_SECONDS,
     MAX_USERS,
@@ -24,13 +24,14 @@ from phaselens.cliargs import (
     check_out_file,
     integer,
     number,
+    parse_pairs,
 )
 from phaselens.errors import InputError
 
 if TYPE_CHECKING:
-    from phaselens.spec import WorkloadSpec
     from phaselens.types import I64, Schedule
     from phaselens.workload.gatewaylog import LogOptions
+    from phaselens.workload.spec import WorkloadSpec
 
 
 @contextlib.contextmanager
@@ -134,8 +135,8 @@ def plan(
     """Plan a workload and summarize it per model and stage (nothing is sent)."""
     import json
 
-    from phaselens.spec import load_spec
     from phaselens.workload.gatewaylog import LogOptions
+    from phaselens.workload.spec import load_spec
     from phaselens.workload.views import schedule_frame, summarize, summary_table
 
     if out is not None:
@@ -175,8 +176,8 @@ def anonymize(
 ) -> None:
     """Rewrite a request log with same-length synthetic text, shared prefixes kept, so that it
     can leave the building (replay it with `arrival: {type: trace, format: openai-log}`)."""
-    from phaselens.spec import TIME_UNITS
     from phaselens.workload.gatewaylog import LogOptions, write_anonymized
+    from phaselens.workload.spec import TIME_UNITS
 
     if time_unit is not None and time_unit not in TIME_UNITS:
         raise InputError(f"--time-unit: expected s, ms, us or ns, got {time_unit!r}")
@@ -191,22 +192,12 @@ def anonymize(
 # ---------------------------------------------------------------- run (driver; issue 3)
 
 
-def _parse_pairs(values: list[str], opt: str, sep: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for v in values:
-        k, ok, val = v.partition(sep)
-        if not ok or not k.strip():
-            raise InputError(f"{opt}: {v.split(sep)[0]!r}...: expected KEY{sep}VALUE")
-        out[k.strip()] = val.strip()
-    return out
-
-
 def _headline_line(path: Path) -> None:
     """The run's headline after a run (the one formatter, `report.headline`; the full view is
     `phaselens analyze`)."""
     from phaselens.analysis.summary import analyze as _analyze
     from phaselens.report.headline import headline
-    from phaselens.store import load_run
+    from phaselens.rundir.load import load_run
 
     try:
         s = _analyze(load_run(path))
@@ -374,8 +365,8 @@ def run(
         execute,
         target_of,
     )
-    from phaselens.spec import load_spec
     from phaselens.workload.gatewaylog import LogOptions
+    from phaselens.workload.spec import load_spec
 
     if endpoint not in ("completions", "chat"):
         raise InputError(f"--endpoint: expected completions or chat, got {endpoint!r}")
@@ -395,7 +386,7 @@ def run(
             raise InputError("--ray: drives real servers; the simulator runs in this process")
         tgt = RayTarget(tgt.urls, address=ray.strip() or "auto")
     ws = load_spec(spec, set_ or [])
-    mapping = _parse_pairs(model_map or [], "--model-map", "=")
+    mapping = parse_pairs(model_map or [], "--model-map", "=")
     urls = tgt.urls if isinstance(tgt, HttpTarget) else None
     with warnings_printed():
         schedule, extra = plan_real(
@@ -410,7 +401,7 @@ def run(
     driver = DriverOptions(
         endpoint="chat" if endpoint == "chat" else "completions",
         model_map=mapping,
-        headers=_parse_pairs(header or [], "--header", ":"),
+        headers=parse_pairs(header or [], "--header", ":"),
         api_key=api_key,
         max_inflight=max_inflight,
         concurrency=concurrency,
@@ -434,7 +425,7 @@ def run(
     info = RunInfo.of(ws)
     live: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if listen is not None and not isinstance(tgt, SimTarget):
-        from phaselens.cli.watch import sidecar
+        from phaselens.watch.sidecar import sidecar
 
         gpu = telemetry == "auto" or "gpu" in telemetry
         live = sidecar(tgt.urls, listen, gpu=gpu)
@@ -483,8 +474,8 @@ def demo(
     from phaselens.execute import RunInfo, SimTarget, execute
     from phaselens.report.html import report_from_run
     from phaselens.report.terminal import render
-    from phaselens.spec import demo_deploy_path, demo_spec_path, load_spec
-    from phaselens.store import load_run
+    from phaselens.rundir.load import load_run
+    from phaselens.workload.spec import demo_deploy_path, demo_spec_path, load_spec
 
     if not (target == "sim" or target.startswith("sim:")):
         raise InputError(

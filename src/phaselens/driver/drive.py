@@ -30,9 +30,9 @@ from phaselens.driver.shard import WorkerResult
 from phaselens.driver.state import LiveStats, LiveView, StopHook
 from phaselens.driver.writer import WriterThread, close_run, seen_ids
 from phaselens.errors import InputError
-from phaselens.redact import Secrets, redact_url, scrub_json, scrub_record, scrub_samples
-from phaselens.store import RunWriter, clock_anchor
-from phaselens.telemetry.choose import parse_spec as parse_telemetry
+from phaselens.inputs.redact import Secrets, redact_url, scrub_json, scrub_record, scrub_samples
+from phaselens.rundir.write import RunWriter, clock_anchor
+from phaselens.telemetry.options import parse_spec as parse_telemetry
 from phaselens.telemetry.sampler import start_telemetry
 from phaselens.types import Outcome, RequestRecord, Schedule, TelemetrySample
 

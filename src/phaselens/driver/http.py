@@ -21,20 +21,30 @@ import socket
 import time
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 from phaselens.driver.transport import (
     DRAIN,
     MORE,
     STOP,
+    BodySink,
     ConnectionLost,
     Head,
     HttpError,
-    Sink,
 )
 
-if TYPE_CHECKING:
-    from phaselens.driver.pool import Pool
+
+class ConnOwner(Protocol):
+    """What a connection needs of its pool (`pool.Pool`): its loop, and where it goes back
+    when done or closed. Why a protocol here: the pool creates connections, so the connection
+    cannot import the pool without a cycle."""
+
+    loop: asyncio.AbstractEventLoop
+
+    def release(self, conn: Conn) -> None: ...
+
+    def forget(self, conn: Conn) -> None: ...
+
 
 __all__ = ["DRAIN", "MORE", "STOP", "Conn", "cause"]
 
@@ -50,14 +60,14 @@ _LENGTH, _CHUNKED, _UNTIL_CLOSE = 0, 1, 2
 class Conn(asyncio.Protocol):
     """One HTTP/1.1 connection. Parses the response in `data_received` and feeds its sink."""
 
-    def __init__(self, pool: Pool, key: tuple[str, str, int]) -> None:
+    def __init__(self, pool: ConnOwner, key: tuple[str, str, int]) -> None:
         self.pool = pool
         self.key = key
         self.transport: asyncio.Transport | None = None
         self.state = _IDLE
         self.received = False  # any response byte of the current exchange yet
         self.last_ns = 0  # when the last read arrived (the caller's idle timeout)
-        self.sink: Sink | None = None
+        self.sink: BodySink | None = None
         self.sink_done = False
         self.keep = False
         self.complete = False  # the current response has been read to its end
@@ -145,7 +155,7 @@ class Conn(asyncio.Protocol):
         self.transport.write(data)
         return self._head_fut
 
-    def read_body(self, sink: Sink) -> asyncio.Future[None]:
+    def read_body(self, sink: BodySink) -> asyncio.Future[None]:
         """Route the body to `sink`; resolves when the body ends or the sink says STOP."""
         assert self._body_fut is not None
         self.sink = sink

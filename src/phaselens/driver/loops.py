@@ -19,9 +19,8 @@ from functools import partial
 import numpy as np
 import numpy.typing as npt
 
-from phaselens.driver.exchange import run_one, send_now
+from phaselens.driver.exchange import Started, run_one, send_now
 from phaselens.driver.pacer import make_pacer
-from phaselens.driver.sessions import run_session
 from phaselens.driver.state import RunState
 
 
@@ -104,3 +103,55 @@ async def closed_loop(
             freed = clock()
 
     await asyncio.gather(*(user() for _ in range(max(1, users))))
+
+
+async def run_session(
+    d: RunState,
+    i: int,
+    scheduled: int,
+    body: bytes | None,
+    optional: bool = True,
+    started: Started | None = None,
+) -> None:
+    """Run the session starting at row i: its turns one after another, each sent its think
+    time after the previous turn's last token (never raises)."""
+    nxt = d.next_turn
+    p = d.s.prompts
+    assert nxt is not None and p is not None  # (a session's row: `RunState.in_session`)
+    while True:
+        await run_one(d, i, scheduled, body, optional, started)
+        rec = d.outcomes.pop(i, None)
+        j = int(nxt[i])
+        if j < 0:
+            d.replies.pop(int(p.session_id[i]), None)
+            return
+        if rec is None or rec.status != "ok":
+            why = rec.status if rec is not None else "without a record"
+            end_session(d, j, f"session ended: turn {int(p.turn[i])} ended {why}")
+            return
+        if d.stop.is_set():
+            return  # the runner records the rest: stopped before sending
+        assert rec.end_ns is not None  # (an `ok` record has ended)
+        scheduled = int(rec.end_ns) + int(p.think_ns[j])
+        at = d.t0 + scheduled
+        wait = (at - time.perf_counter_ns()) / 1e9
+        if wait > 0:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(d.stop.wait(), wait)
+        while time.perf_counter_ns() < at and not d.stop.is_set():
+            await asyncio.sleep(0)  # timers may fire a little early
+        if d.stop.is_set():
+            return
+        i, body, started = j, None, None
+
+
+def end_session(d: RunState, row: int, why: str) -> None:
+    """Record `row` and the session's later turns `not_sent`, with the reason."""
+    p, nxt = d.s.prompts, d.next_turn
+    assert p is not None and nxt is not None  # (a session's row: `RunState.in_session`)
+    d.replies.pop(int(p.session_id[row]), None)
+    while row >= 0:
+        rec = d.record(row, int(d.s.t_ns[row]), "not_sent", error=why)
+        d.emit(rec, row)
+        d.outcomes.pop(row, None)
+        row = int(nxt[row])

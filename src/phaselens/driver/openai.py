@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from itertools import repeat
 from typing import Any, Literal
 
-from phaselens.driver.values import count, count_note, timings
+from phaselens.driver.reported import count, count_note, timings
 
 Endpoint = Literal["completions", "chat"]
 ENDPOINTS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -277,10 +277,10 @@ class StreamParser:
         self.events += n
         return data[q:]
 
-    data = feed  # the http.Sink interface: CONTINUE/DONE/FAILED are its MORE/DRAIN/STOP
+    data = feed  # the http.BodySink interface: CONTINUE/DONE/FAILED are its MORE/DRAIN/STOP
 
     def end(self, t_ns: int) -> None:
-        """The body ended without [DONE] (http.Sink): an unterminated last event still counts."""
+        """The body ended without [DONE] (a `BodySink`): an unterminated last event still counts."""
         if not self.done and not self.error:
             self.close(t_ns)
         self.end_ns = t_ns

@@ -14,8 +14,8 @@ from urllib.parse import urlsplit, urlunsplit
 from phaselens.driver.openai import ENDPOINTS, Endpoint
 from phaselens.driver.request import check_header
 from phaselens.errors import InputError
+from phaselens.inputs.urls import check_url
 from phaselens.types import Schedule
-from phaselens.urls import check_url
 
 PACINGS = ("auto", "timerfd", "spin")
 

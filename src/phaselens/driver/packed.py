@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from phaselens.driver.selfcheck import LatencyScale
-from phaselens.redact import Secrets, scrub_record
-from phaselens.store import RequestColumns, check_record, request_line
+from phaselens.inputs.redact import Secrets, scrub_record
+from phaselens.rundir.columns import RequestColumns, check_record, request_line
 from phaselens.types import RequestRecord
 
 

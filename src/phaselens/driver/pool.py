@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
 from phaselens.driver.http import Conn, cause
-from phaselens.driver.transport import ConnectFailed, ConnectionLost, Head, Sent, Target
+from phaselens.driver.transport import ConnectFailed, ConnectionLost, Endpoint, Head, Sent
 
 
 def _const(conn: Conn) -> Callable[[], Conn]:
@@ -40,14 +40,14 @@ class Pool:
                 return c
         return None
 
-    async def acquire(self, target: Target) -> tuple[Conn, bool]:
+    async def acquire(self, target: Endpoint) -> tuple[Conn, bool]:
         """An idle connection to `target` (reused: True) or a new one (False)."""
         c = self.take_idle(target.key)
         if c is not None:
             return c, True
         return await self.connect(target), False
 
-    async def connect(self, target: Target) -> Conn:
+    async def connect(self, target: Endpoint) -> Conn:
         """A new connection to `target` (never one from the idle pool)."""
         loop = self.loop
         where = f"{target.host}:{target.port}"
@@ -84,7 +84,7 @@ class Pool:
             return conn
         raise ConnectFailed(f"Cannot connect to host {where}: {cause(err, 'no address')}")
 
-    async def warm(self, target: Target, n: int) -> int:
+    async def warm(self, target: Endpoint, n: int) -> int:
         """Open up to n idle connections to `target` ahead of the run; how many opened."""
         tries = (self.connect(target) for _ in range(n))
         got = await asyncio.gather(*tries, return_exceptions=True)
@@ -93,13 +93,13 @@ class Pool:
             self.release(c)
         return len(opened)
 
-    def write_idle(self, target: Target, data: bytes) -> tuple[Conn, asyncio.Future[Head]] | None:
+    def write_idle(self, target: Endpoint, data: bytes) -> tuple[Conn, asyncio.Future[Head]] | None:
         """Write a request now on an idle keep-alive connection to `target`; None if none."""
         conn = self.take_idle(target.key)
         return None if conn is None else (conn, conn.send(data))
 
     def exchange(
-        self, target: Target, data: bytes, sent: Sent | None = None
+        self, target: Endpoint, data: bytes, sent: Sent | None = None
     ) -> Coroutine[Any, Any, tuple[Conn, Head]]:
         """`exchange` on this pool (the Transport method; `sent` came from `write_idle`)."""
         return exchange(self, target, data, cast("tuple[Conn, asyncio.Future[Head]] | None", sent))
@@ -119,7 +119,7 @@ class Pool:
 
 async def exchange(
     pool: Pool,
-    target: Target,
+    target: Endpoint,
     data: bytes,
     sent: tuple[Conn, asyncio.Future[Head]] | None = None,
 ) -> tuple[Conn, Head]:

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from phaselens.driver.options import DriverOptions
-from phaselens.redact import basic_auth, redact_url
+from phaselens.inputs.redact import basic_auth, redact_url
 from phaselens.types import Schedule
 
 PROBE_TIMEOUT_S = 2.0  # per target, both probes together

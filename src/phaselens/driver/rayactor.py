@@ -25,7 +25,7 @@ from phaselens.driver.clocksync import ClockEcho
 from phaselens.driver.options import DriverOptions
 from phaselens.driver.prompts import PromptMaker
 from phaselens.driver.shard import WorkerResult, drive_shard
-from phaselens.store import clock_anchor
+from phaselens.rundir.write import clock_anchor
 from phaselens.types import Schedule
 
 DRAIN_MAX = 64  # messages per drain (each a batch of up to shard.BATCH_MAX records)

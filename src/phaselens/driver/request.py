@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from phaselens.driver.transport import Target
-from phaselens.redact import basic_auth
+from phaselens.driver.transport import Endpoint
+from phaselens.inputs.redact import basic_auth
 
 # Request headers the driver sets itself (a user's --header of the same name is left out).
 OWN_HEADERS = frozenset(
@@ -28,7 +28,7 @@ OWN_HEADERS = frozenset(
 )
 
 
-def request_head(target: Target, headers: Mapping[str, str]) -> bytes:
+def request_head(target: Endpoint, headers: Mapping[str, str]) -> bytes:
     """The request head up to (not including) Content-Length, built once per target."""
     lines = [f"POST {target.path} HTTP/1.1", f"Host: {target.authority}"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
@@ -47,7 +47,9 @@ def check_header(name: str, value: str) -> str | None:
     return None
 
 
-def fixed_head(url: str, target: Target, headers: Mapping[str, str], api_key: str | None) -> bytes:
+def fixed_head(
+    url: str, target: Endpoint, headers: Mapping[str, str], api_key: str | None
+) -> bytes:
     """The fixed part of every request head to `url` (built once; the key never on disk)."""
     h = {k: v for k, v in headers.items() if k.lower() not in OWN_HEADERS}
     h["Content-Type"] = "application/json"

@@ -32,7 +32,7 @@ from phaselens.driver.packed import Batch, Packed, pack
 from phaselens.driver.prompts import PromptMaker
 from phaselens.driver.runner import RunSummary, run_schedule
 from phaselens.driver.state import LiveStats
-from phaselens.store import clock_anchor
+from phaselens.rundir.write import clock_anchor
 from phaselens.types import RequestRecord, Schedule, TelemetrySample
 
 BATCH_S = 0.1

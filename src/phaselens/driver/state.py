@@ -8,6 +8,7 @@ through `emit`, which keeps exactly one per planned request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -15,18 +16,17 @@ from typing import Any
 
 import numpy as np
 
+from phaselens.driver.history import (
+    TextParser,
+    next_turns,
+    prev_turns,
+    with_replies,
+)
 from phaselens.driver.openai import StreamParser, build_body
 from phaselens.driver.options import DriverOptions, check_targets, route
 from phaselens.driver.prompts import PromptMaker
 from phaselens.driver.request import fixed_head, wire
-from phaselens.driver.sessions import (
-    TextParser,
-    next_turns,
-    prev_turns,
-    synthetic_history,
-    with_replies,
-)
-from phaselens.driver.transport import Response, Target, Transport
+from phaselens.driver.transport import Endpoint, Response, Transport
 from phaselens.types import Message, RequestRecord, Schedule, Status
 
 RecordSink = Callable[[RequestRecord], None]
@@ -93,7 +93,7 @@ class RunState:
         self.stats = stats
         check_targets(schedule, targets, options)
         self.urls = route(schedule.models, targets, options.endpoint)
-        self.targets = [Target.of(u) for u in self.urls]
+        self.targets = [Endpoint.of(u) for u in self.urls]
         self.served = [options.model_map.get(m, m) for m in schedule.models]
         self.prompts = prompts or PromptMaker(options.prompt_seed, options.tokenizer)
         self.heads = [
@@ -114,7 +114,8 @@ class RunState:
         self.stop = asyncio.Event()
         self.transport: Transport | None = None
         self.run_tag = f"{t0 & 0xFFFFFFFF:08x}"
-        # sessions (sessions.py): the next turn's row, the records and real replies it needs
+        # sessions (history.py, loops.run_session): the next turn's row, the records and the
+        # real replies it needs
         self.next_turn = next_turns(schedule)
         self.prev_turn = prev_turns(self.next_turn)
         self.outcomes: dict[int, RequestRecord] = {}
@@ -173,7 +174,7 @@ class RunState:
                     msgs, self.replies.get(int(p.session_id[i]), {}), int(p.turn[i])
                 )
         elif p is not None and self.in_session(i):  # a session of synthetic text
-            msgs = synthetic_history(self, i)
+            msgs = self.synthetic_history(i)
         if msgs is not None:
             return build_body(
                 self.o.endpoint,
@@ -193,6 +194,38 @@ class RunState:
             optional=optional,
             extra=self.o.extra_body,
         )
+
+    def synthetic_history(self, i: int) -> tuple[Message, ...]:
+        """Turn i of a session of synthetic text, with its history: per earlier turn j its user
+        message (rebuilt from row j: the same bytes it was sent with) and its reply (the server's,
+        else a stand-in of its planned length), then its own user message. Turn j's user message
+        holds its new tokens: input[j] - input[j-1] - output[j-1] (the plan's history growth)."""
+        d = self
+        s, chain, prev = d.s, [i], d.prev_turn
+        assert prev is not None and s.prompts is not None  # (a session's row: `in_session`)
+        while prev[chain[-1]] >= 0:
+            chain.append(int(prev[chain[-1]]))
+        chain.reverse()
+        replies = d.replies.get(int(s.prompts.session_id[i]), {})
+        out: list[Message] = []
+        before = 0
+        for j, row in enumerate(chain):
+            req = s[row]
+            new = max(1, req.input_tokens - before)
+            if j:
+                req = dataclasses.replace(req, prefix_group=-1, prefix_tokens=0)
+            out.append(("user", d.prompts.prompt(dataclasses.replace(req, input_tokens=new))))
+            if row == i:
+                break
+            reply = replies.get(req.turn)
+            out.append(
+                (
+                    "assistant",
+                    reply if reply is not None else d.prompts.reply(req.id, req.output_tokens),
+                )
+            )
+            before = req.input_tokens + req.output_tokens
+        return tuple(out)
 
     def emit(self, rec: RequestRecord, row: int) -> None:
         if self.recorded[row]:

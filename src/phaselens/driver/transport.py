@@ -3,7 +3,7 @@
 Why a protocol: the request logic (retries without the optional fields, timeouts, cancellation,
 what each failure records) is tested against an in-process scripted transport
 (tests/driver/scripted.py) without servers; `pool.Pool` (connections, `http.Conn` parsing) is the
-real one. Body bytes are pushed into a `Sink` from the read itself (no task wake-up per read:
+real one. Body bytes are pushed into a `BodySink` from the read itself (no task wake-up per read:
 the hot path), so the protocol is callbacks, not an async iterator of chunks.
 """
 
@@ -27,11 +27,11 @@ class ConnectFailed(ConnectionLost):
     """No connection could be opened to the target."""
 
 
-# What Sink.data returns
+# What BodySink.data returns
 MORE, DRAIN, STOP = 0, 1, 2
 
 
-class Sink(Protocol):
+class BodySink(Protocol):
     """Where a response body goes. `data` gets each read's decoded bytes and the instant they
     arrived, and answers MORE, DRAIN (has what it needs: the rest is read unseen and the
     exchange ends with the body, so the connection can be reused) or STOP (end the exchange
@@ -43,7 +43,7 @@ class Sink(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Target:
+class Endpoint:
     """Where requests for one URL go, and the fixed part of their request head."""
 
     key: tuple[str, str, int]  # (scheme, host, port): the pool key
@@ -54,7 +54,7 @@ class Target:
     authority: str  # the Host header
 
     @classmethod
-    def of(cls, url: str) -> Target:
+    def of(cls, url: str) -> Endpoint:
         p = urlsplit(url)
         tls = p.scheme == "https"
         host = p.hostname or ""
@@ -77,7 +77,7 @@ class Response(Protocol):
 
     last_ns: int  # perf_counter_ns of the last read: the idle timeout's clock
 
-    def read_body(self, sink: Sink) -> Awaitable[None]:
+    def read_body(self, sink: BodySink) -> Awaitable[None]:
         """Route the body to `sink`; resolves when it ends (or the sink said STOP); raises
         HttpError / ConnectionLost when the response breaks."""
         ...
@@ -98,19 +98,19 @@ Sent = tuple[Response, Awaitable[Head]]
 class Transport(Protocol):
     """Sends requests (whole wire bytes: head and body) and hands back their responses."""
 
-    def write_idle(self, target: Target, data: bytes) -> Sent | None:
+    def write_idle(self, target: Endpoint, data: bytes) -> Sent | None:
         """Write the request now, synchronously, on an idle connection; None when there is
         none (then the caller uses `exchange`)."""
         ...
 
     def exchange(
-        self, target: Target, data: bytes, sent: Sent | None = None
+        self, target: Endpoint, data: bytes, sent: Sent | None = None
     ) -> Awaitable[tuple[Response, Head]]:
         """Send the request (or take over `sent`) and wait for its response head. Raises
         ConnectFailed, ConnectionLost, HttpError or OSError."""
         ...
 
-    def warm(self, target: Target, n: int) -> Awaitable[int]:
+    def warm(self, target: Endpoint, n: int) -> Awaitable[int]:
         """Open up to `n` idle connections ahead of the run; how many opened."""
         ...
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from phaselens.driver.packed import Packed, stand_in, unpack
 from phaselens.driver.selfcheck import LatencyScale
-from phaselens.store import RunWriter
+from phaselens.rundir.write import RunWriter
 from phaselens.types import RequestRecord, TelemetrySample
 
 

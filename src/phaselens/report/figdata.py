@@ -18,7 +18,7 @@ from phaselens.analysis.phases import Timeline
 from phaselens.analysis.roofline import gpu_peaks
 from phaselens.report.fig_timeline import TimelineData
 from phaselens.report.figures import Series, bucket_stats, coarse_phase_spans, nice_bin
-from phaselens.store import Run
+from phaselens.rundir.load import Run
 from phaselens.types import BIN_NS, F64
 
 

@@ -31,7 +31,7 @@ from phaselens.report.figdata import (
 from phaselens.report.figures import model_color
 from phaselens.report.page import fig_json, template_env, write_page
 from phaselens.report.page import render_page as render_template
-from phaselens.store import Run
+from phaselens.rundir.load import Run
 
 
 def build_context(

@@ -30,7 +30,7 @@ from typing import Any
 
 import polars as pl
 
-from phaselens.store import Run
+from phaselens.rundir.load import Run
 
 CAT = "request"
 COUNTER_PREFIXES = ("gpu.", "engine.", "host.")

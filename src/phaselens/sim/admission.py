@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from phaselens.sim.deploy import Policy
+from phaselens.sim.config import Policy
 from phaselens.sim.seq import Seq
 
 if TYPE_CHECKING:

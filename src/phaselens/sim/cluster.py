@@ -14,8 +14,8 @@ import heapq
 import numpy as np
 
 from phaselens.sim.client import Client, LoadShape
+from phaselens.sim.config import Deployment
 from phaselens.sim.cost import EngineCost, StepCost
-from phaselens.sim.deploy import Deployment
 from phaselens.sim.device import DeviceState, gpus_free, release_gpus, take_gpus, turn_order
 from phaselens.sim.engine import EngineState
 from phaselens.sim.loop import ARRIVE, KV_DONE, NEVER, SEND, STEP_END, TURN, WAKE, EventLoop

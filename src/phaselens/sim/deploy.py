@@ -1,4 +1,3 @@
-# One job, ~440 lines: the deployment file, from its schema through resolution to the checks.
 """Deployment file: GPUs, engines (model, TP, policy, sharing), optional P/D split.
 
 Why pydantic only here: the YAML is user input and every mistake must become one line naming the
@@ -12,208 +11,25 @@ by `yamlio` (bounded, UTF-8); every number is finite and bounded, and a deployme
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-from phaselens.bounds import limit
 from phaselens.errors import InputError
-from phaselens.fields import MAX_TOKENS, Fraction, Int32, Name, describe
+from phaselens.inputs.fields import describe
+from phaselens.inputs.yamlio import LineOf, clip, load_yaml_doc
+from phaselens.sim.config import Deployment, Engine, Gpu, Policy
 from phaselens.sim.cost import CostParams
+from phaselens.sim.deployfile import (
+    MIN_KV_TOKENS,
+    DeploymentIn,
+    GpuIn,
+)
 from phaselens.sim.gpushare import check_shares, memory_fractions
 from phaselens.sim.hardware import GPUS, GPUSpec
 from phaselens.sim.models import MODELS, ModelSpec, resolve_model
-from phaselens.yamlio import LineOf, clip, load_yaml_doc
-
-MIN_KV_TOKENS = (
-    4096  # an engine whose KV cache holds fewer tokens is refused (unless max_model_len)
-)
-MAX_GPUS = limit("GPUS", 1024)  # GPUs in one deployment (PHASELENS_LIMIT_GPUS raises it)
-MAX_ENGINES = limit("ENGINES", 256)  # engines in one deployment (PHASELENS_LIMIT_ENGINES)
-MAX_SERVES = 100  # spec models one engine serves
-
-Hw = Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]  # TFLOPS, GB/s, ...
-Count = Annotated[int, Field(gt=0, le=10_000_000)]
-Ms = Annotated[float, Field(ge=0, le=1e7, allow_inf_nan=False)]
-ElemBytes = Annotated[float, Field(ge=0.1, le=8, allow_inf_nan=False)]
-CostValue = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class GpuIn(_Strict):
-    name: Name
-    type: str | None = Field(default=None, max_length=100)
-    tflops: Hw | None = None
-    bandwidth_gbs: Hw | None = None
-    memory_gb: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
-    link_gbs: Hw | None = None
-    fp8_tflops: Hw | None = None  # dense FP8 peak (custom GPUs; catalog types have theirs)
-
-
-class ShareIn(_Strict):
-    mode: Literal["time_slice", "spatial"] = "time_slice"
-    sm_fraction: Fraction | None = None
-    memory_fraction: Fraction | None = None
-    priority: Int32 = 0  # time_slice: a lower value gets the GPU first; equal values take turns
-
-
-class PolicyIn(_Strict):
-    type: Literal["continuous", "dynamic", "static"] = "continuous"
-    max_num_seqs: Count = 256
-    max_num_batched_tokens: Count = 2048
-    chunked_prefill: bool = True
-    scheduling: Literal["fcfs", "priority", "short_first"] = "fcfs"
-    prefix_cache: bool = True
-    gpu_memory_utilization: Fraction = 0.9
-    max_model_len: Annotated[int, Field(gt=0, le=MAX_TOKENS)] | None = None
-    block_size: Annotated[int, Field(gt=0, le=65_536)] = 16
-    max_wait_tokens: Count = 512  # dynamic
-    max_wait_ms: Ms = 20.0  # dynamic / static
-    max_batch_size: Count = 64  # dynamic
-    batch_size: Count = 8  # static
-    kv_full: Literal["preempt", "queue"] = "preempt"  # a full KV cache: recompute, or wait
-
-
-class QuantIn(_Strict):
-    weight_bytes: ElemBytes | None = None
-    kv_bytes: ElemBytes | None = None
-
-
-class HandoffIn(_Strict):
-    to: Name
-    link_gbs: Hw = 50.0
-    latency_ms: Ms = 0.05
-
-
-class EngineIn(_Strict):
-    name: Name
-    model: str = Field(min_length=1, max_length=4096)  # a catalog id or a config.json path
-    serves: list[Name] = Field(default_factory=list, max_length=MAX_SERVES)
-    gpus: list[Name] = Field(min_length=1, max_length=MAX_GPUS)
-    share: ShareIn = Field(default_factory=ShareIn)
-    policy: PolicyIn = Field(default_factory=PolicyIn)
-    quant: QuantIn | None = None
-    role: Literal["both", "prefill", "decode"] = "both"
-    handoff: HandoffIn | None = None
-    # decode attention kernel: `grouped` reads each KV head once for its query-head group;
-    # `per_head` once per query head (TensorRT-LLM <= 0.7 masked MHA on GQA models)
-    decode_attention: Literal["grouped", "per_head"] = "grouped"
-
-
-class DeploymentIn(_Strict):
-    gpus: list[GpuIn] = Field(min_length=1, max_length=MAX_GPUS)
-    engines: list[EngineIn] = Field(min_length=1, max_length=MAX_ENGINES)
-    cost: dict[str, CostValue] = Field(default_factory=dict)
-    # time in the server outside the engine (HTTP, parsing, tokenization), per request:
-    # `calibrate`'s request overhead r; a request reaches its engine this long after it is sent
-    request_overhead_ms: Ms = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Gpu:
-    name: str
-    spec: GPUSpec
-
-
-@dataclass(frozen=True, slots=True)
-class Policy:
-    """Batching policy knobs (names follow vLLM where one exists)."""
-
-    type: str = "continuous"
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    chunked_prefill: bool = True
-    scheduling: str = "fcfs"
-    prefix_cache: bool = True
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int | None = None
-    block_size: int = 16
-    max_wait_tokens: int = 512
-    max_wait_ms: float = 20.0
-    max_batch_size: int = 64
-    batch_size: int = 8
-    # KV cache full: `preempt` (vLLM's default: the last admitted sequence is recomputed) or
-    # `queue` (TensorRT-LLM's guaranteed-no-evict: a request is admitted only when its whole KV,
-    # prompt + max output, fits beside what the running ones may still grow to; no preemption)
-    kv_full: str = "preempt"
-
-
-@dataclass(frozen=True, slots=True)
-class Engine:
-    """One serving engine, resolved: its model, GPUs, share of them, policy and KV capacity."""
-
-    name: str
-    model: ModelSpec
-    serves: tuple[str, ...]
-    gpus: tuple[str, ...]
-    policy: Policy
-    share_mode: str = "time_slice"
-    sm_fraction: float = 1.0
-    memory_fraction: float = 1.0  # of the GPU's usable memory (memory x gpu_memory_utilization)
-    share_priority: int = 0
-    role: str = "both"
-    handoff_to: str | None = None
-    link_gbs: float = 50.0
-    link_latency_ms: float = 0.05
-    kv_capacity_tokens: int = 0
-
-    @property
-    def tp(self) -> int:
-        return len(self.gpus)
-
-
-@dataclass(frozen=True, slots=True)
-class Deployment:
-    gpus: tuple[Gpu, ...]
-    engines: tuple[Engine, ...]
-    cost: CostParams = field(default_factory=CostParams)
-    source: str = "<default>"
-    request_overhead_s: float = 0.0  # outside the engine (`DeploymentIn.request_overhead_ms`)
-
-    def gpu(self, name: str) -> Gpu:
-        return next(g for g in self.gpus if g.name == name)
-
-    def engine(self, name: str) -> Engine:
-        return next(e for e in self.engines if e.name == name)
-
-    def manifest(self) -> dict[str, Any]:
-        """The `gpus` and `engines` manifest entries (docs/run-format.md)."""
-        gpus = [
-            {
-                "name": g.name,
-                "type": g.spec.type,
-                "tflops": g.spec.tflops,
-                "bandwidth_gbs": g.spec.bandwidth_gbs,
-                "memory_gb": g.spec.memory_gb,
-            }
-            for g in self.gpus
-        ]
-        engines = [
-            {
-                "name": e.name,
-                "model": e.model.name,
-                "gpus": list(e.gpus),
-                "serves": list(e.serves),
-                "role": e.role,
-                "share": {
-                    "mode": e.share_mode,
-                    "sm_fraction": e.sm_fraction,
-                    "memory_fraction": e.memory_fraction,
-                    "priority": e.share_priority,
-                },
-                "policy": {f.name: getattr(e.policy, f.name) for f in fields(Policy)},
-                "kv_capacity_tokens": e.kv_capacity_tokens,
-                "weight_bytes": e.model.weight_bytes,
-                "kv_bytes": e.model.kv_bytes,
-            }
-            for e in self.engines
-        ]
-        return {"gpus": gpus, "engines": engines}
 
 
 def parse_deployment(data: Any, source: str, lines: LineOf | None = None) -> Deployment:

@@ -19,8 +19,8 @@ import heapq
 from collections.abc import Callable, MutableSequence
 
 from phaselens.sim.admission import ADMIT
+from phaselens.sim.config import Policy
 from phaselens.sim.cost import EngineCost, StepCost, idle_ramp, prefill_attn_units
-from phaselens.sim.deploy import Policy
 from phaselens.sim.kvpool import KvPool
 from phaselens.sim.prefix import SESSION_GROUPS
 from phaselens.sim.records import STEP_RECORD

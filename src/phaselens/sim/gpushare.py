@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 
 from phaselens.errors import InputError
 
-if TYPE_CHECKING:  # (deploy.py imports this module: the types are for annotations only)
+if TYPE_CHECKING:  # (the types are for annotations only)
+    from phaselens.sim.config import Engine, Gpu
     from phaselens.sim.cost import CostParams
-    from phaselens.sim.deploy import DeploymentIn, Engine, Gpu
+    from phaselens.sim.deployfile import DeploymentIn
     from phaselens.sim.models import ModelSpec
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from phaselens.errors import InputError
-from phaselens.fields import MAX_NAME
-from phaselens.yamlio import clip, loads_json, read_text, show
+from phaselens.inputs.fields import MAX_NAME
+from phaselens.inputs.yamlio import clip, loads_json, read_text, show
 
 MAX_SHAPE = 10_000_000  # layers, widths, heads, vocab of a config.json
 

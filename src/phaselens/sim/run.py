@@ -17,19 +17,20 @@ import numpy as np
 import polars as pl
 
 from phaselens.errors import InputError
-from phaselens.sim.binning import IDLE_GAP_BINS, IDLE_TAIL_BINS, active_bins, telemetry_bins
-from phaselens.sim.client import LoadShape
-from phaselens.sim.cluster import Cluster
-from phaselens.sim.cost import fp8_gemms
-from phaselens.sim.deploy import Deployment, default_deployment, load_deployment
-from phaselens.sim.records import NO_TIME, ST_NOT_SENT, ST_OK, ClusterResult
-from phaselens.store import (
+from phaselens.rundir.schema import (
     PHASES,
     PHASES_SCHEMA,
     REQUEST_SCHEMA,
     STEP_SCHEMA,
     TELEMETRY_SCHEMA,
 )
+from phaselens.sim.binning import IDLE_GAP_BINS, IDLE_TAIL_BINS, active_bins, telemetry_bins
+from phaselens.sim.client import LoadShape
+from phaselens.sim.cluster import Cluster
+from phaselens.sim.config import Deployment
+from phaselens.sim.cost import fp8_gemms
+from phaselens.sim.deploy import default_deployment, load_deployment
+from phaselens.sim.records import NO_TIME, ST_NOT_SENT, ST_OK, ClusterResult
 from phaselens.types import BIN_NS, Schedule
 
 

@@ -30,14 +30,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from phaselens.errors import InputError
-from phaselens.redact import redact_urls_in
-from phaselens.telemetry.choose import SourceSpec, open_sources, parse_spec, status_key
+from phaselens.inputs.redact import redact_urls_in
 from phaselens.telemetry.clock import RunClock
+from phaselens.telemetry.options import SourceSpec, open_sources, parse_spec, status_key
 from phaselens.telemetry.scrape import SCRAPE_TIMEOUT_S, health
 from phaselens.telemetry.source import Source
 from phaselens.types import TelemetrySample
 
-Sink = Callable[[list[TelemetrySample]], None]
+SampleSink = Callable[[list[TelemetrySample]], None]
 Queue = queue.SimpleQueue[list[TelemetrySample]]
 SLEEP_MAX_S = 0.25  # waits up to this long are plain sleeps (`wait_stop`)
 
@@ -137,7 +137,7 @@ def run_sampling(
     sources: Sequence[Source],
     interval_s: float,
     stop: Any,
-    emit: Sink,
+    emit: SampleSink,
     run_start_perf_ns: int,
     flush_s: float = 0.1,
     direct: Queue | None = None,
@@ -189,7 +189,7 @@ class TelemetryHandle:
     is re-raised by `stop()` (the sampler must not lose data silently).
     """
 
-    def __init__(self, sink: Sink) -> None:
+    def __init__(self, sink: SampleSink) -> None:
         self._sink = sink
         self._statuses: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -276,7 +276,7 @@ class TelemetryHandle:
 def start_sources(
     sources: Sequence[Source],
     interval_s: float,
-    sink: Sink,
+    sink: SampleSink,
     run_start_perf_ns: int,
     direct: Queue | None = None,
 ) -> TelemetryHandle:
@@ -364,7 +364,7 @@ def start_telemetry(
     targets: list[str],
     interval_s: float,
     run_start_perf_ns: int,
-    sink: Sink,
+    sink: SampleSink,
     mode: str = "process",
 ) -> TelemetryHandle:
     """Start sampling. `spec` is `--telemetry` (see parse_spec); `targets` the run's target

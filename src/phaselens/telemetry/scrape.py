@@ -13,7 +13,8 @@ import http.client
 import urllib.parse
 from collections.abc import Sequence
 
-from phaselens.redact import basic_auth, redact_url, redact_urls_in
+from phaselens.inputs.redact import basic_auth, redact_url, redact_urls_in
+from phaselens.inputs.urls import check_url
 from phaselens.telemetry.clock import RunClock
 from phaselens.telemetry.httpget import KeepAliveGet
 from phaselens.telemetry.prometheus import (
@@ -26,7 +27,6 @@ from phaselens.telemetry.prometheus import (
 from phaselens.telemetry.promplan import PlanCache, parse_planned
 from phaselens.telemetry.promtext import Parsed
 from phaselens.types import TelemetrySample
-from phaselens.urls import check_url
 
 SCRAPE_TIMEOUT_S = 2.0
 MAX_BODY_BYTES = 32 << 20  # a /metrics body larger than this is refused (vLLM's: ~100 kB)

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 from phaselens.analysis.findings.kv import PREFIX_HITS, PREFIX_QUERIES
 from phaselens.errors import InputError
-from phaselens.redact import redact_url
+from phaselens.inputs.redact import redact_url
+from phaselens.inputs.urls import check_url
 from phaselens.telemetry.clock import RunClock
 from phaselens.telemetry.prometheus import CANONICAL, Scrape
 from phaselens.telemetry.scrape import ScrapeSource, metrics_url
 from phaselens.types import TelemetrySample
-from phaselens.urls import check_url
 
 WATCH_SOURCE = "watch"
 # Latency histograms, best first per engine: kind -> printed family names (seconds).

@@ -15,21 +15,20 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TextIO
 
-from phaselens.errors import InputError
-from phaselens.telemetry.choose import SourceSpec, open_sources
 from phaselens.telemetry.clock import RunClock
+from phaselens.telemetry.options import SourceSpec, open_sources
 from phaselens.telemetry.sampler import start_sources, wait_stop
-from phaselens.telemetry.scrape import SCRAPE_TIMEOUT_S, ScrapeSource
+from phaselens.telemetry.scrape import ScrapeSource
 from phaselens.telemetry.source import Source, Unavailable
 from phaselens.types import TelemetrySample
-from phaselens.watch.engines import EngineSpec, WatchedEngine
+from phaselens.watch.config import WatchConfig, WatchResult
+from phaselens.watch.engines import WatchedEngine
 from phaselens.watch.exporter import Exporter
-from phaselens.watch.hysteresis import Change, Tracker
+from phaselens.watch.hysteresis import Tracker
 from phaselens.watch.indicators import BINS_PER_S, Snapshot, snapshot, window_name
 from phaselens.watch.rules import DROP_HISTORY_S, Ctx, evaluate
 from phaselens.watch.state import WatchState
@@ -37,36 +36,6 @@ from phaselens.watch.state import WatchState
 TICK_S = 0.1
 EVAL_S = 1.0  # indicators and findings are evaluated once a second (docs/watch.md)
 CPU_WINDOW_S = 10.0
-MAX_WINDOW_S = 3600.0
-
-
-@dataclass(frozen=True, slots=True)
-class WatchConfig:
-    """What `phaselens watch` was asked to do."""
-
-    engines: tuple[EngineSpec, ...]
-    gpu: bool = False
-    dcgm: tuple[str, ...] = ()
-    slo: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
-    listen: str | None = None
-    record: Path | None = None
-    windows_s: tuple[float, ...] = (10.0, 300.0)
-    duration_s: float | None = None
-    quiet: bool = False
-    rotate_s: float = 3600.0
-    rotate_mb: float = 256.0
-    scrape_timeout_s: float = SCRAPE_TIMEOUT_S
-
-
-def check_windows(values: Sequence[float]) -> tuple[float, ...]:
-    """Distinct, sorted windows of 0.5 s to an hour, in whole bins."""
-    out = sorted({round(float(v), 1) for v in values})
-    for w in out:
-        if not 0.5 <= w <= MAX_WINDOW_S:
-            raise InputError(f"--window: {w:g} s is outside 0.5 to {MAX_WINDOW_S:g} s")
-    if len({window_name(w) for w in out}) != len(out):
-        raise InputError("--window: two windows have the same name")
-    return tuple(out)
 
 
 class CpuMeter:
@@ -110,17 +79,6 @@ def open_watch_sources(
 
 def wall_stamp() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
-
-
-@dataclass(slots=True)
-class WatchResult:
-    """What a finished watch leaves: the last snapshot, every change, the record dirs."""
-
-    snapshot: Snapshot | None = None
-    changes: list[Change] = field(default_factory=list)
-    record_dirs: list[Path] = field(default_factory=list)
-    statuses: dict[str, str] = field(default_factory=dict)
-    port: int | None = None
 
 
 def watch(

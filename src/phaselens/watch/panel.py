@@ -16,12 +16,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from phaselens.redact import redact_url
+from phaselens.inputs.redact import redact_url
 from phaselens.watch.indicators import Snapshot
 
 if TYPE_CHECKING:
+    from phaselens.watch.config import WatchConfig, WatchResult
     from phaselens.watch.hysteresis import Change
-    from phaselens.watch.loop import WatchConfig, WatchResult
 
 REFRESH_S = 1.0
 

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from phaselens.analysis.labels import LABELS
 from phaselens.execute import open_recording
-from phaselens.redact import redact_url
-from phaselens.store import EVENTS
+from phaselens.inputs.redact import redact_url
+from phaselens.rundir.schema import EVENTS
 from phaselens.telemetry.clock import RunClock
 from phaselens.telemetry.prometheus import CANONICAL
 from phaselens.types import BIN_NS, TelemetrySample
@@ -30,8 +30,8 @@ from phaselens.watch.engines import WATCH_SOURCE
 from phaselens.watch.state import NO_LABEL, WatchState
 
 if TYPE_CHECKING:
+    from phaselens.watch.config import WatchConfig
     from phaselens.watch.hysteresis import Change
-    from phaselens.watch.loop import WatchConfig
 
 MAX_MANIFEST_CHANGES = 10_000  # finding changes kept in a segment's manifest (all in telemetry)
 _SKIP = frozenset(CANONICAL)

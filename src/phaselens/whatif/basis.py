@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
+from phaselens.sim.config import Deployment, Engine
 from phaselens.sim.cost import CostParams, gemm_peak, per_head_seconds_per_token, prefill_attn_units
-from phaselens.sim.deploy import Deployment, Engine
 from phaselens.types import F64
 
 # The linear model's columns, named as CostParams (and calib.yaml's `cost`) name the constants,

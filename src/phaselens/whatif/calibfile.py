@@ -19,11 +19,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from phaselens.errors import InputError
-from phaselens.fields import describe
+from phaselens.inputs.fields import describe
+from phaselens.inputs.yamlio import clip, load_yaml_doc
+from phaselens.sim.config import Deployment
 from phaselens.sim.cost import CostParams
-from phaselens.sim.deploy import CostValue, Deployment, parse_deployment, read_deployment
+from phaselens.sim.deploy import parse_deployment, read_deployment
+from phaselens.sim.deployfile import CostValue
 from phaselens.whatif.predict import with_kv
-from phaselens.yamlio import clip, load_yaml_doc
 
 FORMAT = 1
 

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from phaselens.errors import InputError
+from phaselens.rundir.load import Run
 from phaselens.sim.deploy import parse_deployment
-from phaselens.store import Run
 from phaselens.types import F64
 from phaselens.whatif.basis import (
     COLUMNS,
@@ -42,7 +42,6 @@ from phaselens.whatif.basis import (
     with_values,
 )
 from phaselens.whatif.calibfile import Calibration, with_cost
-from phaselens.whatif.fit import scan_golden
 from phaselens.whatif.fitinputs import (
     check_run,
     fit_kv_capacity,
@@ -52,6 +51,7 @@ from phaselens.whatif.fitinputs import (
 )
 from phaselens.whatif.fits import Replay, fit_lone, fit_steps, queue_terms, split_request_overhead
 from phaselens.whatif.gaps import decode_gaps, prefill_gaps
+from phaselens.whatif.nnls import scan_golden
 from phaselens.whatif.predict import (
     compare,
     iso_times,

@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from phaselens.errors import InputError
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
 from phaselens.whatif.calibfile import load_calibration, load_deploy_mapping, write_calibration
 from phaselens.whatif.calibrate import calibrate, check
 from phaselens.whatif.knobs import choose, parse_sets

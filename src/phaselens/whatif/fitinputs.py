@@ -10,8 +10,8 @@ import numpy as np
 import polars as pl
 
 from phaselens.errors import InputError
-from phaselens.sim.deploy import Deployment
-from phaselens.store import Run
+from phaselens.rundir.load import Run
+from phaselens.sim.config import Deployment
 from phaselens.types import F64, Schedule
 from phaselens.whatif.basis import (
     Steps,

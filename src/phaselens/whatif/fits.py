@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from phaselens.rundir.load import Run
+from phaselens.sim.config import Deployment
 from phaselens.sim.cost import idle_ramp
-from phaselens.sim.deploy import Deployment, parse_deployment
-from phaselens.store import Run
+from phaselens.sim.deploy import parse_deployment
 from phaselens.types import F64, Schedule
 from phaselens.whatif.basis import (
     COLUMNS,
@@ -34,9 +35,9 @@ from phaselens.whatif.basis import (
     with_values,
 )
 from phaselens.whatif.calibfile import with_cost
-from phaselens.whatif.fit import LinFit, fit_robust, scan_golden
 from phaselens.whatif.fitinputs import engine_of, steps_basis
 from phaselens.whatif.gaps import DecodeGaps, joined
+from phaselens.whatif.nnls import LinFit, fit_robust, scan_golden
 from phaselens.whatif.predict import (
     per_request,
     request_loss,

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from phaselens.sim.config import Deployment
 from phaselens.sim.cost import prefill_attn_units
-from phaselens.sim.deploy import Deployment
 from phaselens.types import F64, I64, Schedule
 from phaselens.whatif.basis import Isolated, Steps, concat, engine_hw, step_features
 

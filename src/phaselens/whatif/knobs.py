@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from phaselens.bounds import limit
 from phaselens.errors import InputError
-from phaselens.fields import describe
-from phaselens.sim.deploy import MAX_GPUS, PolicyIn, ShareIn
+from phaselens.inputs.bounds import limit
+from phaselens.inputs.fields import describe
+from phaselens.sim.deployfile import MAX_GPUS, PolicyIn, ShareIn
 from phaselens.sim.hardware import GPUS
 from phaselens.types import Schedule
 from phaselens.whatif.replay import scale_load, set_burstiness

@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from phaselens.analysis.latency import request_table
-from phaselens.sim.deploy import Deployment
+from phaselens.sim.config import Deployment
 from phaselens.sim.run import SimResult, simulate
 from phaselens.types import F64, Schedule
 from phaselens.whatif.basis import isolated_basis, isolated_predict

@@ -20,8 +20,9 @@ import numpy as np
 import polars as pl
 
 from phaselens.errors import InputError
-from phaselens.runcheck import RunFormatError, read_frame
-from phaselens.store import SCHEDULE, Run
+from phaselens.rundir.check import RunFormatError, read_frame
+from phaselens.rundir.load import Run
+from phaselens.rundir.schema import SCHEDULE
 from phaselens.types import PromptRows, Schedule, StageInfo
 
 REPLAYABLE = ("ok",)  # requests whose lengths are known: the server answered them fully
@@ -39,8 +40,8 @@ def _prefix_info(run: Run, n: int) -> tuple[np.ndarray, np.ndarray] | None:
     try:
         from pathlib import Path
 
-        from phaselens.spec import parse_spec
         from phaselens.workload.plan import build_schedule
+        from phaselens.workload.spec import parse_spec
 
         ws = parse_spec(spec, "run spec", Path("."))
         sch = build_schedule(ws)

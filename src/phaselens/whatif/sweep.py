@@ -37,8 +37,8 @@ from phaselens.analysis.latency import (
 )
 from phaselens.analysis.phases import UTIL_PREFERENCE
 from phaselens.errors import InputError
+from phaselens.rundir.load import Run
 from phaselens.sim.deploy import parse_deployment
-from phaselens.store import Run
 from phaselens.types import BIN_NS, Schedule
 from phaselens.whatif.basis import coefficients
 from phaselens.whatif.calibfile import Calibration, with_cost

@@ -12,8 +12,8 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from phaselens.spec import ConstantArrival, GammaArrival, OnOffArrival, PoissonArrival
 from phaselens.types import F64
+from phaselens.workload.spec import ConstantArrival, GammaArrival, OnOffArrival, PoissonArrival
 
 Gaps = Callable[[int], F64]
 

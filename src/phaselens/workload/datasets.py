@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from phaselens.bounds import limit
 from phaselens.errors import InputError
+from phaselens.inputs.bounds import limit
+from phaselens.inputs.yamlio import check_text_file, clip, show
 from phaselens.types import I64
-from phaselens.yamlio import check_text_file, clip, show
 
 DATASET_BYTES = limit("DATASET_BYTES", 4 << 30)  # a JSON-array dataset read whole
 DATASET_LINE_BYTES = limit("DATASET_LINE_BYTES", 256 << 20)  # one JSONL/CSV row

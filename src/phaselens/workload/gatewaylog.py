@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from phaselens.errors import InputError
-from phaselens.spec import TIME_UNITS
+from phaselens.inputs.yamlio import check_text_file, clip, show
 from phaselens.workload.anonymize import block_prefixes
 from phaselens.workload.datasets import (
     Conversation,
@@ -34,9 +34,9 @@ from phaselens.workload.datasets import (
     text_of,
     usable_turns,
 )
+from phaselens.workload.spec import TIME_UNITS
 from phaselens.workload.tokens import Counter
 from phaselens.workload.traces import Trace, TraceWarning, finish_trace
-from phaselens.yamlio import check_text_file, clip, show
 
 TIME_KEYS = ("timestamp", "created", "time", "ts")
 

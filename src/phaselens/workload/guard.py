@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from phaselens.bounds import limit
 from phaselens.errors import InputError
-from phaselens.spec import MAX_DURATION_S, MAX_REQUESTS, OnOffArrival, WorkloadSpec
+from phaselens.inputs.bounds import limit
+from phaselens.workload.spec import MAX_DURATION_S, MAX_REQUESTS, OnOffArrival, WorkloadSpec
 from phaselens.workload.traces import Trace
 
 MAX_SOJOURNS = limit("SOJOURNS", 10_000_000)  # onoff burst/quiet periods over the window

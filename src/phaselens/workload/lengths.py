@@ -13,8 +13,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from phaselens.fields import MAX_TOKENS
-from phaselens.spec import (
+from phaselens.inputs.fields import MAX_TOKENS
+from phaselens.types import F64, I64
+from phaselens.workload.spec import (
     EmpiricalLength,
     FixedLength,
     LengthDist,
@@ -23,7 +24,6 @@ from phaselens.spec import (
     NormalLength,
     UniformLength,
 )
-from phaselens.types import F64, I64
 from phaselens.workload.traces import read_column
 
 Sampler = Callable[[LengthDist, int, np.random.Generator], F64]

@@ -24,12 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from phaselens.errors import InputError
-from phaselens.spec import (
-    MAX_MODELS,
-    ModelSpec,
-    TraceArrival,
-    WorkloadSpec,
-)
+from phaselens.inputs.yamlio import clip, show
 from phaselens.types import F64, I32, I64, Schedule, StageInfo
 from phaselens.workload.arrivals import arrival_times
 from phaselens.workload.datasets import read_dataset
@@ -47,9 +42,9 @@ from phaselens.workload.prompted import (
     merge_rows,
     synthetic_sessions,
 )
+from phaselens.workload.spec import MAX_MODELS, ModelSpec, TraceArrival, WorkloadSpec
 from phaselens.workload.tokens import ESTIMATE, Counter
 from phaselens.workload.traces import Trace, read_trace
-from phaselens.yamlio import clip, show
 
 # New streams go at the end: a stream's seed depends only on its position, so the draws of
 # existing specs stay the same.

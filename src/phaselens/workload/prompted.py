@@ -20,7 +20,10 @@ from typing import Any
 import numpy as np
 
 from phaselens.errors import InputError
-from phaselens.spec import (
+from phaselens.types import F64, I32, I64, Message, PromptRows
+from phaselens.workload.datasets import Dataset
+from phaselens.workload.lengths import sample_lengths
+from phaselens.workload.spec import (
     DatasetPrompts,
     ExponentialSeconds,
     FixedSeconds,
@@ -30,9 +33,6 @@ from phaselens.spec import (
     SessionSpec,
     UniformSeconds,
 )
-from phaselens.types import F64, I32, I64, Message, PromptRows
-from phaselens.workload.datasets import Dataset
-from phaselens.workload.lengths import sample_lengths
 from phaselens.workload.tokens import Counter
 
 Pool = tuple[tuple[Message, ...], ...]

@@ -28,12 +28,12 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from phaselens.bounds import limit
 from phaselens.errors import InputError
-from phaselens.fields import MAX_NAME, MAX_TOKENS
-from phaselens.spec import TIME_UNITS
+from phaselens.inputs.bounds import limit
+from phaselens.inputs.fields import MAX_NAME, MAX_TOKENS
+from phaselens.inputs.yamlio import check_text_file, clip, loads_json, show
 from phaselens.types import F64, I32, I64
-from phaselens.yamlio import check_text_file, clip, loads_json, show
+from phaselens.workload.spec import TIME_UNITS
 
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake hash ids name 512-token blocks of the prompt
 MAX_TRACE_SPAN_S = float(limit("TRACE_SPAN_S", 366 * 86_400))  # a trace file's own span

@@ -18,11 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from phaselens.capacity.config import SearchConfig, settings
 from phaselens.capacity.probe import warmup_cut
-from phaselens.capacity.search import SearchConfig, find_capacity, fixed_rate_probe, settings
+from phaselens.capacity.search import find_capacity, fixed_rate_probe
 from phaselens.capacity.verdict import upper_end_values
 from phaselens.execute import HttpTarget
-from phaselens.spec import WorkloadSpec
+from phaselens.workload.spec import WorkloadSpec
 
 N_BOOT = 400  # bootstrap resamples of the goodput interval
 LEVEL = 0.95  # two-sided interval level
@@ -58,7 +59,7 @@ def goodput_interval(
     warm-up and the probe's own warm-up cut (`probe.warmup_cut`, as the probe's goodput is), so
     the value lies inside its interval (analysis.compare's bootstrap on those requests only)."""
     from phaselens.analysis.compare import bootstrap, run_stats
-    from phaselens.store import load_run
+    from phaselens.rundir.load import load_run
 
     run = load_run(run_dir)
     judged, _ = warmup_cut(run.requests, warmup_s, upper_end_values(slo))
@@ -128,7 +129,7 @@ def capacity_summary(js: Mapping[str, Any], path: Path) -> dict[str, Any]:
 def capacity(ws: WorkloadSpec, url: str, cfg: SearchConfig, root: Path) -> Measured:
     """A capacity search (`find_capacity`) against `url`, its capacity.json and capacity.html
     in `root`; the value is the capacity, its interval the search's."""
-    from phaselens.capacity.page import capacity_page
+    from phaselens.report.capacity_page import capacity_page
 
     res = find_capacity(ws, HttpTarget({"*": url}), cfg, root)
     js: dict[str, Any] = res.to_json()

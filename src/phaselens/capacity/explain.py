@@ -17,7 +17,7 @@ from phaselens.analysis.stats import fnum, pkey_to_q
 from phaselens.capacity.probe import ProbeResult
 from phaselens.capacity.result import counted
 from phaselens.capacity.verdict import TargetVerdict, order_ranks, upper_end_values
-from phaselens.store import load_run
+from phaselens.rundir.load import load_run
 
 LIGHT_RETRY = 4.0  # an uncertain light probe is re-measured to judge this × the values an
 # interval of the SLO's highest percentile needs (144 for a p90: its upper end then lies 7

@@ -13,11 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from phaselens.errors import InputError
-from phaselens.redact import redact_url, redact_urls_in
+from phaselens.inputs.redact import redact_url, redact_urls_in
+from phaselens.inputs.urls import check_url
 from phaselens.telemetry.clock import RunClock
 from phaselens.telemetry.scrape import ScrapeSource, metrics_url
 from phaselens.telemetry.source import Source, Unavailable
-from phaselens.urls import check_url
 
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
 

@@ -172,3 +172,39 @@ def ray_for_simulations(value: Optional[str], simulates: str | None) -> str | No
 
     connect(address)
     return address
+
+
+def parse_pairs(values: list[str], opt: str, sep: str) -> dict[str, str]:
+    """Repeated `KEY<sep>VALUE` options (`--model-map`, `--header`) as a dict; one line naming
+    the option for a value without the separator."""
+    out: dict[str, str] = {}
+    for v in values:
+        k, ok, val = v.partition(sep)
+        if not ok or not k.strip():
+            raise InputError(f"{opt}: {v.split(sep)[0]!r}...: expected KEY{sep}VALUE")
+        out[k.strip()] = val.strip()
+    return out
+
+
+def parse_slo(text: str) -> dict[str, dict[str, float]]:
+    """`ttft_ms.p90=200,tpot_ms.p90=50` -> {"ttft_ms": {"p90": 200.0}, ...}, checked as the
+    spec's SLO is (analysis.latency.slo_targets)."""
+    from phaselens.analysis.latency import SLO_COLUMN, slo_targets
+
+    out: dict[str, dict[str, float]] = {}
+    for item in (x.strip() for x in text.split(",")):
+        key, eq, val = item.partition("=")
+        metric, dot, stat = key.strip().partition(".")
+        if not eq or not dot or metric not in SLO_COLUMN:
+            raise InputError(
+                f"--slo: {item[:60]!r}: expected METRIC.STAT=MS, e.g. ttft_ms.p90=200 (metrics: "
+                f"{', '.join(SLO_COLUMN)})"
+            )
+        try:
+            out.setdefault(metric, {})[stat.strip()] = float(val)
+        except ValueError:
+            raise InputError(f"--slo: {item[:60]!r}: {val!r} is not a number of ms") from None
+    targets = slo_targets(out)  # (a NaN, 0 or negative threshold: one line naming it)
+    if len(targets) != sum(len(v) for v in out.values()):
+        raise InputError(f"--slo: {text[:60]!r}: a STAT must be pXX, mean or max")
+    return out

@@ -34,9 +34,9 @@ from pydantic import (
     model_validator,
 )
 
-from phaselens.bounds import limit
 from phaselens.errors import InputError
-from phaselens.fields import (
+from phaselens.inputs.bounds import limit
+from phaselens.inputs.fields import (
     INT64,
     MAX_NAME,
     MAX_TOKENS,
@@ -49,7 +49,7 @@ from phaselens.fields import (
     describe,
     loc_str,
 )
-from phaselens.yamlio import LineOf, clip, load_yaml_doc, parse_yaml, show
+from phaselens.inputs.yamlio import LineOf, clip, load_yaml_doc, parse_yaml, show
 
 # Limits on what a spec may ask for; each can be raised with PHASELENS_LIMIT_<NAME> (bounds.py).
 MAX_MODELS = limit("MODELS", 100)  # models in one spec (and model labels split from a trace)

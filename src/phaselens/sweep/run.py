@@ -16,85 +16,22 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from phaselens.capacity.engine import (
-    BUILTINS,
-    READY_TIMEOUT_S,
-    EngineError,
-    Template,
-    running_engine,
-)
+from phaselens.capacity.config import SearchConfig
 from phaselens.capacity.scale import base_rate
-from phaselens.capacity.search import SearchConfig
-from phaselens.capacity.sweepprobe import Interrupted, Measured, capacity, fixed_rate
-from phaselens.errors import InputError
-from phaselens.names import slugify
-from phaselens.spec import WorkloadSpec
-from phaselens.store import new_run_dir
-from phaselens.whatif.knobs import grid
+from phaselens.inputs.names import slugify
+from phaselens.rundir.write import new_run_dir
+from phaselens.sweep.launch import READY_TIMEOUT_S, EngineError, Template, running_engine
+from phaselens.sweep.measure import Interrupted, Measured, capacity, fixed_rate
+from phaselens.sweep.settings import gpus_of, label, settings_of
+from phaselens.workload.spec import WorkloadSpec
 
-MAX_SETTINGS = 64  # combinations in one sweep (each starts an engine)
 MAX_REPEATS = 20
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def parse_sets(items: Sequence[str]) -> dict[str, tuple[str, ...]]:
-    """`--set NAME=V1,V2` items -> {name: values} (values stay text: they go into argv)."""
-    out: dict[str, tuple[str, ...]] = {}
-    for item in items:
-        name, eq, raw = item.partition("=")
-        name = name.strip()
-        vals = tuple(dict.fromkeys(v.strip() for v in raw.split(",")))
-        if not eq or not _NAME.match(name) or not raw.strip() or "" in vals:
-            raise InputError(f"--set {item}: expected NAME=V1,V2,... e.g. np=1,4")
-        if name in BUILTINS:
-            raise InputError(f"--set {name}: {{{name}}} is filled by phaselens, not by --set")
-        if name in out:
-            raise InputError(f"--set {name}: given twice")
-        out[name] = vals
-    n = 1
-    for v in out.values():
-        n *= len(v)
-    if n > MAX_SETTINGS:
-        raise InputError(f"--set: {n} settings; at most {MAX_SETTINGS} (each starts an engine)")
-    return out
-
-
-def settings_of(sets: Mapping[str, Sequence[str]]) -> list[dict[str, str]]:
-    """Every combination (the cartesian product), the last `--set` varying fastest."""
-    return [{k: str(v) for k, v in c.items()} for c in grid(sets)] if sets else [{}]
-
-
-def label(setting: Mapping[str, str]) -> str:
-    return " ".join(f"{k}={v}" for k, v in setting.items()) or "(as given)"
-
-
-def check_gpus(expr: str, sets: Mapping[str, Sequence[str]]) -> str:
-    """`--gpus-per-setting`: an integer >= 1 or a `*` product of integers and --set names whose
-    values are all integers >= 1."""
-    parts = [p.strip() for p in expr.split("*")]
-    for p in parts:
-        vals: Sequence[str] = sets.get(p, ()) if not p.isdigit() else (p,)
-        if not vals or not all(v.isdigit() and int(v) >= 1 for v in vals):
-            raise InputError(
-                f"--gpus-per-setting {expr}: {p!r}: expected an integer >= 1 or a --set name "
-                "with integer values (e.g. 2, tp, tp*pp)"
-            )
-    return expr
-
-
-def gpus_of(expr: str, setting: Mapping[str, str]) -> int:
-    n = 1
-    for p in expr.split("*"):
-        p = p.strip()
-        n *= int(setting.get(p, p))
-    return n
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,7 +240,7 @@ def rank_all(doc: dict[str, Any]) -> None:
 
 def save(sweep_dir: Path, doc: dict[str, Any]) -> None:
     """sweep.json, then sweep.html beside it (capacity.page.sweep_page)."""
-    from phaselens.capacity.page import sweep_page
+    from phaselens.report.capacity_page import sweep_page
 
     write_json(sweep_dir / "sweep.json", doc)
     sweep_page(doc, sweep_dir / "sweep.html")
@@ -345,7 +282,7 @@ def run_sweep(
                 if rep.get("interrupted"):
                     raise Interrupted(str(rep.get("run")))
         if cfg.prediction is not None:
-            from phaselens.capacity.sweeppredict import knee_rows, predict_rows
+            from phaselens.sweep.predict import knee_rows, predict_rows
 
             if cfg.rate_scale is None:
                 doc["prediction"] = knee_rows(cfg.prediction, rows)
@@ -358,20 +295,3 @@ def run_sweep(
     finally:
         save(sweep_dir, doc)
     return doc
-
-
-__all__ = [
-    "MAX_SETTINGS",
-    "SweepConfig",
-    "check_gpus",
-    "gpus_of",
-    "label",
-    "pareto",
-    "parse_sets",
-    "rank",
-    "rank_all",
-    "run_sweep",
-    "save",
-    "settings_of",
-    "summarize",
-]

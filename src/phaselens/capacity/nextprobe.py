@@ -1,4 +1,4 @@
-"""The search's next-probe rules (docs/capacity.md, "The search"): `_Search.next_scale`.
+"""The search's next-probe rules (docs/capacity.md, "The search"): `SearchState.next_scale`.
 
 Why apart from `find_capacity`: the rules are a pure function of the verdicts measured so far
 (and the prediction), so they are tested on hand-made verdicts (tests/capacity/
@@ -11,13 +11,13 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from phaselens.capacity.nocapacity import LIGHT_RETRY, too_few
+from phaselens.capacity.explain import LIGHT_RETRY, too_few
 from phaselens.capacity.probe import ProbeResult, ProbeSettings
 from phaselens.capacity.result import CONFIRM, bracket, by_scale, classify, counted, moved_to
 from phaselens.capacity.verdict import upper_end_values
 
 if TYPE_CHECKING:
-    from phaselens.capacity.search import SearchConfig
+    from phaselens.capacity.config import SearchConfig
 
 STEP_PREDICTED = 1.25  # the step away from a predicted knee while bracketing it
 STEP_BLIND = 2.0  # ... and without a prediction (a doubling search)
@@ -26,7 +26,7 @@ STABILITY = 1.1  # the stability probe: 10% above the capacity
 FAR_OVER = 2.0  # an upper edge failing above this × a threshold is not repeated
 
 
-class _Search:
+class SearchState:
     """The probes measured so far and the next load to measure (with its role and length)."""
 
     def __init__(self, cfg: SearchConfig, ps: ProbeSettings, light: float) -> None:

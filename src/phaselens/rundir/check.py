@@ -19,8 +19,8 @@ from typing import Any
 import polars as pl
 from polars.exceptions import PanicException
 
-from phaselens.bounds import limit
 from phaselens.errors import InputError
+from phaselens.inputs.bounds import limit
 
 FORMAT = 1  # the newest run format this version reads (and the one it writes)
 RUN_STATUSES = ("running", "complete", "partial", "interrupted")

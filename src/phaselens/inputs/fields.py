@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, ValidationError
 
-from phaselens.yamlio import LineOf, show
+from phaselens.inputs.yamlio import LineOf, show
 
 MAX_FLOAT = 1e15  # any float field, unless its own bound is tighter
 MAX_TOKENS = 10_000_000  # token lengths and length-distribution parameters

@@ -19,8 +19,26 @@ from typing import Any
 
 import polars as pl
 
-from phaselens.bounds import limit
-from phaselens.runcheck import I32_RANGE, I64_RANGE, NOT_NULL, RunFormatError, describe, int_check
+from phaselens.inputs.bounds import limit
+from phaselens.rundir.check import (
+    I32_RANGE,
+    I64_RANGE,
+    NOT_NULL,
+    RunFormatError,
+    describe,
+    int_check,
+)
+from phaselens.rundir.schema import (
+    KIND_REQ,
+    KIND_STEP,
+    KIND_TEL,
+    OLDEST_LOG_SCALARS,
+    REQUEST_SCHEMA,
+    STEP_SCHEMA,
+    TELEMETRY_SCHEMA,
+    labels_json,
+    rows_frame,
+)
 
 # one record: ~22 bytes per chunk (two base64 int64); PHASELENS_LIMIT_EVENT_LINE_BYTES raises it
 MAX_EVENT_LINE_BYTES = 256 << 20
@@ -185,3 +203,20 @@ def _event(line: bytes, cols: Mapping[str, Cols], min_request_scalars: int) -> t
             raise _Bad("labels: expected a JSON object of strings")
         return kind, (*_row(rest[:-1], cols["t"][:-1]), labels)
     return kind, _row(rest, cols["s"])
+
+
+def read_log(events: Path) -> EventLog:
+    """The run's event log read with the run directory's schemas (older logs without the
+    optional request columns included)."""
+    schemas = {KIND_REQ: REQUEST_SCHEMA, KIND_TEL: TELEMETRY_SCHEMA, KIND_STEP: STEP_SCHEMA}
+    return read_events(events, schemas, min_request_scalars=OLDEST_LOG_SCALARS)
+
+
+def log_frames(log: EventLog) -> dict[str, pl.DataFrame]:
+    """A read event log as the frames `RunWriter.close` writes."""
+    tel = [(*row[:4], labels_json(row[4])) for row in log.telemetry]
+    return {
+        "requests": rows_frame(log.requests, REQUEST_SCHEMA),
+        "telemetry": rows_frame(tel, TELEMETRY_SCHEMA),
+        "steps": rows_frame(log.steps, STEP_SCHEMA),
+    }

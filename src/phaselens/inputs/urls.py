@@ -12,7 +12,7 @@ import ipaddress
 import re
 
 from phaselens.errors import InputError
-from phaselens.redact import redact_url
+from phaselens.inputs.redact import redact_url
 
 MAX_URL_CHARS = 8192
 SCHEMES = ("http", "https")

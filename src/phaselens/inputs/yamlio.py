@@ -29,8 +29,8 @@ from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.resolver import Resolver
 
-from phaselens.bounds import limit
 from phaselens.errors import InputError
+from phaselens.inputs.bounds import limit
 
 # Each can be raised with PHASELENS_LIMIT_<NAME> (bounds.py): YAML_BYTES, DEPTH, ALIASES, NODES.
 MAX_FILE_BYTES = limit("YAML_BYTES", 16 * 1024 * 1024)  # YAML and config.json (traces stream)

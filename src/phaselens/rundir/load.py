@@ -1,8 +1,9 @@
-"""Loading a run: checked once (runcheck, eventlog), rebuilt after a crash, never changed.
+"""Loading a run: checked once (`rundir.check`, `rundir.eventlog`), rebuilt after a crash,
+never changed otherwise.
 
-Why apart from the writer (store.py): reading is where a run directory is untrusted input, and
-crash recovery is the one documented way a read may change it. `phaselens.store` re-exports
-everything here; import it from there.
+Why apart from the writer (`rundir.write`): reading is where a run directory is untrusted
+input, and crash recovery is the one documented way a read may change it. `phaselens.load_run`
+is this module's `load_run`.
 """
 
 from __future__ import annotations
@@ -17,29 +18,26 @@ from typing import Any
 import polars as pl
 
 from phaselens.errors import InputError
-from phaselens.runcheck import RunFormatError, parse_manifest, read_frame
-from phaselens.store import (
-    _FILES,
-    _OPTIONAL,
-    _SCHEMAS,
-    _SORT,
+from phaselens.rundir.check import RunFormatError, parse_manifest, read_frame
+from phaselens.rundir.eventlog import log_frames, read_log
+from phaselens.rundir.schema import (
     EVENTS,
+    FILES,
     LOST,
     LOST_ERROR,
     MANIFEST,
+    OPTIONAL,
     PHASES,
     PHASES_SCHEMA,
     REQUEST_SCHEMA,
     REQUESTS,
     SCHEDULE,
     SCHEDULE_SCHEMA,
-    _atomic_write_json,
-    _log_frames,
-    _read_log,
-    _write_frames,
+    SCHEMAS,
+    SORT,
     empty_frame,
 )
-from phaselens.types import Schedule
+from phaselens.rundir.write import atomic_write_json, write_frames
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,16 +75,6 @@ def _writer_alive(manifest: Mapping[str, Any]) -> bool:
     return pid != os.getpid()
 
 
-def write_schedule(run_dir: Path, schedule: Schedule) -> None:
-    """The plan, written when the run is created: recovery after a kill -9 counts every planned
-    request against it, so a request the log never saw is `lost`, not forgotten."""
-    from phaselens.workload.views import schedule_frame
-
-    tmp = run_dir / (SCHEDULE + ".tmp")
-    schedule_frame(schedule).write_parquet(tmp)
-    os.replace(tmp, run_dir / SCHEDULE)
-
-
 def _lost_rows(p: Path, manifest: Mapping[str, Any], seen: pl.Series) -> pl.DataFrame:
     """A `lost` row for each planned request (schedule.parquet) that the event log lacks."""
     if not (p / SCHEDULE).exists():
@@ -122,21 +110,21 @@ def _recover(p: Path) -> tuple[dict[str, Any], dict[str, pl.DataFrame]]:
     recovered in memory only.
     """
     manifest = read_manifest(p)
-    log = _read_log(p / EVENTS)
-    frames = _log_frames(log)
+    log = read_log(p / EVENTS)
+    frames = log_frames(log)
     logged = frames["requests"].unique("id", keep="first", maintain_order=True)
     dups = frames["requests"].height - logged.height  # the writer logs each id once: not ours
     lost = _lost_rows(p, manifest, logged["id"])
     frames["requests"] = pl.concat([logged, lost])
-    frames = {k: df.sort(_SORT[k]) for k, df in frames.items()}
+    frames = {k: df.sort(SORT[k]) for k, df in frames.items()}
     write: dict[str, pl.DataFrame] = {}
     for key, df in frames.items():
-        f = p / _FILES[key]
+        f = p / FILES[key]
         if not f.exists() or (f.is_file() and f.stat().st_size == 0):
             write[key] = df
             continue
         try:
-            old = read_frame(f, _SCHEMAS[key], _OPTIONAL.get(key, ()))
+            old = read_frame(f, SCHEMAS[key], OPTIONAL.get(key, ()))
         except InputError as e:
             raise RunFormatError(
                 f"{e}; not rebuilt over it from {EVENTS} (move it aside)"
@@ -155,8 +143,8 @@ def _recover(p: Path) -> tuple[dict[str, Any], dict[str, pl.DataFrame]]:
     manifest["recovery"] = {**log.note(), "lost": lost.height, "duplicate_ids": dups}
     manifest["recovery"]["rewritten"] = sorted(write)
     try:
-        _write_frames(p, write)
-        _atomic_write_json(p / MANIFEST, manifest)
+        write_frames(p, write)
+        atomic_write_json(p / MANIFEST, manifest)
     except OSError as e:
         manifest["recovery"]["not_written"] = f"{e.strerror or e}"
     return manifest, frames
@@ -185,8 +173,8 @@ def load_run(path: Path | str) -> Run:
     status = manifest.get("status")
     if status == "running" and _writer_alive(manifest):
         # Still being written: read what is flushed so far, change nothing on disk.
-        log = _read_log(p / EVENTS)
-        frames = _log_frames(log)
+        log = read_log(p / EVENTS)
+        frames = log_frames(log)
         manifest = {**manifest, "event_log": log.note()}
     elif status == "running":
         manifest, frames = _recover(p)
@@ -198,15 +186,15 @@ def load_run(path: Path | str) -> Run:
     else:
         counts = manifest.get("counts") or {}
         frames = {}
-        for key, name in _FILES.items():
+        for key, name in FILES.items():
             if (p / name).exists():
-                frames[key] = read_frame(p / name, _SCHEMAS[key], _OPTIONAL.get(key, ()))
+                frames[key] = read_frame(p / name, SCHEMAS[key], OPTIONAL.get(key, ()))
             elif counts.get(key):
                 raise RunFormatError(
                     f"{p / name}: missing (the manifest counts {counts[key]} rows)"
                 )
             else:
-                frames[key] = empty_frame(_SCHEMAS[key])
+                frames[key] = empty_frame(SCHEMAS[key])
     phases = _read_phases(p, frames["requests"])
     requests = _with_sessions(p, frames["requests"])
     return Run(p, manifest, requests, frames["telemetry"], frames["steps"], phases)

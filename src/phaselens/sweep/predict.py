@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from phaselens.errors import InputError
+from phaselens.sweep.settings import settings_of
 from phaselens.whatif.knobs import KNOBS, parse_value, resolve_name
 
 DEFAULT_MAP = {
@@ -68,7 +69,6 @@ def plan_prediction(
     for name in sets:
         if name not in maps and name in DEFAULT_MAP:
             maps[name] = _knob(f"{name}={DEFAULT_MAP[name]}", DEFAULT_MAP[name], engines)
-    from phaselens.capacity.sweep import settings_of
 
     combos = tuple(
         {key: parse_value(KNOBS[base], s[n], f"{n}={s[n]}") for n, (key, base) in maps.items()}
@@ -92,7 +92,7 @@ def predict_rows(
     """Calibrate on the first measured setting, predict every setting (`ray`: as Ray tasks
     there, `whatif --ray`'s); each row gets its `prediction` (predicted, measured, error per
     metric). A failed fit is reported, not raised: the measurements stand without it."""
-    from phaselens.store import load_run
+    from phaselens.rundir.load import load_run
     from phaselens.whatif.calibrate import calibrate
     from phaselens.whatif.knobs import apply_deploy
     from phaselens.whatif.sweep import sweep

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from phaselens.capacity.figures import (
+from phaselens.report.fig_capacity import (
     Interval,
     Knee,
     Point,

@@ -1,0 +1,100 @@
+"""The deployment file's fields (pydantic): what a user may write, each bounded.
+
+Why apart from the parser (`deploy`) and the resolved types (`config`): the GPU-sharing checks
+(`gpushare`) read these fields too, and the parser imports those checks.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from phaselens.inputs.bounds import limit
+from phaselens.inputs.fields import MAX_TOKENS, Fraction, Int32, Name
+
+MIN_KV_TOKENS = (
+    4096  # an engine whose KV cache holds fewer tokens is refused (unless max_model_len)
+)
+MAX_GPUS = limit("GPUS", 1024)  # GPUs in one deployment (PHASELENS_LIMIT_GPUS raises it)
+MAX_ENGINES = limit("ENGINES", 256)  # engines in one deployment (PHASELENS_LIMIT_ENGINES)
+MAX_SERVES = 100  # spec models one engine serves
+
+Hw = Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]  # TFLOPS, GB/s, ...
+Count = Annotated[int, Field(gt=0, le=10_000_000)]
+Ms = Annotated[float, Field(ge=0, le=1e7, allow_inf_nan=False)]
+ElemBytes = Annotated[float, Field(ge=0.1, le=8, allow_inf_nan=False)]
+CostValue = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GpuIn(_Strict):
+    name: Name
+    type: str | None = Field(default=None, max_length=100)
+    tflops: Hw | None = None
+    bandwidth_gbs: Hw | None = None
+    memory_gb: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
+    link_gbs: Hw | None = None
+    fp8_tflops: Hw | None = None  # dense FP8 peak (custom GPUs; catalog types have theirs)
+
+
+class ShareIn(_Strict):
+    mode: Literal["time_slice", "spatial"] = "time_slice"
+    sm_fraction: Fraction | None = None
+    memory_fraction: Fraction | None = None
+    priority: Int32 = 0  # time_slice: a lower value gets the GPU first; equal values take turns
+
+
+class PolicyIn(_Strict):
+    type: Literal["continuous", "dynamic", "static"] = "continuous"
+    max_num_seqs: Count = 256
+    max_num_batched_tokens: Count = 2048
+    chunked_prefill: bool = True
+    scheduling: Literal["fcfs", "priority", "short_first"] = "fcfs"
+    prefix_cache: bool = True
+    gpu_memory_utilization: Fraction = 0.9
+    max_model_len: Annotated[int, Field(gt=0, le=MAX_TOKENS)] | None = None
+    block_size: Annotated[int, Field(gt=0, le=65_536)] = 16
+    max_wait_tokens: Count = 512  # dynamic
+    max_wait_ms: Ms = 20.0  # dynamic / static
+    max_batch_size: Count = 64  # dynamic
+    batch_size: Count = 8  # static
+    kv_full: Literal["preempt", "queue"] = "preempt"  # a full KV cache: recompute, or wait
+
+
+class QuantIn(_Strict):
+    weight_bytes: ElemBytes | None = None
+    kv_bytes: ElemBytes | None = None
+
+
+class HandoffIn(_Strict):
+    to: Name
+    link_gbs: Hw = 50.0
+    latency_ms: Ms = 0.05
+
+
+class EngineIn(_Strict):
+    name: Name
+    model: str = Field(min_length=1, max_length=4096)  # a catalog id or a config.json path
+    serves: list[Name] = Field(default_factory=list, max_length=MAX_SERVES)
+    gpus: list[Name] = Field(min_length=1, max_length=MAX_GPUS)
+    share: ShareIn = Field(default_factory=ShareIn)
+    policy: PolicyIn = Field(default_factory=PolicyIn)
+    quant: QuantIn | None = None
+    role: Literal["both", "prefill", "decode"] = "both"
+    handoff: HandoffIn | None = None
+    # decode attention kernel: `grouped` reads each KV head once for its query-head group;
+    # `per_head` once per query head (TensorRT-LLM <= 0.7 masked MHA on GQA models)
+    decode_attention: Literal["grouped", "per_head"] = "grouped"
+
+
+class DeploymentIn(_Strict):
+    gpus: list[GpuIn] = Field(min_length=1, max_length=MAX_GPUS)
+    engines: list[EngineIn] = Field(min_length=1, max_length=MAX_ENGINES)
+    cost: dict[str, CostValue] = Field(default_factory=dict)
+    # time in the server outside the engine (HTTP, parsing, tokenization), per request:
+    # `calibrate`'s request overhead r; a request reaches its engine this long after it is sent
+    request_overhead_ms: Ms = 0.0
