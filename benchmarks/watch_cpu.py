@@ -5,7 +5,7 @@ The engines are 4 real HTTP /metrics servers in another process, on loopback, ea
 real 650-line vLLM scrape (tests/telemetry/fixtures) with its counters and histograms growing
 over time and its running/waiting/KV gauges moving, so every scrape parses changing text and the
 TTFT/ITL quantiles come from real bucket increments. The 8 GPUs are the NVML test double
-(tests/telemetry/fake_nvml.py), the one stand-in: no GPU here. The watcher runs in its own
+(tests/fakes/fake_nvml.py), the one stand-in: no GPU here. The watcher runs in its own
 process through `phaselens.watch.loop.watch` (what `phaselens watch` calls) with --listen; its
 CPU is read from /proc/<pid>/stat (user + system, every thread) while Prometheus-like scrapes hit
 the exporter once a second; then the exporter is scraped back to back for the latency figures.
@@ -146,7 +146,7 @@ def _watcher(urls: list[str], gpus: int, conn: Any) -> None:  # runs in a child 
     sys.path.insert(0, str(ROOT / "src"))
     import io
 
-    from tests.telemetry.fake_nvml import FakeGpu, make_fake
+    from tests.fakes.fake_nvml import FakeGpu, make_fake
 
     from phaselens.watch.config import WatchConfig
     from phaselens.watch.engines import parse_engines

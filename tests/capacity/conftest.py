@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.driver.conftest import server_process
+from tests.fakes import SLOTSERVER
 
 from phaselens.workload.spec import WorkloadSpec, parse_spec
-
-SERVER = Path(__file__).with_name("slotserver.py")
 
 
 @contextmanager
@@ -21,7 +20,7 @@ def slot_server(slots: int, prefill_ms: float, token_ms: float, *extra: str) -> 
     args = (
         "--slots", str(slots), "--prefill-ms", str(prefill_ms), "--token-ms", str(token_ms), *extra
     )  # fmt: skip
-    with server_process(SERVER, *args) as url:
+    with server_process(SLOTSERVER, *args) as url:
         yield url
 
 

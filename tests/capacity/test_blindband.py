@@ -51,7 +51,7 @@ def test_growth_band_by_hand() -> None:
 
 def _slots(schedule: Schedule, seed: int) -> pl.DataFrame:
     """4 slots × 400 ms first come first served, first token 200 ms after the start: with
-    constant arrivals the capacity is exactly 10 req/s (tests/capacity/slotserver.py)."""
+    constant arrivals the capacity is exactly 10 req/s (tests/fakes/slotserver.py)."""
     free = [0.0] * 4
     recs = []
     for i, t_ns in enumerate(schedule.t_ns.tolist()):

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.cli.test_sweep import DEPLOY, FAKE, SPEC
 from tests.raycluster import local_cluster
 
 from phaselens.capacity.blindband import sampling_band
@@ -28,7 +29,6 @@ from phaselens.cli import invoke
 from .test_blindband import _probe
 from .test_queuemodel import _light, _sat
 from .test_sim_search import _args
-from .test_sweep_cli import DEPLOY, FAKE, SPEC
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]

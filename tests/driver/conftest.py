@@ -11,16 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tests.builders import schedule
+from tests.fakes import FAKESERVER
 
 from phaselens.types import Schedule, StageInfo
-
-SERVER = Path(__file__).with_name("fakeserver.py")
 
 
 @contextmanager
 def fake_server(*args: str) -> Iterator[str]:
     """Start fakeserver.py with `args`; yields its base URL; kills it afterwards."""
-    with server_process(SERVER, *args) as url:
+    with server_process(FAKESERVER, *args) as url:
         yield url
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from tests.fakes.fakeserver import FAULTS
 
 from phaselens.driver.options import DriverOptions
 from phaselens.errors import InputError
@@ -16,7 +17,6 @@ from phaselens.execute import HttpTarget, Options, RunInfo, execute
 from phaselens.rundir.load import load_run
 
 from .conftest import fake_server, make_schedule
-from .fakeserver import FAULTS
 
 # fault -> (status, http_status, error must contain, tokens received)
 EXPECT: dict[str, tuple[str, int | None, str, int]] = {

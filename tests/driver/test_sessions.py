@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import numpy as np
+from tests.fakes.scripted_transport import MS, Chunk, Reply, ScriptedTransport, sse
 
 from phaselens.driver.eventloop import run_loop
 from phaselens.driver.history import next_turns, with_replies
@@ -18,7 +19,6 @@ from phaselens.driver.runner import run_schedule
 from phaselens.types import PromptRows, RequestRecord, Schedule
 
 from .conftest import make_schedule
-from .scripted import MS, Chunk, Reply, ScriptedTransport, sse
 
 BASE = "http://scripted.test:8000"
 CONV = (

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tests.fakes.scripted_transport import MS, Chunk, Reply, ScriptedTransport, sse
 
 from phaselens.driver.eventloop import run_loop
 from phaselens.driver.options import DriverOptions
@@ -20,8 +21,6 @@ from phaselens.driver.runner import run_schedule
 from phaselens.types import RequestRecord, Schedule
 from phaselens.workload.plan import build_schedule
 from phaselens.workload.spec import parse_spec
-
-from .scripted import MS, Chunk, Reply, ScriptedTransport, sse
 
 BASE = "http://scripted.test:8000"
 THINK_S = 0.05

@@ -1,9 +1,10 @@
 """The request logic against a scripted transport: every way a request ends, as exact records.
 
-No servers, no sockets: `scripted.ScriptedTransport` plays a script per request id. Chunk stamps
-are the script's instants, so token times are asserted exactly; `sent_ns` and the end of a
-failed request come from the real clock and are only checked for presence. Timeouts are short
-but nothing asserts how soon they fired (a loaded machine may be late), only what they record.
+No servers, no sockets: `scripted_transport.ScriptedTransport` (tests/fakes) plays a script per
+request id. Chunk stamps are the script's instants, so token times are asserted exactly;
+`sent_ns` and the end of a failed request come from the real clock and are only checked for
+presence. Timeouts are short but nothing asserts how soon they fired (a loaded machine may be
+late), only what they record.
 """
 
 from __future__ import annotations
@@ -14,15 +15,7 @@ import time
 from typing import Any
 
 import pytest
-
-from phaselens.driver.eventloop import run_loop
-from phaselens.driver.options import DriverOptions
-from phaselens.driver.runner import RunSummary, run_schedule
-from phaselens.driver.transport import ConnectFailed
-from phaselens.types import RequestRecord
-
-from .conftest import make_schedule
-from .scripted import (
+from tests.fakes.scripted_transport import (
     MS,
     Call,
     Chunk,
@@ -36,6 +29,14 @@ from .scripted import (
     sse,
     text,
 )
+
+from phaselens.driver.eventloop import run_loop
+from phaselens.driver.options import DriverOptions
+from phaselens.driver.runner import RunSummary, run_schedule
+from phaselens.driver.transport import ConnectFailed
+from phaselens.types import RequestRecord
+
+from .conftest import make_schedule
 
 BASE = "http://scripted.test:8000"
 URL = BASE + "/v1/completions"

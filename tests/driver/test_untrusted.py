@@ -16,6 +16,7 @@ from typing import Any
 
 import polars as pl
 import pytest
+from tests.fakes.fakeserver import UNTRUSTED
 
 from phaselens.driver.openai import StreamParser
 from phaselens.driver.options import DriverOptions
@@ -26,7 +27,6 @@ from phaselens.rundir.load import load_run
 from phaselens.types import RequestRecord
 
 from .conftest import fake_server, make_schedule
-from .fakeserver import UNTRUSTED
 
 writer_mod: Any = importlib.import_module("phaselens.driver.writer")
 

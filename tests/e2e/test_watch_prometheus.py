@@ -15,7 +15,7 @@ from typing import Any
 
 import polars as pl
 import pytest
-from tests.promserver import Prom, free_port, prometheus, wait_for
+from tests.fakes.promserver import Prom, free_port, prometheus, wait_for
 
 from phaselens.rundir.load import load_run
 

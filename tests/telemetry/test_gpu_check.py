@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.fakes.fake_nvml import FakeGpu, make_fake
 
 from phaselens.telemetry import nvml, sampler
 from phaselens.telemetry import options as choose
-
-from .fake_nvml import FakeGpu, make_fake
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPUTE = {1: 99.0, 2: 95.0, 3: 40.0, 5: 80.0, 10: 20.0}  # GPM id -> % while matmuls run

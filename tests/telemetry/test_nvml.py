@@ -7,13 +7,12 @@ import sys
 from dataclasses import dataclass
 
 import pytest
+from tests.fakes.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGpu, make_fake
 
 from phaselens.telemetry import nvml
 from phaselens.telemetry.options import SourceSpec, open_sources
 from phaselens.telemetry.source import Unavailable
 from phaselens.types import TelemetrySample
-
-from .fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGpu, make_fake
 
 WALL0 = 1_800_000_000_000_000_000  # the anchor's wall time, ns
 

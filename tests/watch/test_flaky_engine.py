@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from tests.watch.scripted import Phase, ScriptedEngine
+from tests.fakes.scripted_engine import Phase, ScriptedEngine
 
 from phaselens.watch.config import WatchConfig, WatchResult
 from phaselens.watch.engines import parse_engines

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
-from tests.telemetry.fake_nvml import FakeGpu, make_fake
-from tests.watch.scripted import Phase, ScriptedEngine
+from tests.fakes.fake_nvml import FakeGpu, make_fake
+from tests.fakes.scripted_engine import Phase, ScriptedEngine
 
 from phaselens.watch.config import WatchConfig, WatchResult
 from phaselens.watch.engines import parse_engines

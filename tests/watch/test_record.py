@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import polars as pl
-from tests.telemetry.fake_nvml import FakeGpu, make_fake
-from tests.watch.scripted import Phase, ScriptedEngine
+from tests.fakes.fake_nvml import FakeGpu, make_fake
+from tests.fakes.scripted_engine import Phase, ScriptedEngine
 
 from phaselens.cli import invoke
 from phaselens.rundir.load import load_run

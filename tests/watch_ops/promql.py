@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tests.promserver import contract
+from tests.fakes.promserver import contract
 
 _METRIC = re.compile(r"(?<![\w:])(phaselens_[a-z0-9_]+)\b(\{[^}]*\})?")
 _MATCHER = re.compile(r"([a-zA-Z_]\w*)\s*(?:=~|!~|!=|=)")

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from tests.promserver import CONTRACT, DASHBOARD, RULES, contract
+from tests.fakes.promserver import CONTRACT, DASHBOARD, RULES, contract
 from tests.watch_ops.promql import off_contract, refs
 
 ROOT = Path(__file__).resolve().parents[2]

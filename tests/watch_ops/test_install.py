@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.promserver import require_prometheus
+from tests.fakes.promserver import require_prometheus
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "install_prometheus.sh"
 
@@ -18,7 +18,7 @@ def test_install_script_is_idempotent_and_leaves_no_daemon() -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "already installed" in r.stdout and "prometheus, version 2." in r.stdout
-    # a daemon the package started runs without our loopback flags (tests/promserver.py)
+    # a daemon the package started runs without our loopback flags (tests/fakes/promserver.py)
     pids = subprocess.run(["pgrep", "-x", "prometheus"], capture_output=True, text=True).stdout
     for pid in pids.split():
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
-from tests.promserver import Prom, contract, free_port, prometheus, rules, wait_for
+from tests.fakes.promserver import Prom, contract, free_port, prometheus, rules, wait_for
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from tests.promserver import RULES, contract, require_prometheus, rules
+from tests.fakes.promserver import RULES, contract, require_prometheus, rules
 from tests.watch_ops.promql import off_contract, refs
 
 HERE = Path(__file__).parent

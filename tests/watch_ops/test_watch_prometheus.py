@@ -1,9 +1,9 @@
 """`phaselens watch --listen` (the real CLI, its own process) against two scripted engines
-(tests/watch/scripted.py: real HTTP servers whose vLLM /metrics follow a script), scraped by a
-real Prometheus loading the shipped rules. The export keeps the metric contract the dashboard and
-rules are built on, the watcher's live kv-pressure finding reaches Prometheus as a firing
-PhaselensFinding alert, and an engine that stops answering turns into phaselens_engine_up 0 and
-a pending PhaselensEngineDown."""
+(tests/fakes/scripted_engine.py: real HTTP servers whose vLLM /metrics follow a script),
+scraped by a real Prometheus loading the shipped rules. The export keeps the metric contract the
+dashboard and rules are built on, the watcher's live kv-pressure finding reaches Prometheus as a
+firing PhaselensFinding alert, and an engine that stops answering turns into
+phaselens_engine_up 0 and a pending PhaselensEngineDown."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tests.promserver import Prom, contract, free_port, prometheus, wait_for
-from tests.watch.scripted import Phase, ScriptedEngine
+from tests.fakes.promserver import Prom, contract, free_port, prometheus, wait_for
+from tests.fakes.scripted_engine import Phase, ScriptedEngine
 
 FULL = Phase(0, prompt_tps=800, gen_tps=300, running=12, waiting=3, kv=0.95, hits_ps=20,
              queries_ps=400, ttft_obs=(0.3, 4), itl_obs=(0.03, 300))  # fmt: skip

@@ -31,6 +31,11 @@ from typing import Any
 
 from aiohttp import web
 
+if __package__:  # imported as tests.fakes.fakeserver (the tests read its tables)
+    from .serve import serve
+else:  # run as a script, `python tests/fakes/fakeserver.py`: its folder is sys.path[0]
+    from serve import serve
+
 FAULTS = (
     "ok",  # a normal stream
     "weird",  # valid but awkward SSE: CRLF, comments, odd fields, multi-line data, keep-alives
@@ -321,13 +326,7 @@ async def main(args: argparse.Namespace) -> None:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/log", log)
     app.router.add_get("/stats", stats)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=1024)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    print(f"PORT {port}", flush=True)
-    await asyncio.Event().wait()
+    await serve(app, args.port)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """`phaselens sweep --capacity --deploy` end to end against an engine of known capacity, and the
 sweep page of the sweep.json it wrote, opened in the real Chromium.
 
-The engine is slotserver.py started from the template (`--slots {np}`): k slots, each request
-holding one for S = prefill + n × token = 100 + 4 × 25 = 200 ms in virtual time, so the
-capacity is k / S by construction (10 and 20 req/s for np = 2, 4; test_known_capacity.py has
-the arithmetic). Constant arrivals, SLO TTFT p50 ≤ 200 ms (the floor is the 100 ms prefill).
+The engine is tests/fakes/slotserver.py started from the template (`--slots {np}`): k slots,
+each request holding one for S = prefill + n × token = 100 + 4 × 25 = 200 ms in virtual time, so
+the capacity is k / S by construction (10 and 20 req/s for np = 2, 4;
+tests/capacity/test_known_capacity.py has the arithmetic). Constant arrivals, SLO TTFT
+p50 ≤ 200 ms (the floor is the 100 ms prefill).
 Why p50 and 4 s probes: a p50 interval needs 6 requests, so even the light probe of a short
 probe has one, and the light probe (6 req/s × 4 s = 24 requests) holds the 20 that calibration
 needs, so each setting's search predicts its knee. A finite probe passes loads up to
@@ -22,19 +23,19 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.fakes import SLOTSERVER
 
 from phaselens.cli import invoke
 from phaselens.report.page import fmt
 from phaselens.rundir.load import load_run
 
-SERVER = Path(__file__).with_name("slotserver.py")
 PREFILL_MS, TOKEN_MS, TOKENS = 100.0, 25.0, 4
 S = (PREFILL_MS + TOKENS * TOKEN_MS) / 1e3  # 0.2 s a slot per request
 PROBE_S, WARMUP_S, SLO_MS = 4.0, 0.5, 200.0
 T50 = WARMUP_S + 0.5 * (PROBE_S - WARMUP_S)
 X_STAR = 1 + (SLO_MS - PREFILL_MS) / 1e3 / T50  # 1.044
 ENGINE = (
-    f"{shlex.quote(sys.executable)} {shlex.quote(str(SERVER))} --port {{port}} "
+    f"{shlex.quote(sys.executable)} {shlex.quote(str(SLOTSERVER))} --port {{port}} "
     f"--prefill-ms {PREFILL_MS:g} --token-ms {TOKEN_MS:g} --slots {{np}}"
 )
 SPEC = {

@@ -196,7 +196,8 @@ class ScriptedEngine:
         self.server.server_close()
 
 
-def serve_forever(phases: list[Phase]) -> None:  # manual runs: python -m tests.watch.scripted
+def serve_forever(phases: list[Phase]) -> None:
+    # manual runs: python -m tests.fakes.scripted_engine
     e = ScriptedEngine(phases).start()
     print(e.url, flush=True)
     while True:

@@ -174,4 +174,4 @@ def test_subprocess_bad_input_has_no_traceback(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert r.stderr.strip() == (
         f"phaselens: error: {spec}: models[0].arrival.cv: must be >= 0.001 (got 0) (line 7)"
-    )  # the line: issue 14 item 6 (tests/test_yaml_lines.py)
+    )  # the line: issue 14 item 6 (tests/inputs/test_yaml_lines.py)

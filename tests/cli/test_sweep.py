@@ -1,4 +1,4 @@
-"""`phaselens sweep` against a real HTTP "engine" it starts: tests/driver/fakeserver.py --slots.
+"""`phaselens sweep` against a real HTTP "engine" it starts: tests/fakes/fakeserver.py --slots.
 
 The fake engine serves at most `--slots` requests at once (as llama-server's `-np`), each
 holding its slot for about t0 + 3 × d = 35 ms (4 tokens), so one slot carries about 28 req/s
@@ -18,14 +18,13 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.fakes import FAKESERVER
+from tests.sweep.test_capacity import open_sweep_page, page_rows
 
 from phaselens.cli import invoke
 from phaselens.rundir.load import load_run
 
-from .test_sweep_capacity import open_sweep_page, page_rows
-
-SERVER = Path(__file__).resolve().parents[1] / "driver" / "fakeserver.py"
-FAKE = f"{shlex.quote(sys.executable)} {shlex.quote(str(SERVER))} --port {{port}} --t0-ms 20"
+FAKE = f"{shlex.quote(sys.executable)} {shlex.quote(str(FAKESERVER))} --port {{port}} --t0-ms 20"
 SPEC = {
     "name": "fake",
     "seed": 3,

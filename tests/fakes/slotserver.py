@@ -32,6 +32,11 @@ from typing import Any
 
 from aiohttp import web
 
+if __package__:  # imported, as tests.fakes.slotserver
+    from .serve import serve
+else:  # run as a script, `python tests/fakes/slotserver.py`: its folder is sys.path[0]
+    from serve import serve
+
 
 class Slots:
     def __init__(
@@ -137,13 +142,7 @@ async def main(args: argparse.Namespace) -> None:
     app.router.add_post("/v1/completions", handle)
     app.router.add_get("/stats", stats)
     app.router.add_get("/health", health)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=1024)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    print(f"PORT {port}", flush=True)
-    await asyncio.Event().wait()
+    await serve(app, args.port, handler_cancellation=True)
 
 
 if __name__ == "__main__":

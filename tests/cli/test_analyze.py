@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.analysis.helpers import make_run, rec, util
 from typer.testing import CliRunner
 
 from phaselens.cli import app
 from phaselens.rundir.write import write_run
-
-from .helpers import make_run, rec, util
 
 runner = CliRunner()
 
