@@ -1,7 +1,7 @@
 """The one exception the CLI turns into a single line and exit code 2, and how a line is made.
 
 Why: bad input must never show a traceback. Every module raises `InputError` with the file, the
-field path or line number, and what was expected; `cli.py` prints it and exits 2.
+field path or line number, and what was expected; `cli/app.py` prints it and exits 2.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`execute(schedule, target, options, out)`: the one path from a schedule to a run directory.
 
-Why one seam: the CLI, the demo, the coming capacity search and sweeps, and a Ray target all run
+Why one seam: the CLI, the demo, the capacity search and sweeps, and a Ray target all run
 "a schedule against a target"; before this module the simulator and the driver were two unrelated
 code paths that each assembled their own manifest. Here the manifest is built once (`Manifest`),
 the run directory is created once, and an option a target does not honour is refused (exit 2),
@@ -9,7 +9,9 @@ simulated client timeouts. (The simulator honours the load's shape: `--concurren
 `--max-inflight`.)
 
 A target is a small frozen dataclass with `kind`, `label`, `targets`, `honours`, `prepare` and
-`run` (the `Target` protocol); `SimTarget` and `HttpTarget` are the two there are today.
+`run` (the `Target` protocol); `SimTarget` and `HttpTarget` are the two there are today
+(`RayTarget` is `HttpTarget` driven from a Ray cluster). A recorded watch has no schedule: it
+opens its run directories through `open_recording`, so this module still creates every one.
 """
 
 from __future__ import annotations

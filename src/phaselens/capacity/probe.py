@@ -89,7 +89,7 @@ class ProbeResult:
     goodput_ci_rps: tuple[float, float] | None = None
     truncation: Mapping[str, Any] | None = None  # the warm-up cut (`warmup_cut`)
     judged_requests: int | None = None  # requests the verdict was taken over (after the cut)
-    role: str = "search"  # "stability": asked as the 1.1x stability probe (search.SearchState)
+    role: str = "search"  # "stability": asked as the 1.1x stability probe (nextprobe.SearchState)
     superseded: bool = False  # an uncertain light probe re-measured longer: listed, not counted
 
     def to_json(self) -> dict[str, Any]:

@@ -162,6 +162,3 @@ def compare(
         typer.echo(f"Compare: {path}", err=as_json)
     if result["failed"]:
         raise typer.Exit(1)
-
-
-# ---------------------------------------------------------------- calibrate / whatif (issue 8)

@@ -1,4 +1,5 @@
-"""`plan`, `run` and `demo`: a spec becomes a schedule and, through `phaselens.execute`, a run."""
+"""`plan`, `anonymize`, `run` and `demo`: a spec becomes a schedule and, through
+`phaselens.execute`, a run; `anonymize` rewrites a request log so that it can be shared."""
 
 from __future__ import annotations
 

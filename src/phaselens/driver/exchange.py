@@ -231,7 +231,7 @@ def _finish(
     if status == "ok":
         d.methods[p.method] += 1
         d.keep_reply(i, p)
-    if p.notes:  # server values that were ignored (driver/values.py): said in the record
+    if p.notes:  # server values that were ignored (driver/reported.py): said in the record
         note = "note: " + "; ".join(p.notes)
         error = f"{error}; {note}" if error else note
     d.emit(

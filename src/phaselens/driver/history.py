@@ -46,7 +46,7 @@ class TextParser(StreamParser):
         self.raw.append(data)
         return super().feed(data, t_ns)
 
-    data = feed  # the http.BodySink interface (StreamParser binds its own feed under this name)
+    data = feed  # transport.BodySink (StreamParser binds its own feed under this name)
 
     def text(self) -> str:
         """The generated text: every event's delta `content` (chat) or `text` (completions).

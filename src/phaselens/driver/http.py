@@ -1,5 +1,6 @@
-# One job, 430 lines: the HTTP/1.1 response state machine (head, framings, gzip) in one Protocol.
 """HTTP/1.1 responses parsed as they arrive: one asyncio Protocol per connection (`Conn`).
+
+(Over 400 lines: one job, the response state machine (head, framings, gzip) in one Protocol.)
 
 Why not aiohttp (which the driver used first): for every read of a streamed body, aiohttp's
 StreamReader resolves a future and resumes the request's task before the caller sees the bytes.

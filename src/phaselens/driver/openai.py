@@ -1,5 +1,6 @@
-# One job, ~410 lines: the SSE stream parser (one state machine, with its fast counting path).
 """OpenAI-compatible request bodies and a streaming (SSE) parser. No timing logic here.
+
+(Over 400 lines: one job, the SSE parser, one state machine with its fast counting path.)
 
 Why a byte scanner instead of `json.loads` per chunk: the client's CPU per chunk decides how much
 load one process can drive and how late it sees each token. Content chunks are recognised with a
@@ -11,7 +12,7 @@ with `json.loads` on generated chunks).
 Token counting per chunk: when the server sends continuous usage stats (every chunk carries
 `usage.completion_tokens`), a chunk carries the difference from the previous count; otherwise
 every chunk with non-empty generated text carries one token. `usage.prompt_tokens` is kept as the
-true input length. These numbers come from the server and are untrusted (`values.py`): one that is
+true input length. These numbers come from the server and are untrusted (`reported.py`): one that is
 not an integer in range is ignored and noted (`StreamParser.notes`), and from then on the stream's
 usage counts are not used (its tokens are counted per chunk).
 """
@@ -37,7 +38,7 @@ OPTIONAL_FIELDS: tuple[str, ...] = ("stream_options", "ignore_eos", "min_tokens"
 CONTINUE, DONE, FAILED = 0, 1, 2
 
 _DATA = b"data:"
-# The raw text of a count's value (whatever it is: checked by `values.count`).
+# The raw text of a count's value (whatever it is: checked by `reported.count`).
 _CT = re.compile(rb'"completion_tokens"\s*:\s*([^,}\]\s]*)')
 _PT = re.compile(rb'"prompt_tokens"\s*:\s*([^,}\]\s]*)')
 # llama.cpp's final event: "timings": {"cache_n": 0, "prompt_n": 18, "prompt_ms": 1.107, ...,
@@ -277,7 +278,7 @@ class StreamParser:
         self.events += n
         return data[q:]
 
-    data = feed  # the http.BodySink interface: CONTINUE/DONE/FAILED are its MORE/DRAIN/STOP
+    data = feed  # the transport.BodySink interface: CONTINUE/DONE/FAILED are its MORE/DRAIN/STOP
 
     def end(self, t_ns: int) -> None:
         """The body ended without [DONE] (a `BodySink`): an unterminated last event still counts."""

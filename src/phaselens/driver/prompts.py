@@ -10,7 +10,7 @@ the text is adjusted until it encodes to exactly the planned count.
 Real text (a prompt dataset, a replayed log: `Schedule.prompts`) does not pass through here:
 the driver sends the row's messages as they are (`state.RunState.body`). Sessions of synthetic
 text do: each turn's user message is `prompt` of that turn's row (its new tokens only), so the
-history a later turn carries is byte for byte what was sent before (`sessions.py`).
+history a later turn carries is byte for byte what was sent before (`history.py`).
 
 Every random choice comes from a numpy Generator seeded by (seed, purpose, id), so the same
 schedule and seed give the same prompts in any process and in any order.

@@ -32,7 +32,7 @@ from yaml.resolver import Resolver
 from phaselens.errors import InputError
 from phaselens.inputs.bounds import limit
 
-# Each can be raised with PHASELENS_LIMIT_<NAME> (bounds.py): YAML_BYTES, DEPTH, ALIASES, NODES.
+# Each can be raised with PHASELENS_LIMIT_<NAME> (`bounds.py`): YAML_BYTES, DEPTH, ALIASES, NODES.
 MAX_FILE_BYTES = limit("YAML_BYTES", 16 * 1024 * 1024)  # YAML and config.json (traces stream)
 MAX_DEPTH = limit("DEPTH", 64)  # nested mappings/lists (YAML and JSON)
 MAX_ALIASES = limit("ALIASES", 100)  # YAML `*name` references in one document

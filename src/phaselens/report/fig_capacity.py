@@ -1,10 +1,11 @@
 """The capacity and sweep figures (draw only: points and curves in, plotly figure out).
 
-Why its own module: `page.py` reads capacity.json / sweep.json, which other code writes and may
-leave fields out; this module gets plain, already-checked numbers and only draws, so every
-figure looks the same whichever page asks for it. Measured points are one trace per verdict
-(the legend is the colour key), predicted curves are lines, the capacity interval is a shaded
-band and SLO thresholds are dashed horizontal lines (layout shapes, so they span the axis).
+Why its own module: `capacity_page.py` reads capacity.json / sweep.json, which other code
+writes and may leave fields out; this module gets plain, already-checked numbers and only
+draws, so every figure looks the same whichever page asks for it. Measured points are one trace
+per verdict (the legend is the colour key), predicted curves are lines, the capacity interval
+is a shaded band and SLO thresholds are dashed horizontal lines (layout shapes, so they span
+the axis).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Why: a run directory may be truncated, copied halfway, edited by hand or written
 phaselens version. Analysis trusts what `load_run` hands it, so every problem is found here and
 becomes one `InputError` naming the file (with the line of events.jsonl, the column of a Parquet
 file or the key path of manifest.json) and what was expected. The schemas themselves live in
-`store`; this module only checks against them (it imports nothing above errors).
+`rundir.schema` (which reads `NOT_NULL` from here); this module imports only `errors` and
+`inputs.bounds`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Why its own module: the event log is what crash recovery rebuilds a run from, so a line that is
 binary, not JSON, of the wrong shape or with a value that does not fit its column must cost
-that line only (counted in the manifest), never the run. Checks use `runcheck`'s rules.
+that line only (counted in the manifest), never the run. Checks use `check`'s rules.
 """
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ def recover_run(path: Path | str) -> Path:
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
-    """manifest.json, checked (runcheck.parse_manifest): types of the known keys, the format."""
+    """manifest.json, checked (check.parse_manifest): types of the known keys, the format."""
     return parse_manifest(Path(path))
 
 

@@ -189,9 +189,9 @@ def record_contract_problems() -> list[str]:
     for f, cols in NOT_NULL.items():
         schema = FILE_SCHEMAS.get(f)
         if schema is None:
-            out.append(f"runcheck.NOT_NULL names {f}, which has no schema")
+            out.append(f"check.NOT_NULL names {f}, which has no schema")
         else:
-            out += [f"runcheck.NOT_NULL[{f!r}]: no column {c!r}" for c in cols if c not in schema]
+            out += [f"check.NOT_NULL[{f!r}]: no column {c!r}" for c in cols if c not in schema]
     for key, cols in OPTIONAL.items():
         scalars = [k for k, t in SCHEMAS[key].items() if not isinstance(t, pl.List)]
         if scalars[len(scalars) - len(cols) :] != list(cols):  # what OLDEST_LOG_SCALARS relies on

@@ -1,7 +1,9 @@
-"""Deployment file: GPUs, engines (model, TP, policy, sharing), optional P/D split.
+"""Deployment file: GPUs, engines (model, TP, policy, sharing), optional P/D split, read and
+resolved (its fields: `deployfile`; the resolved types: `config`).
 
-Why pydantic only here: the YAML is user input and every mistake must become one line naming the
-field (`InputError`). Inside the simulator the resolved deployment is plain frozen dataclasses.
+Why pydantic only at the file: the YAML is user input and every mistake must become one line
+naming the field (`InputError`). Inside the simulator the resolved deployment is plain frozen
+dataclasses (`config`).
 Memory is checked before simulating: each engine's weights, reserve and a minimal KV cache must
 fit its share of every GPU it uses, or the error says by how much it does not. The file is read
 by `yamlio` (bounded, UTF-8); every number is finite and bounded, and a deployment holds at most

@@ -1,7 +1,7 @@
 """`simulate`: schedule + deployment -> frames (`phaselens.execute` writes them as a run).
 
 Why frames built column by column: a million-request replay must not create a million Python
-record objects; the frames have exactly the schemas of `store` so analysis cannot tell a
+record objects; the frames have exactly the schemas of `rundir.schema` so analysis cannot tell a
 simulated run from a measured one.
 """
 
@@ -36,7 +36,8 @@ from phaselens.types import BIN_NS, Schedule
 
 @dataclass(frozen=True, slots=True)
 class SimResult:
-    """Frames in the schemas of `store`, the exact phases, and the manifest entries to merge."""
+    """Frames in the schemas of `rundir.schema`, the exact phases, and the manifest entries to
+    merge."""
 
     requests: pl.DataFrame
     telemetry: pl.DataFrame

@@ -2,7 +2,7 @@
 ends, and the prefix cache sees what the turns really share.
 
 Why its own module: the plan fixes which turns a session has and their think times, but when
-turn k ends is only known while the simulation runs (as in the driver, `driver/sessions.py`);
+turn k ends is only known while the simulation runs (as in the driver, `driver/history.py`);
 the cluster's loop asks here what a turn's end sets off. A turn that does not end `ok` ends
 its session: every later turn is recorded `not_sent` with the reason, as the driver does.
 

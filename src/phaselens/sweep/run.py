@@ -47,7 +47,7 @@ class SweepConfig:
     ready_timeout_s: float = READY_TIMEOUT_S
     gpus: str = "1"
     seed: int = 0  # the goodput bootstrap's (the workload keeps the spec's seed)
-    prediction: Any = None  # sweeppredict.PredictPlan, or None without --deploy
+    prediction: Any = None  # sweep.predict.PredictPlan, or None without --deploy
     search: SearchConfig = field(default_factory=SearchConfig)  # probe length, warm-up, ...
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -239,7 +239,7 @@ def rank_all(doc: dict[str, Any]) -> None:
 
 
 def save(sweep_dir: Path, doc: dict[str, Any]) -> None:
-    """sweep.json, then sweep.html beside it (capacity.page.sweep_page)."""
+    """sweep.json, then sweep.html beside it (report.capacity_page.sweep_page)."""
     from phaselens.report.capacity_page import sweep_page
 
     write_json(sweep_dir / "sweep.json", doc)

@@ -1,6 +1,7 @@
-"""The bodies of `phaselens calibrate` and `phaselens whatif` (cli.py only parses arguments).
+"""The bodies of `phaselens calibrate` and `phaselens whatif` (`cli/model.py` only parses
+arguments).
 
-Why here: scriptable from Python and testable without a subprocess; cli.py stays thin.
+Why here: scriptable from Python and testable without a subprocess; the CLI stays thin.
 """
 
 from __future__ import annotations

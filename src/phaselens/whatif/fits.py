@@ -1,7 +1,7 @@
 """The fits of each calibration source: engine steps, lone requests with decode gaps, and the
 replay searches that split what the client alone cannot tell apart.
 
-Why its own module: each fit is NNLS (`fit.py`) on rows built from one source; `calibrate.py`
+Why its own module: each fit is NNLS (`nnls.py`) on rows built from one source; `calibrate.py`
 chooses among them and measures the result.
 """
 

@@ -13,8 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from phaselens.errors import InputError
-from phaselens.report.page import fig_json, fmt, render_page, template_env, write_page
+from phaselens.report import whatif_page
 from phaselens.whatif.calibfile import Calibration
 from phaselens.whatif.calibrate import summary_rows
 
@@ -156,114 +155,16 @@ def print_sweep(result: Mapping[str, Any], console: Console) -> None:
         console.print(advice)
 
 
-# ---- HTML --------------------------------------------------------------------------------------
-_PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>phaselens what-if</title>
-<style>{{ css|safe }}</style><script>{{ plotlyjs|safe }}</script></head>
-<body><main>
-<section id="whatif">
-<h1>What-if: {{ run }}</h1>
-<p>Calibrated on <code>{{ calib_run }}</code> ({{ method }}). Ranked by {{ ranking }}.
-SLO: <code>{{ slo }}</code>.</p>
-<h2>Best setting</h2>
-<p><strong>{{ best.label }}</strong>: goodput {{ fmt(best.goodput_rps) }} r/s
-(baseline {{ fmt(baseline.goodput_rps) }} r/s), TTFT p90 {{ fmt(best.ttft_p90_ms) }} ms,
-TPOT p90 {{ fmt(best.tpot_p90_ms) }} ms; expected error {{ best.expected_error }}.</p>
-{% if advice %}<div class="finding warning" id="cliff">{{ advice }}</div>{% endif %}
-<h2>Baseline: measured vs predicted</h2>
-<table><tr><th></th><th>goodput r/s</th><th>TTFT p50</th><th>TTFT p90</th><th>TPOT p50</th>
-<th>TPOT p90</th></tr>
-{% for r in [measured, baseline] %}<tr><td>{{ r.label }}</td>
-{% for k in ["goodput_rps", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms"] %}
-<td>{{ fmt(r[k]) }}</td>{% endfor %}</tr>{% endfor %}
-</table>
-<h2>Fit error by load regime (calibration)</h2>
-<table><tr><th>regime</th><th>n</th><th>TTFT p50</th><th>TTFT p90</th><th>TPOT p50</th>
-<th>TPOT p90</th></tr>
-{% for reg, n, cells in errors %}<tr><td>{{ reg }}</td><td>{{ n }}</td>
-{% for c in cells %}<td>{{ c }}</td>{% endfor %}</tr>{% endfor %}</table>
-<h2>Goodput vs cost</h2>
-<div id="pareto" class="fig"></div>
-<h2>All settings</h2>
-<table><tr><th>#</th><th class="l">setting</th><th>goodput r/s</th><th>SLO %</th>
-<th>TTFT p90 ms</th><th>TPOT p90 ms</th><th>util std 5 s</th><th>GPUs</th><th>regime</th>
-<th>TTFT p90 at +10% load</th><th>expected error</th></tr>
-{% for r in rows %}<tr><td>{{ r.rank }}</td>
-<td class="l">{{ r.label }}{% if r.get('pareto') %} ★{% endif %}</td>
-{% if r.feasible %}<td>{{ fmt(r.goodput_rps) }}</td><td>{{ fmt(r.slo_attainment_pct) }}</td>
-<td>{{ fmt(r.ttft_p90_ms) }}</td><td>{{ fmt(r.tpot_p90_ms) }}</td>
-<td>{{ fmt(r.util_std_5s_pct) }}</td><td>{{ r.gpus }}</td><td>{{ r.regime }}</td>
-<td>{{ more_load_cell(r) }}</td><td>{{ r.expected_error }}</td>
-{% else %}<td colspan="9">infeasible: {{ r.reason }}</td>{% endif %}</tr>{% endfor %}
-</table>
-</section></main>
-<script>(function(f){Plotly.newPlot("pareto", f.data, f.layout, {responsive: true})
-.then(function(){window.__phaselensReady = true;});})(
-{{ fig|safe }});</script>
-</body></html>
-"""
-
-
-def _pareto_figure(result: Mapping[str, Any]) -> Any:
-    import plotly.graph_objects as go
-
-    rows = [r for r in result["rows"] if r.get("feasible")]
-    front = [r for r in rows if r.get("pareto")]
-    fig = go.Figure()
-    fig.add_trace(
-        go.Scatter(
-            x=[r.get("cost_per_hour") for r in rows],
-            y=[r.get("goodput_rps") for r in rows],
-            mode="markers",
-            name="settings",
-            text=[r["label"] for r in rows],
-            hovertemplate="%{text}<br>cost %{x}<br>goodput %{y:.2f} r/s<extra></extra>",
-        )
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=[r.get("cost_per_hour") for r in front],
-            y=[r.get("goodput_rps") for r in front],
-            mode="lines+markers",
-            name="Pareto front",
-            text=[r["label"] for r in front],
-            hovertemplate="%{text}<extra></extra>",
-        )
-    )
-    fig.update_layout(
-        xaxis_title=f"cost per hour (GPUs × {result.get('gpu_cost_per_hour', 1)})",
-        yaxis_title="goodput (requests/s inside the SLO)",
-        height=380,
-        margin={"l": 60, "r": 20, "t": 20, "b": 50},
-    )
-    return fig
-
-
+# ---- HTML (drawn by report/whatif_page.py) ------------------------------------------------------
 def render_html(result: Mapping[str, Any]) -> str:
-    """The what-if page, on the report pages' scaffolding (same CSS, plotly.js and escaping)."""
-    cal = result["calibration"]
-    ctx = {
-        "fig": fig_json(_pareto_figure(result)),
-        "run": result["run"],
-        "calib_run": cal["run"],
-        "method": cal["method"],
-        "ranking": result["ranking"],
-        "slo": dict(result.get("slo") or {}),
-        "best": result["best"],
-        "baseline": result["baseline"],
-        "measured": result["measured"],
-        "errors": summary_rows(cal["errors"]),
-        "rows": result["rows"],
-        "fmt": fmt,
-        "advice": cliff_advice(result),
-        "more_load_cell": more_load_cell,
-    }
-    return render_page(template_env().from_string(_PAGE), ctx)
+    """The what-if page of `result`."""
+    return whatif_page.render_html(
+        result,
+        errors=summary_rows(result["calibration"]["errors"]),
+        advice=cliff_advice(result),
+        more_load_cell=more_load_cell,
+    )
 
 
 def write_html(result: Mapping[str, Any], path: Path | str) -> Path:
-    p = Path(path)
-    try:
-        return write_page(render_html(result), p)
-    except OSError as e:
-        raise InputError(f"{p}: cannot write ({e.strerror or e})") from None
+    return whatif_page.write_html(render_html(result), path)

@@ -1,1 +1,2 @@
-"""Workload planning: arrival processes, length distributions, trace readers, the planner."""
+"""Workload planning: the spec (`spec`), arrival processes, length distributions, trace readers,
+prompt datasets, the planner (`plan`: spec -> Schedule)."""

@@ -3,7 +3,7 @@
 Why a module of its own: the planner must refuse, in one line naming the field and the limit,
 a plan that would hold too many requests, a window past `spec.MAX_DURATION_S` (a trace without
 duration_s or stages, or `requests` at a tiny rate), or onoff periods so short that drawing
-them would take gigabytes; each limit can be raised with PHASELENS_LIMIT_<NAME> (bounds.py).
+them would take gigabytes; each limit can be raised with PHASELENS_LIMIT_<NAME> (inputs/bounds.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-# One job, ~640 lines: the workload spec; 3/4 of it the declarative pydantic schema, read together.
 """The workload spec: what traffic to generate, validated at the edge.
+
+(Over 400 lines: one job; most of it the declarative pydantic schema, read together.)
 
 Why pydantic here and nowhere else inside: a spec is user input, so every field is checked once,
 with a field path in the error (`spec.yaml: models[1].arrival.cv: must be >= 0.001`), and
@@ -51,7 +52,8 @@ from phaselens.inputs.fields import (
 )
 from phaselens.inputs.yamlio import LineOf, clip, load_yaml_doc, parse_yaml, show
 
-# Limits on what a spec may ask for; each can be raised with PHASELENS_LIMIT_<NAME> (bounds.py).
+# Limits on what a spec may ask for; each can be raised with PHASELENS_LIMIT_<NAME>
+# (inputs/bounds.py).
 MAX_MODELS = limit("MODELS", 100)  # models in one spec (and model labels split from a trace)
 MAX_STAGES = limit("STAGES", 1000)  # stages (or ramp steps) in one spec
 MAX_DURATION_S = float(limit("WINDOW_S", 30 * 86_400))  # any window: duration_s, all stages,

@@ -1,6 +1,7 @@
-# One job, ~440 lines: trace readers (four formats) sharing one set of cell checks and one tail.
 """Readers for real request traces: Azure LLM inference CSV, Mooncake JSONL, BurstGPT CSV, and
 generic CSV/JSONL with a column mapping.
+
+(Over 400 lines: one job, four formats sharing one set of cell checks and one tail.)
 
 Why one small reader per format and a common `Trace` result: the planner only needs sorted time
 offsets, lengths, an optional model label and optional prefix sharing; everything format
