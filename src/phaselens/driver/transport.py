@@ -2,9 +2,10 @@
 
 Why a protocol: the request logic (retries without the optional fields, timeouts, cancellation,
 what each failure records) is tested against an in-process scripted transport
-(tests/driver/scripted.py) without servers; `pool.Pool` (connections, `http.Conn` parsing) is the
-real one. Body bytes are pushed into a `BodySink` from the read itself (no task wake-up per read:
-the hot path), so the protocol is callbacks, not an async iterator of chunks.
+(tests/fakes/scripted_transport.py) without servers; `pool.Pool` (connections, `http.Conn`
+parsing) is the real one. Body bytes are pushed into a `BodySink` from the read itself (no
+task wake-up per read: the hot path), so the protocol is callbacks, not an async iterator of
+chunks.
 """
 
 from __future__ import annotations

@@ -30,8 +30,9 @@ LOST = "lost"  # status of a planned request no record of which survived a kill
 LOST_ERROR = "run killed before this request was recorded"
 
 # The schemas below and the record types of `types.py` are one contract, stated by
-# `record_contract_problems` (below) and checked by tests/test_record_contract.py: a field added
-# to, renamed in or retyped in one and not the other fails that test, naming both sides.
+# `record_contract_problems` (below) and checked by tests/rundir/test_record_contract.py: a
+# field added to, renamed in or retyped in one and not the other fails that test, naming both
+# sides.
 # Column order is the on-disk order (Parquet columns, event-log rows); for requests it differs
 # from RequestRecord's argument order on purpose (the optional server_* scalars come last among
 # the scalars, the two token lists last), so only their names and types must agree.
@@ -177,8 +178,8 @@ FILE_SCHEMAS = {
 
 def record_contract_problems() -> list[str]:
     """Every way the record types, the schemas and the column lists that name their columns
-    disagree (empty: the contract holds). Asserted empty by tests/test_record_contract.py (not
-    at import: resolving the annotations costs ~5 ms, on every command's start)."""
+    disagree (empty: the contract holds). Asserted empty by tests/rundir/test_record_contract.py
+    (not at import: resolving the annotations costs ~5 ms, on every command's start)."""
     out = contract_mismatches(
         RequestRecord, REQUEST_SCHEMA, ordered=False, not_null=NOT_NULL[REQUESTS]
     )
