@@ -69,7 +69,7 @@ def test_the_simulator_honours_the_load_shape_and_records_the_loop(
     cap of 1 sends each when it is due and the one before has ended."""
     out = execute(_sched(), SimTarget(), Options(driver=driver), tmp_path)
     run = load_run(out.path)
-    assert run.manifest["driver"] == loop  # as a driver run writes it (runload reads `loop`)
+    assert run.manifest["driver"] == loop  # as a driver run writes it (rundir.load reads `loop`)
     req = run.requests.sort("id")
     sent, end = req["sent_ns"].to_list(), req["end_ns"].to_list()
     planned = [0, 10_000_000, 20_000_000]

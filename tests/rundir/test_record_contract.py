@@ -1,4 +1,5 @@
-"""The record contract: the record types of types.py and the Parquet schemas of store.py agree.
+"""The record contract: the record types of types.py and the Parquet schemas of rundir/schema.py
+agree.
 
 Why: they are two lists of the same fields (RequestRecord has 18), and the writer fills the
 columns from the records by name (requests) or by position (telemetry, steps).
