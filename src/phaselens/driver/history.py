@@ -1,11 +1,12 @@
 """A multi-turn session's history in the driver: which turn follows which, the real replies
 kept, and the messages a later turn carries. The session loop itself is `loops.run_session`.
 
-Why here and not in the plan: when turn k ends is only known while the run goes, so the plan
-fixes which turns a session has and their think times, and this module fixes their instants;
-a turn's `scheduled_ns` is that instant (previous end + think), so its send lag is counted as
-for any open-loop request. A turn that does not end `ok` ends its session: every later turn
-is recorded `not_sent` with the reason, so every planned request still has one record.
+Why in the driver and not in the plan: when turn k ends is only known while the run goes, so
+the plan fixes which turns a session has and their think times, and the session loop fixes
+their instants; a turn's `scheduled_ns` is that instant (previous end + think), so its send
+lag is counted as for any open-loop request. A turn that does not end `ok` ends its session:
+every later turn is recorded `not_sent` with the reason, so every planned request still has one
+record.
 
 The history: a turn's prompt is its conversation up to its user message, each earlier
 assistant message replaced by what the server really answered to that turn, unless the

@@ -200,13 +200,12 @@ class RunState:
         message (rebuilt from row j: the same bytes it was sent with) and its reply (the server's,
         else a stand-in of its planned length), then its own user message. Turn j's user message
         holds its new tokens: input[j] - input[j-1] - output[j-1] (the plan's history growth)."""
-        d = self
-        s, chain, prev = d.s, [i], d.prev_turn
+        s, chain, prev = self.s, [i], self.prev_turn
         assert prev is not None and s.prompts is not None  # (a session's row: `in_session`)
         while prev[chain[-1]] >= 0:
             chain.append(int(prev[chain[-1]]))
         chain.reverse()
-        replies = d.replies.get(int(s.prompts.session_id[i]), {})
+        replies = self.replies.get(int(s.prompts.session_id[i]), {})
         out: list[Message] = []
         before = 0
         for j, row in enumerate(chain):
@@ -214,14 +213,14 @@ class RunState:
             new = max(1, req.input_tokens - before)
             if j:
                 req = dataclasses.replace(req, prefix_group=-1, prefix_tokens=0)
-            out.append(("user", d.prompts.prompt(dataclasses.replace(req, input_tokens=new))))
+            out.append(("user", self.prompts.prompt(dataclasses.replace(req, input_tokens=new))))
             if row == i:
                 break
             reply = replies.get(req.turn)
             out.append(
                 (
                     "assistant",
-                    reply if reply is not None else d.prompts.reply(req.id, req.output_tokens),
+                    reply if reply is not None else self.prompts.reply(req.id, req.output_tokens),
                 )
             )
             before = req.input_tokens + req.output_tokens
