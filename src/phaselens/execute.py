@@ -62,8 +62,17 @@ OPTION_FLAGS: Mapping[str, str] = {
     "pace_window_ns": "pace_window_ns",
     "max_event_bytes": "max_event_bytes",
     "stop_when": "stop_when",
+    "profile": "--profile",
+    "profile_dir": "--profile-dir",
 }
-_RUN_FIELDS = ("workers", "telemetry", "telemetry_interval_s", "stop_when")
+_RUN_FIELDS = (
+    "workers",
+    "telemetry",
+    "telemetry_interval_s",
+    "stop_when",
+    "profile",
+    "profile_dir",
+)
 
 
 def _driver_options() -> DriverOptions:
@@ -89,6 +98,8 @@ class Options:
     handle_sigint: bool = True
     preflight: bool = True
     stop_when: StopHook | None = None
+    profile: str | None = None  # --profile WINDOWS (docs/timeline.md): real servers only
+    profile_dir: Path | None = None
     asked: frozenset[str] | None = None
 
     def asked_names(self) -> frozenset[str]:
@@ -285,6 +296,8 @@ class HttpTarget:
             workers=options.workers,
             telemetry=options.telemetry,
             preflight=options.preflight,
+            profile=options.profile,
+            profile_dir=options.profile_dir,
         )
         return Prepared(plan.manifest, plan.secrets, plan)
 

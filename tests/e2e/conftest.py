@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -30,6 +32,15 @@ ROOT = Path(__file__).resolve().parents[2]
 LLAMACPP_MODEL = "tiny-llamacpp"
 VLLM_MODEL = "tiny-vllm"
 PARALLEL = 16  # llama.cpp slots (-np) and vLLM --max-num-seqs
+# vLLM runs with its torch profiler configured (docs/timeline.md): the /start_profile router
+# exists only then; nothing is recorded until a test calls it. One directory per pytest process.
+VLLM_PROFILE_DIR = Path(tempfile.gettempdir()) / f"phaselens-e2e-vllm-traces-{os.getpid()}"
+VLLM_PROFILER = {
+    "profiler": "torch",
+    "torch_profiler_dir": str(VLLM_PROFILE_DIR),
+    "ignore_frontend": True,  # the engine core's steps only (the frontend ignores step windows)
+    "torch_profiler_with_stack": False,
+}
 
 
 def _load_engines() -> ModuleType:
@@ -88,6 +99,10 @@ class _Launcher:
         if kind in self.futures or external or engines.missing((kind,)):
             return
         model = LLAMACPP_MODEL if kind == "llamacpp" else VLLM_MODEL
+        extra: tuple[str, ...] = ()
+        if kind == "vllm":
+            VLLM_PROFILE_DIR.mkdir(parents=True, exist_ok=True)
+            extra = ("--profiler-config", json.dumps(VLLM_PROFILER))
         self.futures[kind] = self.pool.submit(
             engines.start,
             kind,
@@ -99,6 +114,7 @@ class _Launcher:
             kv_cache_gib=1,
             timeout_s=300.0,
             log_dir=self.log_dir,
+            extra_args=extra,
         )
 
     def get(self, kind: str) -> Any:

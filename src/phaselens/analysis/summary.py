@@ -31,6 +31,7 @@ from phaselens.analysis.phases import build_timeline
 from phaselens.analysis.roofline import roofline
 from phaselens.analysis.sessions import session_block
 from phaselens.analysis.stats import fnum
+from phaselens.analysis.timeline import timeline_summary
 from phaselens.rundir.load import Run
 from phaselens.types import Finding
 
@@ -65,7 +66,7 @@ def compute(run: Run, gpu_cost_per_hour: float | None = None) -> tuple[Analysis,
     stages = stage_table(rt, stages_m, m.get("slo"))
     fl = fluctuation(tl, rt, m)
     rf = roofline(m, run.steps, run.telemetry, tl)
-    a = Analysis(m, rt, tl, run.telemetry, run.steps, overall, fl, stages, rf)
+    a = Analysis(m, rt, tl, run.telemetry, run.steps, overall, fl, stages, rf, run.timeline)
     findings, missing = diagnose(a)
     tp = throughput(rt.frame)
     groups: dict[str, Any] = {}
@@ -114,6 +115,9 @@ def compute(run: Run, gpu_cost_per_hour: float | None = None) -> tuple[Analysis,
     sessions = session_block(run.requests, rt)
     if sessions is not None:
         out["sessions"] = sessions
+    inside = timeline_summary(run.timeline, dict(m))
+    if inside is not None:
+        out["timeline"] = inside
     return a, out
 
 

@@ -217,7 +217,8 @@ _OPTION_OF = {
     "concurrency": "concurrency", "timeout": "timeout_s", "idle_timeout": "idle_timeout_s",
     "no_optional": "optional_fields", "no_optional_for": "plain_models",
     "tokenizer": "tokenizer", "loop": "event_loop", "telemetry": "telemetry",
-    "telemetry_interval": "telemetry_interval_s",
+    "telemetry_interval": "telemetry_interval_s", "profile": "profile",
+    "profile_dir": "profile_dir",
 }  # fmt: skip
 
 
@@ -353,6 +354,18 @@ def run(
             "start`), HOST:PORT, or local (docs/scale.md).",
         ),
     ] = None,
+    profile: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--profile",
+            help="Engine profiler windows: stages, at=30s, alone, steps=N, delay=N, max=S "
+            "(vLLM, SGLang; docs/timeline.md).",
+        ),
+    ] = None,
+    profile_dir: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--profile-dir", help="Where the engine writes its traces (with --profile)."),
+    ] = None,
 ) -> None:
     """Run a workload against a server (or the simulator) and write a run directory."""
     from phaselens.driver.eventloop import LOOPS
@@ -421,6 +434,8 @@ def run(
         telemetry=telemetry,
         telemetry_interval_s=telemetry_interval,
         quiet=quiet or not sys.stdout.isatty(),
+        profile=profile,
+        profile_dir=profile_dir,
         asked=_asked(ctx),
     )
     info = RunInfo.of(ws)
@@ -445,11 +460,37 @@ def run(
             typer.echo(f"INVALID: {reason}")
     for warning in res.warnings:  # client lag too small to matter (docs/metrics.md)
         typer.echo(f"WARN: {warning}")
+    if profile is not None:
+        _profiled(res.path)
     if res.error:
         print(f"phaselens: error: {res.error}", file=sys.stderr)
         raise typer.Exit(1)
     if res.status == "interrupted":
         raise typer.Exit(130)
+
+
+def _profiled(path: Path) -> None:
+    """After a --profile run: each window in one line, then the timeline built from its traces
+    (a bad trace is one line; the run directory stays as the run wrote it)."""
+    from phaselens.rundir.load import read_manifest
+    from phaselens.timeline.build import build_timeline, window_files
+
+    manifest = read_manifest(path)
+    for w in (manifest.get("profile") or {}).get("windows") or []:
+        files = ", ".join(f["path"] for f in w.get("files") or []) or "-"
+        typer.echo(f"profile {w['name']}: {w.get('status')} ({files})")
+    if not window_files(manifest, path):
+        typer.echo("timeline: no trace was collected; see the windows above")
+        return
+    try:
+        built = build_timeline(path, say=lambda m: typer.echo(f"timeline: {m}"))
+    except InputError as e:
+        typer.echo(f"timeline: not built: {e}")
+        return
+    typer.echo(
+        f"timeline: {built.steps.height} engine steps -> {path / 'timeline.parquet'} "
+        f"(phaselens timeline {path})"
+    )
 
 
 @app.command()

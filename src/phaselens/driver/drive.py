@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,13 @@ from phaselens.driver.fleet import WorkerPool, node_checks, owners, unrecorded
 from phaselens.driver.options import DriverOptions, check_targets
 from phaselens.driver.packed import scrub_batch
 from phaselens.driver.preflight import context_preflight
+from phaselens.driver.profiling import (
+    ProfileSetup,
+    finish_windows,
+    manifest_entry,
+    plan_profile,
+    start_windows,
+)
 from phaselens.driver.prompts import PromptMaker
 from phaselens.driver.runner import RunSummary, run_schedule
 from phaselens.driver.selfcheck import same_host, verdict
@@ -57,6 +65,7 @@ class DrivePlan:
     prompts: PromptMaker
     secrets: Secrets
     manifest: dict[str, Any]  # the driver's own manifest entries (targets, driver, preflight)
+    profile: ProfileSetup | None = None  # --profile: the windows and each server's engine
 
 
 def plan_drive(
@@ -67,10 +76,13 @@ def plan_drive(
     workers: int = 1,
     telemetry: str | None = "auto",
     preflight: bool = True,
+    profile: str | None = None,
+    profile_dir: Path | None = None,
 ) -> DrivePlan:
     """Check everything a driver run needs (InputError: bad input fails before a run dir exists)
     and return the driver's manifest entries. `preflight`: ask each server its context length
-    first and warn about longer requests."""
+    first and warn about longer requests. `profile`: the `--profile` windows (each server asked
+    which profiler API it has, timeline/engines.py), traces collected from `profile_dir`."""
     check_targets(schedule, targets, options)
     loop_kind = resolve_loop(options.event_loop)
     prompts = PromptMaker(options.prompt_seed, options.tokenizer)  # (bad --tokenizer too)
@@ -105,7 +117,13 @@ def plan_drive(
         manifest.update(context_preflight(schedule, targets, options))
     if _telemetry_on(telemetry):
         parse_telemetry(telemetry, sorted(set(targets.values())))  # bad spec: fail before the run
-    return DrivePlan(loop_kind, prompts, secrets, scrub_json(manifest, secrets))
+    setup = None
+    if profile is not None:
+        setup = plan_profile(schedule, targets, options, profile, profile_dir)
+        manifest["profile"] = manifest_entry(setup)
+    elif profile_dir is not None:
+        raise InputError("--profile-dir: give --profile WINDOWS too (docs/timeline.md)")
+    return DrivePlan(loop_kind, prompts, secrets, scrub_json(manifest, secrets), setup)
 
 
 def target_label(targets: Mapping[str, str]) -> str:
@@ -147,7 +165,7 @@ def drive(
     def record(r: RequestRecord) -> None:
         wt.record(scrub_record(r, secrets))
 
-    state: dict[str, Any] = {"t0": 0, "tel": None}
+    state: dict[str, Any] = {"t0": 0, "tel": None, "caps": None}
     progress: Any = None
 
     def on_start(t0: int) -> int:
@@ -193,6 +211,8 @@ def drive(
             decide(late)
         state["t0"] = t0
         writer.update_manifest(clock={**clock_anchor(), "run_start_perf_ns": t0})
+        if plan.profile is not None:
+            state["caps"] = start_windows(plan.profile, writer.path, t0)
         nonlocal progress
         if not quiet:
             from phaselens.driver.progress import ProgressLine
@@ -285,6 +305,10 @@ def drive(
         tel_status["client"] = "ok"  # the driver's own series (source "client")
         if progress is not None:
             progress.stop()
+        if state["caps"] is not None and plan.profile is not None:
+            writer.update_manifest(
+                profile=scrub_json(finish_windows(plan.profile, state["caps"]), secrets)
+            )
     # Every planned request ends with exactly one record.
     seen = seen_ids(wt)
     t0 = state["t0"]

@@ -254,6 +254,8 @@ NOT_NULL: Mapping[str, tuple[str, ...]] = {
     "steps.parquet": ("t_start_ns", "t_end_ns", "engine", "gpu"),
     "schedule.parquet": ("id", "model", "stage", "t_ns", "input_tokens", "priority"),
     "phases.parquet": ("id", "engine"),
+    "timeline.parquet": ("window", "rank", "step", "phase", "t_start_ns", "t_end_ns"),
+    "timeline_gaps.parquet": ("window", "rank", "step", "t_start_ns", "t_end_ns", "cause"),
 }
 
 

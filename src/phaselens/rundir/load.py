@@ -35,6 +35,10 @@ from phaselens.rundir.schema import (
     SCHEDULE_SCHEMA,
     SCHEMAS,
     SORT,
+    TIMELINE,
+    TIMELINE_GAPS,
+    TIMELINE_GAPS_SCHEMA,
+    TIMELINE_SCHEMA,
     empty_frame,
 )
 from phaselens.rundir.write import atomic_write_json, write_frames
@@ -54,6 +58,8 @@ class Run:
     telemetry: pl.DataFrame
     steps: pl.DataFrame
     phases: pl.DataFrame | None = None
+    timeline: pl.DataFrame | None = None  # timeline.parquet: engine steps from profiler traces
+    timeline_gaps: pl.DataFrame | None = None
 
     @property
     def partial(self) -> bool:
@@ -197,7 +203,13 @@ def load_run(path: Path | str) -> Run:
                 frames[key] = empty_frame(SCHEMAS[key])
     phases = _read_phases(p, frames["requests"])
     requests = _with_sessions(p, frames["requests"])
-    return Run(p, manifest, requests, frames["telemetry"], frames["steps"], phases)
+    timeline = read_frame(p / TIMELINE, TIMELINE_SCHEMA) if (p / TIMELINE).exists() else None
+    gaps = (
+        read_frame(p / TIMELINE_GAPS, TIMELINE_GAPS_SCHEMA)
+        if (p / TIMELINE_GAPS).exists()
+        else None
+    )
+    return Run(p, manifest, requests, frames["telemetry"], frames["steps"], phases, timeline, gaps)
 
 
 SESSION_COLUMNS: dict[str, pl.DataType] = {"session_id": pl.Int64(), "turn": pl.Int32()}

@@ -26,6 +26,8 @@ TELEMETRY = "telemetry.parquet"
 STEPS = "steps.parquet"
 SCHEDULE = "schedule.parquet"  # the plan, written at creation (driver runs)
 PHASES = "phases.parquet"  # the simulator's exact per-request phases (simulator runs)
+TIMELINE = "timeline.parquet"  # engine steps from profiler traces (docs/timeline.md)
+TIMELINE_GAPS = "timeline_gaps.parquet"  # the device's idle intervals, by cause
 LOST = "lost"  # status of a planned request no record of which survived a kill
 LOST_ERROR = "run killed before this request was recorded"
 
@@ -90,6 +92,60 @@ PHASES_SCHEMA: dict[str, pl.DataType] = {
     "prefill_end_ns": pl.Int64(),  # end of the step that completed its prompt (P/D: before KV)
     "first_token_ns": pl.Int64(),
     "end_ns": pl.Int64(),
+}
+
+# One row per engine step read from a profiler trace (timeline/build.py): the step's label and
+# token counts, its times on the run clock, what the device did inside it and the idle before it.
+_NS = pl.Int64()
+TIMELINE_SCHEMA: dict[str, pl.DataType] = {
+    "window": pl.String(),  # the --profile window (or trace:FILE for a handed-in trace)
+    "rank": pl.Int32(),
+    "step": pl.Int32(),  # index in its trace file
+    "label": pl.String(),
+    "phase": pl.String(),  # prefill | decode | mixed | unlabelled
+    "stage": pl.Int32(),  # the load stage the step started in (null: outside the load)
+    "running": pl.Int32(),  # requests in flight at the client across the whole step
+    "ctx_reqs": pl.Int64(),
+    "ctx_tokens": pl.Int64(),
+    "gen_reqs": pl.Int64(),
+    "gen_tokens": pl.Int64(),
+    "sk_ctx": pl.Int64(),
+    "sk_gen": pl.Int64(),
+    "t_start_ns": _NS,  # the step's annotation on the host, run clock
+    "t_end_ns": _NS,
+    "dev_start_ns": _NS,  # first and last device op of the step (null: no device events)
+    "dev_end_ns": _NS,
+    "busy_ns": _NS,  # union of the step's device intervals
+    "gap_before_ns": _NS,  # idle between the previous step and this one (host time)
+    "idle_launch_ns": _NS,
+    "idle_sync_ns": _NS,
+    "idle_memcpy_ns": _NS,
+    "idle_other_ns": _NS,
+    "comm_exposed_ns": _NS,
+    "memcpy_exposed_ns": _NS,
+    "graph_launches": pl.Int64(),
+    "graph_hidden_ns": _NS,
+    "kernels": pl.Int64(),
+    "short_kernels": pl.Int64(),
+    "launch_delay_p50_ns": _NS,
+    "launch_delay_max_ns": _NS,
+    "gemm_ns": _NS,
+    "gemm_tc_ns": _NS,
+    "attention_ns": _NS,
+    "norm_ns": _NS,
+    "elementwise_ns": _NS,
+    "sampling_ns": _NS,
+    "comm_ns": _NS,
+    "copy_ns": _NS,
+    "other_ns": _NS,
+}
+TIMELINE_GAPS_SCHEMA: dict[str, pl.DataType] = {
+    "window": pl.String(),
+    "rank": pl.Int32(),
+    "step": pl.Int32(),
+    "t_start_ns": _NS,
+    "t_end_ns": _NS,
+    "cause": pl.String(),  # between_steps | launch | sync | memcpy | other | graph_hidden
 }
 
 
@@ -173,6 +229,8 @@ FILE_SCHEMAS = {
     **{FILES[k]: SCHEMAS[k] for k in FILES},
     SCHEDULE: SCHEDULE_SCHEMA,
     PHASES: PHASES_SCHEMA,
+    TIMELINE: TIMELINE_SCHEMA,
+    TIMELINE_GAPS: TIMELINE_GAPS_SCHEMA,
 }
 
 

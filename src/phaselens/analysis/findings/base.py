@@ -34,6 +34,7 @@ class Analysis:
     fluctuation: Mapping[str, Any]
     stages: list[dict[str, Any]]
     roofline: Mapping[str, Any] | None
+    engine_steps: pl.DataFrame | None = None  # timeline.parquet: steps from a profiler trace
 
 
 @dataclass(frozen=True, slots=True)

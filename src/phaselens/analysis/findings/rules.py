@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from phaselens.analysis.findings.base import Analysis, Missing, Rule
 from phaselens.analysis.findings.host import host_gap
+from phaselens.analysis.findings.inside import (
+    exposed_comm,
+    exposed_copies,
+    host_bound_steps,
+    launch_bound,
+    low_tensor_core,
+    sync_stalls,
+)
 from phaselens.analysis.findings.kv import kv_pressure, prefix_cache_low
 from phaselens.analysis.findings.lengths import long_tail_drag
 from phaselens.analysis.findings.load import burst_driven, client_bound, load_insufficient
@@ -22,6 +30,12 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("prefill-interference", prefill_interference),
     ("kv-pressure", kv_pressure),
     ("host-gap", host_gap),
+    ("host-bound-steps", host_bound_steps),
+    ("launch-bound", launch_bound),
+    ("sync-stalls", sync_stalls),
+    ("exposed-copies", exposed_copies),
+    ("exposed-communication", exposed_comm),
+    ("low-tensor-core-gemm", low_tensor_core),
     ("util-drop", util_drop),
     ("prefix-cache-low", prefix_cache_low),
 )

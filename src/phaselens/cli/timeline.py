@@ -1,0 +1,53 @@
+"""`timeline`: a run's engine profiler traces on its clock: steps, holes, causes.
+
+See docs/timeline.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from phaselens.cli.app import app
+from phaselens.errors import InputError
+
+
+@app.command()
+def timeline(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (from `phaselens run`).")],
+    trace: Annotated[
+        Optional[list[Path]],  # noqa: UP045
+        typer.Option(
+            "--trace",
+            help="A profiler trace (Kineto/PyTorch JSON, .json or .json.gz) taken during the run "
+            "(repeat: one per rank or window).",
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the timeline block as one JSON object.")
+    ] = False,
+) -> None:
+    """Read the run's --profile traces (and any --trace) into timeline.parquet; print where the
+    engine's time went inside and between its steps, per window and phase."""
+    from phaselens.analysis.timeline import timeline_summary
+    from phaselens.report.timeline_text import render_timeline
+    from phaselens.rundir.load import load_run
+    from phaselens.rundir.schema import TIMELINE
+    from phaselens.timeline.build import build_timeline
+
+    for t in trace or []:
+        if not t.is_file():
+            raise InputError(f"--trace: {t}: no such file")
+    if trace or not (run_dir / TIMELINE).exists():
+        build_timeline(run_dir, trace or [], say=lambda m: typer.echo(f"timeline: {m}", err=True))
+    run = load_run(run_dir)
+    block = timeline_summary(run.timeline, dict(run.manifest))
+    if block is None:  # (build_timeline wrote it or raised)
+        raise InputError(f"{run_dir}: no timeline.parquet")
+    if as_json:
+        typer.echo(json.dumps(block, indent=2, default=str))
+    else:
+        render_timeline(block)

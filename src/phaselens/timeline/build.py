@@ -1,0 +1,250 @@
+"""A run's profiler traces turned into timeline.parquet: every engine step on the run clock,
+joined to the load stage and the requests in flight, and the device's idle intervals by cause.
+
+Why on the run clock: a trace alone says a step was host-bound; on the run's clock it says which
+stage, how many requests were running, and which phase paid for it. Kineto stamps events in µs
+from `baseTimeNanoseconds` (wall clock); the manifest's `clock` pairs the run's perf counter
+with wall time, so `run_ns = trace_ns - clock.wall_ns + clock.perf_counter_ns -
+clock.run_start_perf_ns`. What remains unknown is the offset between the engine host's clock and
+this one: `residual_offset_ms` brackets it from causality (a step cannot start before the call
+that started the profiler; the `alone` request's prefill step must lie between its send and its
+first token), and says from what.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+from phaselens.timeline.holes import gaps_table, step_table
+from phaselens.timeline.kineto import read_trace
+
+from phaselens.errors import InputError
+from phaselens.rundir.check import RunFormatError
+from phaselens.rundir.load import load_run
+from phaselens.rundir.schema import (
+    TIMELINE,
+    TIMELINE_GAPS,
+    TIMELINE_GAPS_SCHEMA,
+    TIMELINE_SCHEMA,
+)
+from phaselens.rundir.write import atomic_write_json
+
+OVERLAP_SLACK_NS = 60_000_000_000  # a trace may start this long before the run's zero
+EPOCH_NS = 10**17  # ns values above this are already wall-clock epoch ns (1973 on)
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    """What build_timeline wrote: the rows and the manifest's `timeline` block."""
+
+    steps: pl.DataFrame
+    gaps: pl.DataFrame
+    block: dict[str, Any]
+
+
+def _to_run(clock: dict[str, Any]) -> Callable[[pl.Expr], pl.Expr]:
+    shift = int(clock["perf_counter_ns"]) - int(clock["wall_ns"]) - int(clock["run_start_perf_ns"])
+    return lambda e: e + shift
+
+
+def window_files(manifest: dict[str, Any], run_dir: Path) -> list[tuple[str, Path]]:
+    """(window name, trace path) for every file the run's --profile windows collected."""
+    out = []
+    for w in (manifest.get("profile") or {}).get("windows") or []:
+        for f in w.get("files") or []:
+            out.append((str(w.get("name")), run_dir / str(f.get("path"))))
+    return out
+
+
+def build_timeline(
+    run_dir: Path | str,
+    traces: Sequence[Path] = (),
+    *,
+    say: Callable[[str], None] = lambda _m: None,
+) -> Built:
+    """Read the run's window traces and `traces` (handed in: window `trace:NAME`), write
+    timeline.parquet, timeline_gaps.parquet and the manifest's `timeline` block.
+
+    InputError (one line, nothing in the run directory changed) for a bad trace, a trace whose
+    clock does not overlap the run, or a run without a clock anchor."""
+    p = Path(run_dir)
+    try:
+        run = load_run(p)
+    except RunFormatError as e:
+        raise InputError(str(e)) from None
+    manifest = dict(run.manifest)
+    clock = manifest.get("clock") or {}
+    if not {"perf_counter_ns", "wall_ns", "run_start_perf_ns"} <= set(clock):
+        raise InputError(
+            f"{p}: the manifest has no clock anchor (a simulated or recorded run): a profiler "
+            "trace cannot be put on its clock"
+        )
+    to_run = _to_run(clock)
+    files = window_files(manifest, p) + [(f"trace:{Path(t).name}", Path(t)) for t in traces]
+    if not files:
+        raise InputError(
+            f"{p}: no trace: the run has no --profile window with a file; give --trace FILE"
+        )
+    end_ns = int(run.requests["end_ns"].max() or 0) if run.requests.height else 0
+    end_ns = max(end_ns, max((int(s["t_end_ns"]) for s in manifest.get("stages") or []), default=0))
+    step_frames, gap_frames, reads = [], [], []
+    for i, (window, f) in enumerate(files):
+        say(f"reading {f.name} ({os.path.getsize(f) / 1e6:.1f} MB) [{i + 1}/{len(files)}]")
+        tf = read_trace(f)
+        st = step_table(tf)
+        gp = gaps_table(tf)
+        if st.height:
+            st = _on_run_clock(st, to_run, tf.base_ns)
+            lo, hi = int(st["t_start_ns"].min()), int(st["t_end_ns"].max())
+            if hi < -OVERLAP_SLACK_NS or lo > end_ns + OVERLAP_SLACK_NS:
+                raise InputError(
+                    f"{f}: its clock ({lo / 1e9:+.1f} s to {hi / 1e9:+.1f} s on this run's "
+                    f"clock) does not overlap the run (0 to {end_ns / 1e9:.1f} s): a trace from "
+                    "another run?"
+                )
+        if gp.height:
+            gp = _gaps_on_run_clock(gp, to_run, tf.base_ns)
+        step_frames.append(st.with_columns(pl.lit(window).alias("window")))
+        gap_frames.append(gp.with_columns(pl.lit(window).alias("window")))
+        reads.append(
+            {
+                "window": window,
+                "file": str(f.relative_to(p)) if f.is_relative_to(p) else str(f),
+                "rank": tf.rank,
+                "engine": tf.engine,
+                "device": tf.device,
+                "steps": st.height,
+                "device_events": int((tf.events.stream >= 0).sum()),
+                "events": tf.total_events,
+            }
+        )
+    steps = _join(pl.concat([_cast(s, TIMELINE_SCHEMA) for s in step_frames]), run, manifest)
+    gaps = pl.concat([_cast(g, TIMELINE_GAPS_SCHEMA) for g in gap_frames])
+    block = {
+        "files": reads,
+        "windows": _window_counts(manifest, steps),
+        "residual_offset_ms": residual_offset(manifest, steps),
+    }
+    _write(p, steps, gaps, manifest, block)
+    return Built(steps, gaps, block)
+
+
+def _on_run_clock(
+    st: pl.DataFrame, to_run: Callable[[pl.Expr], pl.Expr], base: int | None
+) -> pl.DataFrame:
+    cols = ["host_start_ns", "host_end_ns", "dev_start_ns", "dev_end_ns"]
+    if base is None and int(st["host_start_ns"].min() or 0) < EPOCH_NS:
+        raise InputError(
+            "trace has no baseTimeNanoseconds and relative timestamps: it cannot be put on the "
+            "run's clock"
+        )
+    st = st.with_columns(to_run(pl.col(c)).alias(c) for c in cols)
+    return st.rename({"host_start_ns": "t_start_ns", "host_end_ns": "t_end_ns"})
+
+
+def _gaps_on_run_clock(
+    gp: pl.DataFrame, to_run: Callable[[pl.Expr], pl.Expr], base: int | None
+) -> pl.DataFrame:
+    gp = gp.with_columns(to_run(pl.col(c)).alias(c) for c in ("start_ns", "end_ns"))
+    return gp.rename({"start_ns": "t_start_ns", "end_ns": "t_end_ns"})
+
+
+def _cast(df: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    return df.select(
+        (pl.col(k) if k in df.columns else pl.lit(None)).cast(t).alias(k) for k, t in schema.items()
+    )
+
+
+def _join(steps: pl.DataFrame, run: Any, manifest: dict[str, Any]) -> pl.DataFrame:
+    """Each step's load stage (the stage its start falls in) and the requests in flight at
+    the client across the whole step (sent before it started, not finished before it ended)."""
+    if steps.height == 0:
+        return steps
+    a = steps["t_start_ns"].to_numpy()
+    b = steps["t_end_ns"].to_numpy()
+    stage = np.full(len(a), -1, dtype=np.int64)
+    for s in manifest.get("stages") or []:
+        inside = (a >= int(s["t_start_ns"])) & (a < int(s["t_end_ns"]))
+        stage[inside] = int(s["index"])
+    req = run.requests.filter(pl.col("sent_ns").is_not_null())
+    sent = np.sort(req["sent_ns"].to_numpy())
+    ended = req["end_ns"].fill_null(np.iinfo(np.int64).max).to_numpy()
+    ended = np.sort(ended)
+    # running = sent before a  -  ended before b
+    running = np.searchsorted(sent, a, side="right") - np.searchsorted(ended, b, side="left")
+    return steps.with_columns(
+        pl.Series("stage", stage).replace(-1, None).cast(pl.Int32),
+        pl.Series("running", np.maximum(running, 0)).cast(pl.Int32),
+    )
+
+
+def _window_counts(manifest: dict[str, Any], steps: pl.DataFrame) -> list[dict[str, Any]]:
+    """Requested vs actual steps per window (actual: the annotated steps in its files)."""
+    out = []
+    counts = dict(steps.group_by("window").len().iter_rows()) if steps.height else {}
+    for w in (manifest.get("profile") or {}).get("windows") or []:
+        name = str(w.get("name"))
+        req = (w.get("requested") or {}).get("steps")
+        ranks = steps.filter(pl.col("window") == name)["rank"].n_unique() if steps.height else 0
+        n = int(counts.get(name, 0))
+        out.append(
+            {
+                "name": name,
+                "requested_steps": req,
+                "actual_steps": n // max(1, ranks),
+                "ranks": ranks,
+            }
+        )
+    return out
+
+
+def residual_offset(manifest: dict[str, Any], steps: pl.DataFrame) -> dict[str, Any] | None:
+    """Bounds [lo, hi] on the engine clock's offset from the run clock (true = aligned + r).
+
+    From the `alone` request when there is one: its first prefill step started after it was
+    sent (r >= sent - start) and ended before its first token (r <= first_token - end). Else
+    from each window's calls: its first step started after the start call (r >= start_call -
+    first step start) and its last step ended before the stop call (r <= stop_call - end)."""
+    lo, hi, how = -np.inf, np.inf, ""
+    for w in (manifest.get("profile") or {}).get("windows") or []:
+        mine = steps.filter(pl.col("window") == str(w.get("name"))).sort("t_start_ns")
+        if mine.height == 0:
+            continue
+        rq = w.get("request") or {}
+        pre = mine.filter(pl.col("ctx_reqs") > 0)
+        if rq.get("sent_ns") is not None and rq.get("first_token_ns") is not None and pre.height:
+            lo = max(lo, int(rq["sent_ns"]) - int(pre["t_start_ns"][0]))
+            hi = min(hi, int(rq["first_token_ns"]) - int(pre["t_end_ns"][0]))
+            how = "the alone request's send and first token around its prefill step"
+        elif w.get("start_ns") is not None and w.get("stop_ns") is not None and not how:
+            lo = max(lo, int(w["start_ns"]) - int(mine["t_start_ns"][0]))
+            hi = min(hi, int(w["stop_ns"]) - int(mine["t_end_ns"].max() or 0))
+    if not np.isfinite(lo) or not np.isfinite(hi):
+        return None
+    return {
+        "lo": round(lo / 1e6, 3),
+        "hi": round(hi / 1e6, 3),
+        "from": how or "the profiler start and stop calls around each window's steps",
+        "consistent": bool(lo <= hi),
+    }
+
+
+def _write(
+    p: Path,
+    steps: pl.DataFrame,
+    gaps: pl.DataFrame,
+    manifest: dict[str, Any],
+    block: dict[str, Any],
+) -> None:
+    """Both files by rename (a reader sees the old or the new), then the manifest."""
+    for name, df in ((TIMELINE, steps), (TIMELINE_GAPS, gaps)):
+        tmp = p / (name + ".tmp")
+        df.sort(["window", "rank", "t_start_ns"]).write_parquet(tmp)
+        os.replace(tmp, p / name)
+    atomic_write_json(p / "manifest.json", {**manifest, "timeline": block})
