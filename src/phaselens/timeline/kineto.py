@@ -11,8 +11,8 @@ from __future__ import annotations
 import gzip
 import zlib
 from array import array
+from io import BufferedIOBase
 from pathlib import Path
-from typing import BinaryIO
 
 import ijson
 import numpy as np
@@ -38,7 +38,7 @@ _TOP_KEYS = {
 class _Counting:
     """A read-only byte stream that counts what the JSON parser has taken (for error lines)."""
 
-    def __init__(self, raw: BinaryIO) -> None:
+    def __init__(self, raw: BufferedIOBase) -> None:
         self.raw = raw
         self.before = 0  # bytes taken before the last read
         self.taken = 0
@@ -97,12 +97,19 @@ class _Columns:
         )
 
 
-_INT_COLS = ("start_ns", "dur_ns", "stream", "correlation", "external", "device", "pid", "tid")
-_INT_COLS = (*_INT_COLS, "nbytes")
+_INT_COLS = (
+    "start_ns", "dur_ns", "stream", "correlation", "external", "device", "pid", "tid", "nbytes",
+)  # fmt: skip
 
 
-def _keep(cols: _Columns, ev: dict[str, object], args: dict[str, object], index: int,
-          path: Path, dropped: dict[str, int]) -> None:
+def _keep(
+    cols: _Columns,
+    ev: dict[str, object],
+    args: dict[str, object],
+    index: int,
+    path: Path,
+    dropped: dict[str, int],
+) -> None:
     """File one finished event: into the columns when its category is kept, else a count."""
     cat = ev.get("cat")
     kind = CATEGORY_KIND.get(cat) if isinstance(cat, str) else None
@@ -115,10 +122,12 @@ def _keep(cols: _Columns, ev: dict[str, object], args: dict[str, object], index:
     ts, dur = ev.get("ts"), ev.get("dur")
     for field, val in (("ts", ts), ("dur", dur)):
         if not isinstance(val, (int, float)) or isinstance(val, bool) or val != val:
-            raise InputError(one_line(
-                f"{path}: traceEvents[{index}] ({cat}): expected a number in {field!r}, "
-                f"got {val!r}"
-            ))
+            raise InputError(
+                one_line(
+                    f"{path}: traceEvents[{index}] ({cat}): expected a number in {field!r}, "
+                    f"got {val!r}"
+                )
+            )
     assert isinstance(ts, (int, float)) and isinstance(dur, (int, float))
     if dur < 0:
         raise InputError(f"{path}: traceEvents[{index}] ({cat}): negative 'dur' {dur}")
@@ -137,7 +146,7 @@ def _keep(cols: _Columns, ev: dict[str, object], args: dict[str, object], index:
     cols.add(kind, name if isinstance(name, str) else "", row)
 
 
-def _open(path: Path) -> tuple[BinaryIO, bool]:
+def _open(path: Path) -> tuple[BufferedIOBase, bool]:
     """The decompressed byte stream, and whether it is gzip (by magic, not by suffix)."""
     try:
         with path.open("rb") as f:
@@ -172,15 +181,19 @@ def read_trace(path: Path) -> TraceFile:
                     elif event == "end_map":
                         _keep(cols, ev, args, index, path, dropped)
                         if len(cols.name) % 1_000_000 == 0 and cols.name:
-                            check_count(len(cols.name), "TRACE_EVENTS", MAX_KEPT_EVENTS,
-                                        f"{path}: kept trace events")
+                            check_count(
+                                len(cols.name),
+                                "TRACE_EVENTS",
+                                MAX_KEPT_EVENTS,
+                                f"{path}: kept trace events",
+                            )
                     continue
                 if prefix.startswith(_EVENT):
                     if event in ("map_key", "start_map", "start_array", "end_map", "end_array"):
                         continue
-                    key = prefix[len(_EVENT) + 1:]
+                    key = prefix[len(_EVENT) + 1 :]
                     if key.startswith("args."):
-                        arg = prefix[len(_ARGS):]
+                        arg = prefix[len(_ARGS) :]
                         if arg in _ARG_KEYS:
                             args[arg] = value
                     elif "." not in key:
@@ -192,11 +205,14 @@ def read_trace(path: Path) -> TraceFile:
                     top[prefix] = value
     except ijson.JSONError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "invalid JSON"
-        raise InputError(one_line(
-            f"{path}: not JSON ({first}) within decompressed bytes "
-            f"{stream.before:,}-{stream.taken:,}" if zipped else
-            f"{path}: not JSON ({first}) within bytes {stream.before:,}-{stream.taken:,}"
-        )) from None
+        raise InputError(
+            one_line(
+                f"{path}: not JSON ({first}) within decompressed bytes "
+                f"{stream.before:,}-{stream.taken:,}"
+                if zipped
+                else f"{path}: not JSON ({first}) within bytes {stream.before:,}-{stream.taken:,}"
+            )
+        ) from None
     except EOFError:
         size = path.stat().st_size
         raise InputError(f"{path}: gzip truncated at byte {size:,} (the file ends early)") from None
@@ -207,8 +223,9 @@ def read_trace(path: Path) -> TraceFile:
     return _trace_file(path, top, cols, dropped, index + 1)
 
 
-def _trace_file(path: Path, top: dict[str, object], cols: _Columns, dropped: dict[str, int],
-                total: int) -> TraceFile:
+def _trace_file(
+    path: Path, top: dict[str, object], cols: _Columns, dropped: dict[str, int], total: int
+) -> TraceFile:
     base = top.get("baseTimeNanoseconds")
     rank = top.get("distributedInfo.rank")
     version = top.get("vllm_version")
