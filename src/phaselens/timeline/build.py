@@ -162,17 +162,19 @@ def _cast(df: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame:
 
 
 def _join(steps: pl.DataFrame, run: Any, manifest: dict[str, Any]) -> pl.DataFrame:
-    """Each step's load stage (the stage its start falls in) and the requests in flight at
-    the client across the whole step (sent before it started, not finished before it ended)."""
+    """Each step's load stage (the stage its start falls in, before the last load request
+    ended) and the requests in flight at the client across the whole step (sent before it
+    started, not finished before it ended)."""
     if steps.height == 0:
         return steps
     a = steps["t_start_ns"].to_numpy()
     b = steps["t_end_ns"].to_numpy()
     stage = np.full(len(a), -1, dtype=np.int64)
-    for s in manifest.get("stages") or []:
-        inside = (a >= int(s["t_start_ns"])) & (a < int(s["t_end_ns"]))
-        stage[inside] = int(s["index"])
     req = run.requests.filter(pl.col("sent_ns").is_not_null())
+    load_end = int(req["end_ns"].max() or 0) if req.height else 0  # (the alone window: after)
+    for s in manifest.get("stages") or []:
+        inside = (a >= int(s["t_start_ns"])) & (a < int(s["t_end_ns"])) & (a <= load_end)
+        stage[inside] = int(s["index"])
     sent = np.sort(req["sent_ns"].to_numpy())
     ended = req["end_ns"].fill_null(np.iinfo(np.int64).max).to_numpy()
     ended = np.sort(ended)
