@@ -1,0 +1,90 @@
+"""The streamed reader: fields of real traces, TraceLens' own totals, and one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests.timeline.mini import ann, write
+
+from phaselens.errors import InputError
+from phaselens.timeline import read_trace, whole_trace
+from phaselens.timeline.trace import KERNEL, MEMCPY, RUNTIME
+
+TRACES = Path(__file__).parent.parent / "data" / "traces"
+TRACELENS = sorted((TRACES / "tracelens").glob("*/*.json.gz"))
+
+
+def test_fields_of_a_real_trace() -> None:
+    tf = read_trace(TRACES / "tracelens/vllm_decode_full/graph_execution.json.gz")
+    ev = tf.events
+    assert (tf.base_ns, tf.rank, tf.device) == (1767189312000000000, 0, None)
+    assert tf.dropped == {"cpu_op": 100, "python_function": 984, "ac2g": 454}
+    assert tf.total_events == 1993 and len(ev) == 1993 - 100 - 984 - 454
+    # the first DtoD copy: ts 6520618861858.561 dur 3.519 stream 0 correlation 505102 9216 B
+    i = int(np.flatnonzero(ev.kind == MEMCPY)[0])
+    assert (ev.start_ns[i], ev.dur_ns[i]) == (6520618861858561, 3519)
+    assert (ev.stream[i], ev.correlation[i], ev.nbytes[i], ev.device[i]) == (0, 505102, 9216, 2)
+    assert int((ev.kind == KERNEL).sum()) == 425 and int((ev.kind == RUNTIME).sum()) == 20
+
+
+@pytest.mark.parametrize("path", TRACELENS, ids=lambda p: p.parent.name)
+def test_whole_trace_agrees_with_tracelens(path: Path) -> None:
+    """TraceLens sums float µs; we round each stamp to whole ns: within 20 ns over ~1000 ops."""
+    ref = {r["type"]: float(r["time ms"]) for r in csv.DictReader(
+        (path.parent / "gpu_timeline.csv").open())}  # fmt: skip
+    got = whole_trace(read_trace(path))["tracelens"]
+    for key, ms in ref.items():
+        assert got[key.replace("_time", "_ns")] == pytest.approx(ms * 1e6, abs=20), key
+
+
+def test_top_level_keys_after_the_events(tmp_path: Path) -> None:
+    p = tmp_path / "t.json"
+    p.write_text('{"traceEvents": [], "distributedInfo": {"rank": 3}, "vllm_version": "0.9.1",'
+                 ' "deviceProperties": [{"name": "NVIDIA H100"}]}')  # fmt: skip
+    tf = read_trace(p)
+    assert (tf.rank, tf.engine, tf.device, tf.base_ns, tf.total_events) == (
+        3, "vllm 0.9.1", "NVIDIA H100", None, 0)  # fmt: skip
+
+
+def _error(path: Path) -> str:
+    with pytest.raises(InputError) as e:
+        read_trace(path)
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg
+    return msg
+
+
+def test_truncated_gzip(tmp_path: Path) -> None:
+    whole = (TRACES / "hta/sampled_rank-0.json.gz").read_bytes()
+    p = tmp_path / "cut.json.gz"
+    p.write_bytes(whole[:5000])
+    assert "truncated at byte 5,000" in _error(p)
+
+
+def test_not_gzip(tmp_path: Path) -> None:
+    p = tmp_path / "x.json.gz"
+    p.write_text('{"traceEvents": []}')
+    assert "not gzip" in _error(p)
+
+
+def test_not_json(tmp_path: Path) -> None:
+    p = tmp_path / "x.json.gz"
+    p.write_bytes(gzip.compress(b'{"traceEvents": [nope]}'))
+    assert "not JSON" in _error(p)
+
+
+def test_json_that_is_not_a_trace(tmp_path: Path) -> None:
+    p = tmp_path / "x.json"
+    p.write_text('{"events": []}')
+    assert "expected a top-level 'traceEvents'" in _error(p)
+
+
+def test_event_without_dur(tmp_path: Path) -> None:
+    bad = ann("execute_context_0(0)_generation_1(1)", 5, 1)
+    del bad["dur"]
+    p = write(tmp_path / "t.json.gz", [{"ph": "X", "cat": "cpu_op", "name": "x"}, bad])
+    assert "traceEvents[1] (user_annotation): expected a number in 'dur'" in _error(p)
