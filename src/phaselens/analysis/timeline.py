@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from phaselens.analysis.stats import as_float
+
 CAUSES = ("launch", "sync", "memcpy", "other")
 CLASSES = ("gemm", "attention", "norm", "elementwise", "sampling", "comm", "copy", "other")
 PHASES = ("prefill", "decode", "mixed", "unlabelled")
@@ -35,7 +37,7 @@ def shares(df: pl.DataFrame) -> dict[str, Any]:
     if df.height == 0:
         return {"steps": 0}
     d = df.with_columns(_span(df).alias("span"), pl.col("gap_before_ns").fill_null(0).alias("gap"))
-    cycle = float(d["span"].sum() + d["gap"].sum())
+    cycle = float(d["span"].to_numpy().sum() + d["gap"].to_numpy().sum())
     device = bool(d["dev_start_ns"].is_not_null().any())
     span_ms = d["span"].to_numpy() / 1e6
     out: dict[str, Any] = {
@@ -52,7 +54,7 @@ def shares(df: pl.DataFrame) -> dict[str, Any]:
         "tokens_per_step": float(
             (d["ctx_tokens"].fill_null(0) + d["gen_tokens"].fill_null(0)).mean() or 0.0
         ),
-        "running_p50": float(d["running"].median() or 0)
+        "running_p50": as_float(d["running"].median() or 0)
         if d["running"].is_not_null().any()
         else None,
     }

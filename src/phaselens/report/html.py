@@ -17,6 +17,7 @@ from phaselens.analysis.phases import Timeline, build_timeline
 from phaselens.analysis.summary import compute
 from phaselens.report import sections as sec
 from phaselens.report.fig_finding import window_figure
+from phaselens.report.fig_inside import share_figure, strip_figure
 from phaselens.report.fig_latency import cdf_figure
 from phaselens.report.fig_timeline import timeline_figure
 from phaselens.report.fig_utilization import phase_util_figure, roofline_figure
@@ -31,6 +32,7 @@ from phaselens.report.figdata import (
 from phaselens.report.figures import model_color
 from phaselens.report.page import fig_json, template_env, write_page
 from phaselens.report.page import render_page as render_template
+from phaselens.report.timeline_text import inside_rows
 from phaselens.rundir.load import Run
 
 
@@ -70,6 +72,10 @@ def build_context(
     roof = roofline_inputs(run)
     if roof is not None:
         figures.append(("roofline", fig_json(roofline_figure(*roof))))
+    inside = analysis.get("timeline")
+    if run.timeline is not None and run.timeline.height and isinstance(inside, Mapping):
+        figures.append(("inside-strip", fig_json(strip_figure(run.timeline, run.timeline_gaps))))
+        figures.append(("inside-share", fig_json(share_figure(inside.get("by_window") or {}))))
     fviews = []
     for i, f in enumerate(findings):
         fid = f"finding{i + 1}"
@@ -126,6 +132,7 @@ def build_context(
         "stage_rows": sec.stage_rows(analysis.get("stages")),
         "sessions": analysis.get("sessions"),
         "session_rows": sec.session_rows(analysis.get("sessions")),
+        "inside": inside_rows(inside) if isinstance(inside, Mapping) else None,
         "slo_rows": sec.slo_rows(analysis.get("slo")),
         "not_evaluated": [sec.not_evaluated(x) for x in (analysis.get("not_evaluated") or [])],
         "error_rows": sec.error_rows(run.requests),

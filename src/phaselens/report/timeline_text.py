@@ -1,4 +1,5 @@
-"""The timeline block as terminal tables: per window and phase, where the engine's time went."""
+"""The timeline block as table rows (terminal and HTML): per window and phase, where the
+engine's time went, and the notes that go under the table."""
 
 from __future__ import annotations
 
@@ -17,26 +18,24 @@ def _ms(x: Any) -> str:
     return "-" if x is None else f"{float(x):.2f}"
 
 
-def timeline_table(block: Mapping[str, Any]) -> Table:
-    """One row per window and phase: steps, step and gap times, and the shares of the cycle."""
+def heads(device: bool) -> list[str]:
+    out = ["window", "stage", "phase", "steps", "tok", "run", "step ms", "gap ms", "host"]
+    return out + (["busy", "launch", "sync", "copy", "other", "graph"] if device else [])
+
+
+def rows(block: Mapping[str, Any]) -> list[list[str]]:
+    """One row per window and phase, in `heads` order."""
     device = bool(block.get("device"))
-    t = Table(title="Inside the step (engine profiler timeline)")
-    for col in ("window", "stage", "phase", "steps", "tok/step", "running", "step ms p50"):
-        t.add_column(col, justify="right" if col not in ("window", "phase") else "left")
-    t.add_column("gap ms p50", justify="right")
-    t.add_column("between steps", justify="right")
-    if device:
-        for col in ("busy", "launch", "sync", "memcpy", "other", "graph hidden"):
-            t.add_column(col, justify="right")
+    out = []
     for window, phases in (block.get("by_window") or {}).items():
         stage = phases.get("stage")
         for phase, s in phases.items():
             if phase == "stage" or not isinstance(s, Mapping):
                 continue
             row = [
-                window,
+                str(window),
                 "-" if stage is None else str(stage),
-                phase,
+                str(phase),
                 str(s.get("steps", 0)),
                 f"{float(s.get('tokens_per_step') or 0):.0f}",
                 "-" if s.get("running_p50") is None else f"{s['running_p50']:.0f}",
@@ -51,28 +50,58 @@ def timeline_table(block: Mapping[str, Any]) -> Table:
                     *(_pct(idle.get(c)) for c in ("launch", "sync", "memcpy", "other")),
                     _pct(s.get("graph_hidden_share")),
                 ]
-            t.add_row(*row)
+            out.append(row)
+    return out
+
+
+LEGEND = (
+    "tok: tokens per step; run: requests in flight (median); step/gap ms: median step and "
+    "host gap before it; host: share of the step cycle between steps"
+)
+DEVICE_LEGEND = "; busy, launch…graph: device busy and idle inside steps by cause"
+
+
+def notes(block: Mapping[str, Any]) -> list[str]:
+    """The lines under the table: clock, trace kind, unlabelled steps, window counts."""
+    out = [LEGEND + (DEVICE_LEGEND if block.get("device") else "")]
+    off = block.get("residual_offset_ms")
+    if off:
+        out.append(
+            f"clock: engine steps aligned to the run; residual offset within "
+            f"[{off['lo']:+.2f}, {off['hi']:+.2f}] ms ({off['from']})"
+        )
+    if not block.get("device"):
+        out.append(
+            "no device events in the trace (a CPU engine): steps and the host time between "
+            "them only; kernel holes need a GPU trace"
+        )
+    if block.get("unlabelled_steps"):
+        out.append(f"{block['unlabelled_steps']} steps carry no engine annotation (unlabelled)")
+    for w in block.get("windows") or []:
+        out.append(
+            f"window {w['name']}: {w.get('actual_steps')} steps of {w.get('requested_steps')} "
+            "requested"
+        )
+    return out
+
+
+def inside_rows(block: Mapping[str, Any]) -> dict[str, Any]:
+    """What the report's "Inside the step" section shows."""
+    return {"heads": heads(bool(block.get("device"))), "rows": rows(block), "notes": notes(block)}
+
+
+def timeline_table(block: Mapping[str, Any]) -> Table:
+    t = Table(title="Inside the step (engine profiler timeline)")
+    for col in heads(bool(block.get("device"))):
+        left = col in ("window", "phase")
+        t.add_column(col, justify="left" if left else "right", no_wrap=not left)
+    for r in rows(block):
+        t.add_row(*r)
     return t
 
 
 def render_timeline(block: Mapping[str, Any], console: Console | None = None) -> None:
     con = console or Console()
     con.print(timeline_table(block))
-    off = block.get("residual_offset_ms")
-    if off:
-        con.print(
-            f"clock: engine steps aligned to the run; residual offset within "
-            f"[{off['lo']:+.2f}, {off['hi']:+.2f}] ms ({off['from']})"
-        )
-    if not block.get("device"):
-        con.print(
-            "no device events in the trace (a CPU engine): steps and the host time between them "
-            "only; kernel holes need a GPU trace"
-        )
-    if block.get("unlabelled_steps"):
-        con.print(f"{block['unlabelled_steps']} steps carry no engine annotation (unlabelled)")
-    for w in block.get("windows") or []:
-        con.print(
-            f"window {w['name']}: {w.get('actual_steps')} steps of {w.get('requested_steps')} "
-            "requested"
-        )
+    for line in notes(block):
+        con.print(line)

@@ -98,7 +98,7 @@ PHASES_SCHEMA: dict[str, pl.DataType] = {
 # token counts, its times on the run clock, what the device did inside it and the idle before it.
 _NS = pl.Int64()
 TIMELINE_SCHEMA: dict[str, pl.DataType] = {
-    "window": pl.String(),  # the --profile window (or trace:FILE for a handed-in trace)
+    "window": pl.String(),  # the --profile window (trace1, trace2, … for handed-in traces)
     "rank": pl.Int32(),
     "step": pl.Int32(),  # index in its trace file
     "label": pl.String(),

@@ -21,8 +21,6 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from phaselens.timeline.holes import gaps_table, step_table
-from phaselens.timeline.kineto import read_trace
 
 from phaselens.errors import InputError
 from phaselens.rundir.check import RunFormatError
@@ -34,6 +32,9 @@ from phaselens.rundir.schema import (
     TIMELINE_SCHEMA,
 )
 from phaselens.rundir.write import atomic_write_json
+from phaselens.timeline.holes import gaps_table, step_table
+from phaselens.timeline.hostwork import host_work
+from phaselens.timeline.kineto import read_trace
 
 OVERLAP_SLACK_NS = 60_000_000_000  # a trace may start this long before the run's zero
 EPOCH_NS = 10**17  # ns values above this are already wall-clock epoch ns (1973 on)
@@ -46,6 +47,17 @@ class Built:
     steps: pl.DataFrame
     gaps: pl.DataFrame
     block: dict[str, Any]
+
+
+def _max(col: pl.Series) -> int:
+    """The largest non-null value of an integer column, 0 when none."""
+    v = col.drop_nulls().to_numpy()
+    return int(v.max()) if v.size else 0
+
+
+def _min(col: pl.Series) -> int:
+    v = col.drop_nulls().to_numpy()
+    return int(v.min()) if v.size else 0
 
 
 def _to_run(clock: dict[str, Any]) -> Callable[[pl.Expr], pl.Expr]:
@@ -68,7 +80,7 @@ def build_timeline(
     *,
     say: Callable[[str], None] = lambda _m: None,
 ) -> Built:
-    """Read the run's window traces and `traces` (handed in: window `trace:NAME`), write
+    """Read the run's window traces and `traces` (handed in: windows `trace1`, …), write
     timeline.parquet, timeline_gaps.parquet and the manifest's `timeline` block.
 
     InputError (one line, nothing in the run directory changed) for a bad trace, a trace whose
@@ -86,12 +98,17 @@ def build_timeline(
             "trace cannot be put on its clock"
         )
     to_run = _to_run(clock)
-    files = window_files(manifest, p) + [(f"trace:{Path(t).name}", Path(t)) for t in traces]
+    files = window_files(manifest, p)
+    known = {f.resolve() for _, f in files}
+    for t in traces:  # handed-in traces: windows trace1, trace2, … (the files block names them)
+        if Path(t).resolve() not in known:
+            known.add(Path(t).resolve())
+            files.append((f"trace{sum(w.startswith('trace') for w, _ in files) + 1}", Path(t)))
     if not files:
         raise InputError(
             f"{p}: no trace: the run has no --profile window with a file; give --trace FILE"
         )
-    end_ns = int(run.requests["end_ns"].max() or 0) if run.requests.height else 0
+    end_ns = _max(run.requests["end_ns"])
     end_ns = max(end_ns, max((int(s["t_end_ns"]) for s in manifest.get("stages") or []), default=0))
     step_frames, gap_frames, reads = [], [], []
     for i, (window, f) in enumerate(files):
@@ -99,9 +116,14 @@ def build_timeline(
         tf = read_trace(f)
         st = step_table(tf)
         gp = gaps_table(tf)
+        host_gaps = _host_gaps(st)
+        if gp.height == 0 and st.height and st["dev_start_ns"].null_count() == st.height:
+            gp = _between_rows(st, host_gaps, tf.rank)  # a trace without device events
+        work = host_work(f, [(a, b) for a, b, _ in host_gaps], tf.offset_ns)
+        gap_ns = sum(b - a for a, b, _ in host_gaps)
         if st.height:
             st = _on_run_clock(st, to_run, tf.base_ns)
-            lo, hi = int(st["t_start_ns"].min()), int(st["t_end_ns"].max())
+            lo, hi = _min(st["t_start_ns"]), _max(st["t_end_ns"])
             if hi < -OVERLAP_SLACK_NS or lo > end_ns + OVERLAP_SLACK_NS:
                 raise InputError(
                     f"{f}: its clock ({lo / 1e9:+.1f} s to {hi / 1e9:+.1f} s on this run's "
@@ -122,6 +144,13 @@ def build_timeline(
                 "steps": st.height,
                 "device_events": int((tf.events.stream >= 0).sum()),
                 "events": tf.total_events,
+                "between_steps_ms": round(gap_ns / 1e6, 3),
+                # top-level CPU ops that ran there, largest first, and the share they cover
+                # (the rest is Python outside any profiled op: scheduler, output processing)
+                "between_steps_cpu_ops": [[k, round(v / 1e6, 3)] for k, v in work.items()],
+                "between_steps_cpu_covered": round(sum(work.values()) / gap_ns, 4)
+                if gap_ns
+                else None,
             }
         )
     steps = _join(pl.concat([_cast(s, TIMELINE_SCHEMA) for s in step_frames]), run, manifest)
@@ -135,11 +164,38 @@ def build_timeline(
     return Built(steps, gaps, block)
 
 
+def _host_gaps(st: pl.DataFrame) -> list[tuple[int, int, int]]:
+    """(end of a step's annotation, start of the next, that step's index): the host time
+    between steps, in the step table's ns."""
+    if st.height < 2:
+        return []
+    st = st.sort("host_start_ns")
+    a = st["host_end_ns"].to_numpy()[:-1]
+    b = st["host_start_ns"].to_numpy()[1:]
+    idx = st["step"].to_numpy()[1:]
+    return [(int(x), int(y), int(i)) for x, y, i in zip(a, b, idx, strict=True) if y > x]
+
+
+def _between_rows(st: pl.DataFrame, gaps: list[tuple[int, int, int]], rank: int) -> pl.DataFrame:
+    """The gaps table of a trace without device events: the host time between steps."""
+    return pl.DataFrame(
+        {
+            "rank": [rank] * len(gaps),
+            "step": [g[2] for g in gaps],
+            "start_ns": [g[0] for g in gaps],
+            "end_ns": [g[1] for g in gaps],
+            "cause": ["between_steps"] * len(gaps),
+        },
+        schema={"rank": pl.Int32, "step": pl.Int32, "start_ns": pl.Int64, "end_ns": pl.Int64,
+                "cause": pl.String},
+    )  # fmt: skip
+
+
 def _on_run_clock(
     st: pl.DataFrame, to_run: Callable[[pl.Expr], pl.Expr], base: int | None
 ) -> pl.DataFrame:
     cols = ["host_start_ns", "host_end_ns", "dev_start_ns", "dev_end_ns"]
-    if base is None and int(st["host_start_ns"].min() or 0) < EPOCH_NS:
+    if base is None and _min(st["host_start_ns"]) < EPOCH_NS:
         raise InputError(
             "trace has no baseTimeNanoseconds and relative timestamps: it cannot be put on the "
             "run's clock"
@@ -171,13 +227,19 @@ def _join(steps: pl.DataFrame, run: Any, manifest: dict[str, Any]) -> pl.DataFra
     b = steps["t_end_ns"].to_numpy()
     stage = np.full(len(a), -1, dtype=np.int64)
     req = run.requests.filter(pl.col("sent_ns").is_not_null())
-    load_end = int(req["end_ns"].max() or 0) if req.height else 0  # (the alone window: after)
+    load_end = _max(req["end_ns"])  # (the alone window: after)
     for s in manifest.get("stages") or []:
         inside = (a >= int(s["t_start_ns"])) & (a < int(s["t_end_ns"])) & (a <= load_end)
         stage[inside] = int(s["index"])
-    sent = np.sort(req["sent_ns"].to_numpy())
-    ended = req["end_ns"].fill_null(np.iinfo(np.int64).max).to_numpy()
-    ended = np.sort(ended)
+    probes = [
+        (int(r["sent_ns"]), int(r["end_ns"]))
+        for w in (manifest.get("profile") or {}).get("windows") or []
+        if isinstance(r := w.get("request"), dict) and r.get("sent_ns") is not None
+    ]  # the alone windows' own requests (not planned, so not in requests.parquet)
+    far = np.iinfo(np.int64).max
+    sent = np.sort(np.concatenate([req["sent_ns"].to_numpy(), [p[0] for p in probes]]))
+    ended = req["end_ns"].fill_null(far).to_numpy()
+    ended = np.sort(np.concatenate([ended, [p[1] for p in probes]]))
     # running = sent before a  -  ended before b
     running = np.searchsorted(sent, a, side="right") - np.searchsorted(ended, b, side="left")
     return steps.with_columns(
@@ -226,7 +288,7 @@ def residual_offset(manifest: dict[str, Any], steps: pl.DataFrame) -> dict[str, 
             how = "the alone request's send and first token around its prefill step"
         elif w.get("start_ns") is not None and w.get("stop_ns") is not None and not how:
             lo = max(lo, int(w["start_ns"]) - int(mine["t_start_ns"][0]))
-            hi = min(hi, int(w["stop_ns"]) - int(mine["t_end_ns"].max() or 0))
+            hi = min(hi, int(w["stop_ns"]) - _max(mine["t_end_ns"]))
     if not np.isfinite(lo) or not np.isfinite(hi):
         return None
     return {

@@ -13,7 +13,7 @@ from typing import Any
 import polars as pl
 
 from phaselens.analysis.findings.base import Analysis, Missing, RuleResult
-from phaselens.analysis.stats import fnum
+from phaselens.analysis.stats import as_int, fnum
 from phaselens.analysis.timeline import shares
 from phaselens.types import Finding
 
@@ -40,7 +40,7 @@ def _groups(a: Analysis) -> list[tuple[str, str, pl.DataFrame, dict[str, Any]]]:
 
 
 def _span(g: pl.DataFrame) -> tuple[int | None, int | None]:
-    return int(g["t_start_ns"].min() or 0), int(g["t_end_ns"].max() or 0)
+    return as_int(g["t_start_ns"].min() or 0), as_int(g["t_end_ns"].max() or 0)
 
 
 def _rule(
@@ -69,11 +69,26 @@ def _rule(
             stage = g["stage"].drop_nulls()
             ev = {"window": w, "phase": ph, "stage": int(stage.mode()[0]) if stage.len() else None}
             ev |= {"steps": s["steps"], **evidence(s)}
+            if code == "host-bound-steps":
+                ev |= _cpu_ops(a, w)
             out.append(Finding(code, "warning", f"{title} ({ph}, window {w})", t0, t1, ev, fix))
         return out
 
     rule.__name__ = code.replace("-", "_")
     return rule
+
+
+def _cpu_ops(a: Analysis, window: str) -> dict[str, Any]:
+    """The CPU ops the trace shows between this window's steps (timeline/hostwork.py)."""
+    files = (a.manifest.get("timeline") or {}).get("files") or []
+    mine = [f for f in files if isinstance(f, dict) and f.get("window") == window]
+    if not mine:
+        return {}
+    ops = mine[0].get("between_steps_cpu_ops") or []
+    return {
+        "cpu_ops_between_steps_ms": ", ".join(f"{n} {ms:g}" for n, ms in ops[:4]) or None,
+        "cpu_ops_cover_share": mine[0].get("between_steps_cpu_covered"),
+    }
 
 
 def _f(x: Any) -> Any:
@@ -93,7 +108,9 @@ host_bound_steps = _rule(
     "The time between steps is the engine's Python loop: scheduling, input preparation, "
     "sampling, detokenizing and streaming. Turn on asynchronous scheduling / output processing "
     "(vLLM --async-scheduling), larger batches per step, and check the engine process is not "
-    "sharing its core (host.cpu_pct); the trace's CPU ops in those gaps name the work.",
+    "sharing its core (host.cpu_pct). The CPU ops the trace shows in those gaps are in the "
+    "evidence; what they do not cover is Python outside any profiled op (the scheduler, output "
+    "processing): profile with torch_profiler_with_stack to name it.",
     device=False,
 )
 launch_bound = _rule(
