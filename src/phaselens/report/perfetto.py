@@ -12,6 +12,10 @@ from the run start. Each model is one process (one track group). A request is an
                    so server-side queueing is inside this slice (engine.waiting shows it);
 - `decode`         first token -> end.
 
+With a profiler timeline (timeline.parquet) the engine's steps, the holes between and inside
+them, and (GPU traces) its kernels are complete events (`ph` "X") of the process "engine steps
+(profiler)", one thread per window, rank and stream (perfetto_engine.py).
+
 Counters (`ph` "C") carry every `gpu.*`, `engine.*` and `host.*` telemetry series, one track per
 metric and label set. Stage boundaries and findings are global instant events.
 
@@ -30,6 +34,7 @@ from typing import Any
 
 import polars as pl
 
+from phaselens.report.perfetto_engine import engine_events
 from phaselens.rundir.load import Run
 
 CAT = "request"
@@ -269,9 +274,13 @@ def trace_lines(
     for m, pid in pid_of.items():
         meta += _meta(pid, f"model {m}", pid)
     req, tel = _window(run, t_from_s, t_to_s)
+    lo = int(t_from_s * 1e9) if t_from_s is not None else None
+    hi = int(t_to_s * 1e9) if t_to_s is not None else None
+    emeta, eng = engine_events(run, lo, hi)  # the engine's steps, holes, kernels (profiler)
+    meta += emeta
     markers = [
         (float(e["ts"]), 0, 0, json.dumps(e, separators=(",", ":"), default=str))
-        for e in marker_events(run.manifest, findings)
+        for e in [*marker_events(run.manifest, findings), *eng]
     ]
     timed = pl.concat(
         [

@@ -24,7 +24,7 @@ import polars as pl
 
 from phaselens.errors import InputError
 from phaselens.rundir.check import RunFormatError
-from phaselens.rundir.load import load_run
+from phaselens.rundir.load import load_run, read_manifest
 from phaselens.rundir.schema import (
     TIMELINE,
     TIMELINE_GAPS,
@@ -35,6 +35,7 @@ from phaselens.rundir.write import atomic_write_json
 from phaselens.timeline.holes import gaps_table, step_table
 from phaselens.timeline.hostwork import host_work
 from phaselens.timeline.kineto import read_trace
+from phaselens.timeline.steps import unlabelled_reason
 
 OVERLAP_SLACK_NS = 60_000_000_000  # a trace may start this long before the run's zero
 EPOCH_NS = 10**17  # ns values above this are already wall-clock epoch ns (1973 on)
@@ -90,7 +91,7 @@ def build_timeline(
         run = load_run(p)
     except RunFormatError as e:
         raise InputError(str(e)) from None
-    manifest = dict(run.manifest)
+    manifest = read_manifest(p)  # as on disk (load_run may add what it derived)
     clock = manifest.get("clock") or {}
     if not {"perf_counter_ns", "wall_ns", "run_start_perf_ns"} <= set(clock):
         raise InputError(
@@ -111,6 +112,7 @@ def build_timeline(
     end_ns = _max(run.requests["end_ns"])
     end_ns = max(end_ns, max((int(s["t_end_ns"]) for s in manifest.get("stages") or []), default=0))
     step_frames, gap_frames, reads = [], [], []
+    unlabelled: list[str] = []
     for i, (window, f) in enumerate(files):
         say(f"reading {f.name} ({os.path.getsize(f) / 1e6:.1f} MB) [{i + 1}/{len(files)}]")
         tf = read_trace(f)
@@ -130,6 +132,8 @@ def build_timeline(
                     f"clock) does not overlap the run (0 to {end_ns / 1e9:.1f} s): a trace from "
                     "another run?"
                 )
+        if st.height == 0:
+            unlabelled.append(unlabelled_reason(tf) or f"{f}: no engine steps")
         if gp.height:
             gp = _gaps_on_run_clock(gp, to_run, tf.base_ns)
         step_frames.append(st.with_columns(pl.lit(window).alias("window")))
@@ -153,6 +157,13 @@ def build_timeline(
                 else None,
             }
         )
+    if len(unlabelled) == len(files):
+        raise InputError(
+            f"{unlabelled[0]}; phaselens labels engine steps from vLLM's execute_context_… or "
+            "SGLang's step[…] annotations (docs/timeline.md)"
+        )
+    for line in unlabelled:  # (some other trace has steps: go on without these)
+        say(f"unlabelled: {line}")
     steps = _join(pl.concat([_cast(s, TIMELINE_SCHEMA) for s in step_frames]), run, manifest)
     gaps = pl.concat([_cast(g, TIMELINE_GAPS_SCHEMA) for g in gap_frames])
     block = {
