@@ -163,8 +163,11 @@ def test_analyze_and_report_show_a_gpu_timeline(
     ("make", "says"),
     [
         (lambda d: d.write_bytes(gzip.compress(VLLM_CPU.read_bytes()[:0]) + b"x"), "gzip"),
-        (lambda d: d.write_bytes(gzip.open(VLLM_CPU).read()[:5000]), "not JSON"),
-        (lambda d: d.write_bytes(gzip.compress(gzip.open(VLLM_CPU).read())[:20000]), "truncated"),
+        (lambda d: d.write_bytes(gzip.decompress(VLLM_CPU.read_bytes())[:5000]), "not JSON"),
+        (
+            lambda d: d.write_bytes(gzip.compress(gzip.decompress(VLLM_CPU.read_bytes()))[:20000]),
+            "truncated",
+        ),
         (lambda d: d.write_text('{"events": []}'), "traceEvents"),
     ],
 )
