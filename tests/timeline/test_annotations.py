@@ -10,9 +10,10 @@ from phaselens.timeline.annotations import merge_labels
 CASES = [
     # from tests/data/traces/tracelens/vllm_prefilldecode_piecewise
     ("execute_8192_context_9(sq8155sk8430sqsq7475785sqsk7671310)_generation_37"
-     "(sq37sk34489sqsq37sqsk34489)", StepLabel("vllm", "mixed", 9, 8155, 37, 37, 8430, 34489)),
+     "(sq37sk34489sqsq37sqsk34489)",
+     StepLabel("vllm", "mixed", 9, 8155, 37, 37, 8430, 34489, 7671310, 34489)),
     ("execute_32_context_0(sq0sk0sqsq0sqsk0)_generation_32(sq32sk55086sqsq32sqsk55086)",
-     StepLabel("vllm", "decode", 0, 0, 32, 32, 0, 55086)),
+     StepLabel("vllm", "decode", 0, 0, 32, 32, 0, 55086, 0, 55086)),
     # the vLLM 0.32 CPU build trace (tests/data/traces/vllm-cpu)
     ("execute_context_3(429)_generation_1(1)", StepLabel("vllm", "mixed", 3, 429, 1, 1)),
     ("execute_context_0(0)_generation_4(4)", StepLabel("vllm", "decode", 0, 0, 4, 4)),
@@ -22,9 +23,9 @@ CASES = [
     ("step[EXTEND bs=15 toks=15360]", StepLabel("sglang", "prefill", 15, 15360, 0, 0)),
     ("step[DECODE bs=32]", StepLabel("sglang", "decode", 0, 0, 32, 32)),
     ("step[MIXED bs=2 c=1 g=1 c_sq=5 c_sk=8 c_sqsq=25 c_sqsk=40 g_sq=1 g_sk=12 g_sqsq=1 "
-     "g_sqsk=12]", StepLabel("sglang", "mixed", 1, 5, 1, 1, 8, 12)),
+     "g_sqsk=12]", StepLabel("sglang", "mixed", 1, 5, 1, 1, 8, 12, 40, 12)),
     ("step[DECODE bs=64 g_sq=128 g_sqsq=256 g_sqsk=262144 g_sk=131072]",
-     StepLabel("sglang", "decode", 0, 0, 64, 128, None, 131072)),
+     StepLabel("sglang", "decode", 0, 0, 64, 128, None, 131072, None, 262144)),
     ("execute_context_0(0)_generation_0(0)", StepLabel("vllm", "empty", 0, 0, 0, 0)),
 ]  # fmt: skip
 
@@ -44,4 +45,6 @@ def test_sglang_twin_is_one_label_with_the_detailed_counts() -> None:
                        "(sq32sk32785sqsq32sqsk32785)")  # fmt: skip
     inner = parse_step("step[DECODE bs=32]")
     assert outer is not None and inner is not None
-    assert merge_labels(outer, inner) == StepLabel("sglang", "decode", 0, 0, 32, 32, 0, 32785)
+    assert merge_labels(outer, inner) == StepLabel(
+        "sglang", "decode", 0, 0, 32, 32, 0, 32785, 0, 32785
+    )

@@ -225,3 +225,78 @@ def test_rebuilding_replaces_not_appends(tmp_path: Path) -> None:
     b = build_timeline(run_dir, [VLLM_CPU]).steps
     assert a.equals(b) and load_run(run_dir).timeline.height == 12  # type: ignore[union-attr]
     assert pl.read_parquet(run_dir / "timeline.parquet").height == 12
+
+
+def test_roofline_per_class_by_hand(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The piecewise step (detailed annotation execute_8192_context_9(sq8155sk8430sqsq7475785
+    sqsk7671310)_generation_37(sq37sk34489sqsq37sqsk34489)) on llama-3-8b's shapes and the
+    H100-SXM's peaks (989 TFLOP/s, 3350 GB/s), computed here from the formulas in
+    analysis/inside_roofline.py's docstring."""
+    run_dir = _run(tmp_path, PIECEWISE)
+    assert invoke(["timeline", str(run_dir), "--trace", str(PIECEWISE)]) == 0
+    capsys.readouterr()
+    # later: the roofline asked for, the handed-in trace (kept in profile/) read again
+    assert (
+        invoke(["timeline", str(run_dir), "--model", "llama-3-8b", "--gpu", "H100-SXM", "--json"])
+        == 0
+    )
+    block = json.loads(capsys.readouterr().out)
+    assert [f["window"] for f in block["files"]] == ["trace1"]
+    st = load_run(run_dir).timeline
+    assert st is not None
+    r = st.row(0, named=True)
+    layers, hidden, heads, kv_heads, dh, inter, vocab = 32, 4096, 32, 8, 128, 14336, 128256
+    params = layers * (hidden * dh * (2 * heads + 2 * kv_heads) + 3 * hidden * inter)
+    gemm_flops = 2 * params * (8155 + 37) + 2 * vocab * hidden * (9 + 37)
+    gemm_bytes = (params + vocab * hidden) * 2.0
+    att_flops = 4 * layers * heads * dh * (7671310 + 34489)
+    att_bytes = 2 * layers * kv_heads * dh * 2.0 * (8430 + 34489)
+    pts = {p["class"]: p for p in block["roofline"]["points"]}
+    assert pts["gemm"]["intensity"] == pytest.approx(gemm_flops / gemm_bytes)
+    assert pts["gemm"]["achieved_tflops"] == pytest.approx(
+        gemm_flops / (r["gemm_ns"] * 1e-9) / 1e12
+    )
+    assert pts["attention"]["intensity"] == pytest.approx(att_flops / att_bytes)
+    assert pts["attention"]["achieved_tflops"] == pytest.approx(
+        att_flops / (r["attention_ns"] * 1e-9) / 1e12
+    )
+    ridge = 989e12 / 3350e9
+    for p in pts.values():
+        want = min(989.0, p["intensity"] * 3350e9 / 1e12)
+        assert p["ceiling_tflops"] == pytest.approx(want)
+        assert p["bound"] == ("compute" if p["intensity"] >= ridge else "memory")
+    assert invoke(["timeline", str(run_dir), "--gpu", "H100-SXM"]) == 2  # both or neither
+
+
+def _with_window(run_dir: Path, files: list[str]) -> None:
+    """Give the run a --profile window whose trace is a copy of VLLM_CPU in its profile/."""
+    (run_dir / "profile").mkdir(exist_ok=True)
+    (run_dir / "profile" / "w.json.gz").write_bytes(VLLM_CPU.read_bytes())
+    m = json.loads((run_dir / "manifest.json").read_text())
+    m["profile"] = {
+        "windows": [
+            {"name": "stage0", "requested": {"steps": 16}, "files": [{"path": f} for f in files]}
+        ]
+    }
+    (run_dir / "manifest.json").write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize(("requests", "missed"), [([(0, S // 2)], True), ([(0, 9 * S)], False)])
+def test_a_window_that_missed_the_load_is_flagged(
+    tmp_path: Path, requests: list[tuple[int, int]], missed: bool
+) -> None:
+    """Every request ended at 0.5 s, before the window's steps (from 1 s): the window saw no
+    load; one request running across them: it did."""
+    run_dir = _run(tmp_path, VLLM_CPU, requests)
+    _with_window(run_dir, ["profile/w.json.gz"])
+    (w,) = build_timeline(run_dir).block["windows"]
+    assert (w["name"], w["requested_steps"], w["actual_steps"]) == ("stage0", 16, 12)
+    assert w["missed_load"] is missed
+
+
+def test_manifest_paths_outside_profile_are_not_read(tmp_path: Path) -> None:
+    """The manifest is untrusted: a window file `../x` or an absolute path is ignored."""
+    run_dir = _run(tmp_path, VLLM_CPU)
+    _with_window(run_dir, [str(VLLM_CPU), "profile/../../x.json.gz", "profile/w.json.gz"])
+    built = build_timeline(run_dir)
+    assert [f["file"] for f in built.block["files"]] == ["profile/w.json.gz"]

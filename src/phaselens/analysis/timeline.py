@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from phaselens.analysis.inside_roofline import inside_roofline
 from phaselens.analysis.stats import as_float
 
 CAUSES = ("launch", "sync", "memcpy", "other")
 CLASSES = ("gemm", "attention", "norm", "elementwise", "sampling", "comm", "copy", "other")
-PHASES = ("prefill", "decode", "mixed", "unlabelled")
+PHASES = ("prefill", "decode", "mixed", "empty", "unlabelled")
 
 
 def _span(df: pl.DataFrame) -> pl.Expr:
@@ -120,6 +121,9 @@ def timeline_summary(steps: pl.DataFrame | None, manifest: dict[str, Any]) -> di
         "residual_offset_ms": block.get("residual_offset_ms"),
         "files": block.get("files", []),
     }
+    roof = inside_roofline(steps, manifest)
+    if roof is not None:
+        out["roofline"] = roof
     return out
 
 

@@ -26,6 +26,20 @@ def timeline(
             "(repeat: one per rank or window).",
         ),
     ] = None,
+    model: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--model",
+            help="The served model's shapes for the per-class roofline: a catalog id "
+            "(llama-3-8b, ...) or a config.json path.",
+        ),
+    ] = None,
+    gpu: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--gpu", help="The GPU's peaks for the roofline: H100-SXM, H200, A100-80G, ..."
+        ),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the timeline block as one JSON object.")
     ] = False,
@@ -41,8 +55,24 @@ def timeline(
     for t in trace or []:
         if not t.is_file():
             raise InputError(f"--trace: {t}: no such file")
-    if trace or not (run_dir / TIMELINE).exists():
-        build_timeline(run_dir, trace or [], say=lambda m: typer.echo(f"timeline: {m}", err=True))
+    roof = None
+    if (model is None) != (gpu is None):
+        raise InputError("--model and --gpu: give both (the roofline needs shapes and peaks)")
+    if model is not None and gpu is not None:
+        from phaselens.analysis.inside_roofline import model_entry
+        from phaselens.sim.hardware import GPUS
+        from phaselens.sim.models import resolve_model
+
+        if gpu not in GPUS:
+            raise InputError(f"--gpu: unknown GPU {gpu!r}; expected one of {', '.join(GPUS)}")
+        roof = {"model": model_entry(resolve_model(model, "--model")), "gpu": gpu}
+    if trace or roof or not (run_dir / TIMELINE).exists():
+        build_timeline(
+            run_dir,
+            trace or [],
+            say=lambda m: typer.echo(f"timeline: {m}", err=True),
+            roofline=roof,
+        )
     run = load_run(run_dir)
     block = timeline_summary(run.timeline, dict(run.manifest))
     if block is None:  # (build_timeline wrote it or raised)

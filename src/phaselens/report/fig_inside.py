@@ -125,3 +125,42 @@ def share_figure(by_window: Mapping[str, Mapping[str, Any]]) -> go.Figure:
         xaxis_title="% of the step cycle",
     )
     return fig
+
+
+def class_roofline_figure(roof: Mapping[str, Any]) -> go.Figure:
+    """Each phase's GEMM and attention on the GPU's roofline (achieved vs the work's intensity)."""
+    import numpy as np
+
+    fig = go.Figure()
+    pts = [p for p in roof.get("points") or [] if isinstance(p, Mapping)]
+    symbols = {"gemm": "circle", "attention": "diamond"}
+    for p in pts:
+        fig.add_scatter(
+            x=[p["intensity"]],
+            y=[p["achieved_tflops"]],
+            mode="markers+text",
+            text=[f"{p['phase']} {p['class']}"],
+            textposition="top center",
+            name=f"{p['phase']} {p['class']}",
+            marker={"color": PHASE_COLORS.get(str(p["phase"]), "#333"),
+                    "symbol": symbols.get(str(p["class"]), "circle"), "size": 11},
+            hovertemplate="%{x:.1f} FLOP/B, %{y:.1f} TFLOP/s<extra></extra>",
+        )  # fmt: skip
+    peak, bw = float(roof.get("peak_tflops") or 0), float(roof.get("bandwidth_gbs") or 0)
+    if peak and bw:
+        ridge = peak * 1e12 / (bw * 1e9)
+        xs_pts = [float(p["intensity"]) for p in pts] or [ridge]
+        xs = np.geomspace(min(min(xs_pts), ridge) / 10, max(max(xs_pts), ridge) * 10, 200)
+        fig.add_scatter(
+            x=xs,
+            y=np.minimum(peak, bw * 1e9 * xs / 1e12),
+            name=f"{esc(roof.get('gpu'))} roofline",
+            line={"color": "#333", "width": 2},
+            hoverinfo="skip",
+        )
+    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP / byte)")
+    fig.update_yaxes(type="log", title_text="achieved TFLOP/s")
+    fig.update_layout(
+        **LAYOUT, height=380, title=f"Kernel classes on the roofline ({esc(roof.get('model'))})"
+    )
+    return fig

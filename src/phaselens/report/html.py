@@ -17,7 +17,7 @@ from phaselens.analysis.phases import Timeline, build_timeline
 from phaselens.analysis.summary import compute
 from phaselens.report import sections as sec
 from phaselens.report.fig_finding import window_figure
-from phaselens.report.fig_inside import share_figure, strip_figure
+from phaselens.report.fig_inside import class_roofline_figure, share_figure, strip_figure
 from phaselens.report.fig_latency import cdf_figure
 from phaselens.report.fig_timeline import timeline_figure
 from phaselens.report.fig_utilization import phase_util_figure, roofline_figure
@@ -76,6 +76,9 @@ def build_context(
     if run.timeline is not None and run.timeline.height and isinstance(inside, Mapping):
         figures.append(("inside-strip", fig_json(strip_figure(run.timeline, run.timeline_gaps))))
         figures.append(("inside-share", fig_json(share_figure(inside.get("by_window") or {}))))
+        roof_in = inside.get("roofline")
+        if isinstance(roof_in, Mapping) and roof_in.get("points"):
+            figures.append(("inside-roofline", fig_json(class_roofline_figure(roof_in))))
     fviews = []
     for i, f in enumerate(findings):
         fid = f"finding{i + 1}"

@@ -78,16 +78,40 @@ def notes(block: Mapping[str, Any]) -> list[str]:
     if block.get("unlabelled_steps"):
         out.append(f"{block['unlabelled_steps']} steps carry no engine annotation (unlabelled)")
     for w in block.get("windows") or []:
-        out.append(
-            f"window {w['name']}: {w.get('actual_steps')} steps of {w.get('requested_steps')} "
-            "requested"
-        )
+        line = f"window {w['name']}: {w.get('actual_steps')} of {w.get('requested_steps')} steps"
+        if w.get("missed_load"):
+            line += " - MISSED THE LOAD (no request in flight during its steps): not evidence"
+        out.append(line)
+    for wn, phases in (block.get("by_window") or {}).items():
+        for ph, s in phases.items():
+            if isinstance(s, Mapping) and (s.get("graph_hidden_share") or 0) > 0:
+                out.append(
+                    f"{wn} {ph}: {_pct(s['graph_hidden_share'])} of the cycle ran inside "
+                    "CUDA-graph replays whose kernels the trace does not show: counted as graph "
+                    "time, not idle"
+                )
+    roof = block.get("roofline")
+    if isinstance(roof, Mapping):
+        if roof.get("note"):
+            out.append(f"roofline: {roof['note']}")
+        for p in roof.get("points") or []:
+            out.append(
+                f"roofline {p['phase']} {p['class']}: {p['intensity']:.1f} FLOP/B, "
+                f"{p['achieved_tflops']:.1f} of {p['ceiling_tflops']:.1f} TFLOP/s "
+                f"({_pct(p.get('of_ceiling'))} of its {p['bound']} ceiling on {roof.get('gpu')})"
+            )
     return out
 
 
 def inside_rows(block: Mapping[str, Any]) -> dict[str, Any]:
     """What the report's "Inside the step" section shows."""
-    return {"heads": heads(bool(block.get("device"))), "rows": rows(block), "notes": notes(block)}
+    roof = block.get("roofline")
+    return {
+        "heads": heads(bool(block.get("device"))),
+        "rows": rows(block),
+        "notes": notes(block),
+        "roofline": bool(isinstance(roof, Mapping) and roof.get("points")),
+    }
 
 
 def timeline_table(block: Mapping[str, Any]) -> Table:

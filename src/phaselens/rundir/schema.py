@@ -102,15 +102,17 @@ TIMELINE_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int32(),
     "step": pl.Int32(),  # index in its trace file
     "label": pl.String(),
-    "phase": pl.String(),  # prefill | decode | mixed | unlabelled
+    "phase": pl.String(),  # prefill | decode | mixed | empty (no request) | unlabelled
     "stage": pl.Int32(),  # the load stage the step started in (null: outside the load)
     "running": pl.Int32(),  # requests in flight at the client across the whole step
     "ctx_reqs": pl.Int64(),
     "ctx_tokens": pl.Int64(),
     "gen_reqs": pl.Int64(),
     "gen_tokens": pl.Int64(),
-    "sk_ctx": pl.Int64(),
+    "sk_ctx": pl.Int64(),  # summed key lengths (detailed annotations)
     "sk_gen": pl.Int64(),
+    "sqsk_ctx": pl.Int64(),  # summed query x key lengths: the attention work (detailed)
+    "sqsk_gen": pl.Int64(),
     "t_start_ns": _NS,  # the step's annotation on the host, run clock
     "t_end_ns": _NS,
     "dev_start_ns": _NS,  # first and last device op of the step (null: no device events)

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, replace
 
 _VLLM = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
-_GROUP = r"\(sq(\d+)sk(\d+)sqsq\d+sqsk\d+\)"
+_GROUP = r"\(sq(\d+)sk(\d+)sqsq\d+sqsk(\d+)\)"
 _VLLM_DETAILED = re.compile(rf"execute_\d+_context_(\d+){_GROUP}_generation_(\d+){_GROUP}")
 _VLLM_OLD = re.compile(r"execute_new_(\d+)_cached_(\d+)")
 _SGLANG = re.compile(r"step\[(EXTEND|DECODE|MIXED)\b([^\]]*)\]")
@@ -30,7 +30,8 @@ class StepLabel:
 
     phase: prefill (context requests only), decode (generation only), mixed (both), or empty
     (an annotated step with no request, e.g. a data-parallel dummy batch). Token counts are None
-    where the format does not say them; sk_* (summed key lengths) only in the detailed formats.
+    where the format does not say them; sk_* (summed key lengths) and sqsk_* (summed query x key
+    lengths) only in the detailed formats.
     """
 
     engine: str
@@ -41,6 +42,8 @@ class StepLabel:
     gen_tokens: int | None
     sk_ctx: int | None = None
     sk_gen: int | None = None
+    sqsk_ctx: int | None = None  # sum of query_len x seq_len (attention work), detailed forms
+    sqsk_gen: int | None = None
 
 
 def _phase(ctx_reqs: int, gen_reqs: int) -> str:
@@ -53,8 +56,8 @@ def _phase(ctx_reqs: int, gen_reqs: int) -> str:
 
 def _vllm(name: str) -> StepLabel | None:
     if m := _VLLM_DETAILED.search(name):
-        rc, c_sq, c_sk, rg, g_sq, g_sk = (int(g) for g in m.groups())
-        return StepLabel("vllm", _phase(rc, rg), rc, c_sq, rg, g_sq, c_sk, g_sk)
+        rc, c_sq, c_sk, c_qk, rg, g_sq, g_sk, g_qk = (int(g) for g in m.groups())
+        return StepLabel("vllm", _phase(rc, rg), rc, c_sq, rg, g_sq, c_sk, g_sk, c_qk, g_qk)
     if m := _VLLM.search(name):
         rc, ct, rg, gt = (int(g) for g in m.groups())
         return StepLabel("vllm", _phase(rc, rg), rc, ct, rg, gt)
@@ -75,16 +78,17 @@ def _sglang(name: str) -> StepLabel | None:
     detailed = "c_sq" in kv or "g_sq" in kv
     sk_c = kv.get("c_sk") if detailed else None
     sk_g = kv.get("g_sk") if detailed else None
+    qk = (kv.get("c_sqsk"), kv.get("g_sqsk")) if detailed else (None, None)
     if mode == "DECODE":
         # g_sq > bs with speculative decoding (MTP): tokens, not requests
         return StepLabel(
-            "sglang", "decode" if bs else "empty", 0, 0, bs, kv.get("g_sq", bs), sk_c, sk_g
+            "sglang", "decode" if bs else "empty", 0, 0, bs, kv.get("g_sq", bs), sk_c, sk_g, *qk
         )
     toks = kv.get("c_sq", kv.get("toks"))
     if mode == "EXTEND":
-        return StepLabel("sglang", "prefill" if bs else "empty", bs, toks, 0, 0, sk_c, sk_g)
+        return StepLabel("sglang", "prefill" if bs else "empty", bs, toks, 0, 0, sk_c, sk_g, *qk)
     ctx, gen = kv.get("c", bs), kv.get("g", 0)
-    return StepLabel("sglang", "mixed", ctx, toks, gen, kv.get("g_sq"), sk_c, sk_g)
+    return StepLabel("sglang", "mixed", ctx, toks, gen, kv.get("g_sq"), sk_c, sk_g, *qk)
 
 
 def parse_step(name: str) -> StepLabel | None:

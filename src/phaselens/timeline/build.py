@@ -14,6 +14,7 @@ first token), and says from what.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from phaselens.rundir.schema import (
     TIMELINE_SCHEMA,
 )
 from phaselens.rundir.write import atomic_write_json
+from phaselens.timeline.capture import PROFILE_DIR
 from phaselens.timeline.holes import gaps_table, step_table
 from phaselens.timeline.hostwork import host_work
 from phaselens.timeline.kineto import read_trace
@@ -66,12 +68,30 @@ def _to_run(clock: dict[str, Any]) -> Callable[[pl.Expr], pl.Expr]:
     return lambda e: e + shift
 
 
+def _inside(run_dir: Path, rel: object) -> Path | None:
+    """A manifest's file path, only when it names a file under the run's profile/ (the
+    manifest is untrusted input: no absolute path, no `..`)."""
+    if not isinstance(rel, str) or "\x00" in rel:
+        return None
+    parts = Path(rel).parts
+    if len(parts) != 2 or parts[0] != PROFILE_DIR or parts[1] in (".", ".."):
+        return None
+    return run_dir / rel
+
+
 def window_files(manifest: dict[str, Any], run_dir: Path) -> list[tuple[str, Path]]:
-    """(window name, trace path) for every file the run's --profile windows collected."""
+    """(window name, trace path) for every file the run's --profile windows collected and every
+    trace handed in earlier (kept in profile/ by `phaselens timeline --trace`)."""
     out = []
     for w in (manifest.get("profile") or {}).get("windows") or []:
         for f in w.get("files") or []:
-            out.append((str(w.get("name")), run_dir / str(f.get("path"))))
+            path = _inside(run_dir, f.get("path") if isinstance(f, dict) else None)
+            if path is not None:
+                out.append((str(w.get("name")), path))
+    for t in (manifest.get("timeline") or {}).get("traces") or []:
+        path = _inside(run_dir, t.get("path") if isinstance(t, dict) else None)
+        if path is not None:
+            out.append((str(t.get("window")), path))
     return out
 
 
@@ -80,12 +100,15 @@ def build_timeline(
     traces: Sequence[Path] = (),
     *,
     say: Callable[[str], None] = lambda _m: None,
+    roofline: dict[str, Any] | None = None,
 ) -> Built:
     """Read the run's window traces and `traces` (handed in: windows `trace1`, …), write
     timeline.parquet, timeline_gaps.parquet and the manifest's `timeline` block.
 
     InputError (one line, nothing in the run directory changed) for a bad trace, a trace whose
-    clock does not overlap the run, or a run without a clock anchor."""
+    clock does not overlap the run, or a run without a clock anchor. `roofline`: the model's
+    shapes and the GPU for the per-class roofline ({"model": {...}, "gpu": name}); kept from
+    an earlier build when not given."""
     p = Path(run_dir)
     try:
         run = load_run(p)
@@ -100,11 +123,16 @@ def build_timeline(
         )
     to_run = _to_run(clock)
     files = window_files(manifest, p)
-    known = {f.resolve() for _, f in files}
-    for t in traces:  # handed-in traces: windows trace1, trace2, … (the files block names them)
+    kept = list((manifest.get("timeline") or {}).get("traces") or [])
+    known = {f.resolve() for _, f in files}  # (a trace handed in again is not read twice)
+    known |= {Path(str(t.get("source"))).resolve() for t in kept if isinstance(t, dict)}
+    new: list[tuple[str, Path]] = []
+    for t in traces:  # handed-in traces: windows trace1, trace2, … (kept in profile/)
         if Path(t).resolve() not in known:
             known.add(Path(t).resolve())
-            files.append((f"trace{sum(w.startswith('trace') for w, _ in files) + 1}", Path(t)))
+            name = f"trace{len(kept) + len(new) + 1}"
+            new.append((name, Path(t)))
+            files.append((name, Path(t)))
     if not files:
         raise InputError(
             f"{p}: no trace: the run has no --profile window with a file; give --trace FILE"
@@ -166,11 +194,14 @@ def build_timeline(
         say(f"unlabelled: {line}")
     steps = _join(pl.concat([_cast(s, TIMELINE_SCHEMA) for s in step_frames]), run, manifest)
     gaps = pl.concat([_cast(g, TIMELINE_GAPS_SCHEMA) for g in gap_frames])
+    roofline = roofline or (manifest.get("timeline") or {}).get("roofline")
     block = {
+        **({"roofline": roofline} if roofline else {}),
         "files": reads,
         "windows": _window_counts(manifest, steps),
         "residual_offset_ms": residual_offset(manifest, steps),
     }
+    block["traces"] = kept + [_keep(p, w, f) for w, f in new]  # (read fine: now kept)
     _write(p, steps, gaps, manifest, block)
     return Built(steps, gaps, block)
 
@@ -268,12 +299,17 @@ def _window_counts(manifest: dict[str, Any], steps: pl.DataFrame) -> list[dict[s
         req = (w.get("requested") or {}).get("steps")
         ranks = steps.filter(pl.col("window") == name)["rank"].n_unique() if steps.height else 0
         n = int(counts.get(name, 0))
+        mine = steps.filter(pl.col("window") == name) if steps.height else steps
+        busy = int((mine["running"] > 0).sum()) if mine.height else 0
         out.append(
             {
                 "name": name,
                 "requested_steps": req,
                 "actual_steps": n // max(1, ranks),
                 "ranks": ranks,
+                # a load window whose steps ran with no request of the load in flight (or that
+                # caught no step at all) says nothing about that load
+                "missed_load": name != "alone" and (mine.height == 0 or busy == 0),
             }
         )
     return out
@@ -308,6 +344,20 @@ def residual_offset(manifest: dict[str, Any], steps: pl.DataFrame) -> dict[str, 
         "from": how or "the profiler start and stop calls around each window's steps",
         "consistent": bool(lo <= hi),
     }
+
+
+def _keep(p: Path, window: str, f: Path) -> dict[str, Any]:
+    """A handed-in trace hard-linked (else copied) into the run's profile/, so a rebuild and a
+    reader of the run find it there."""
+    d = p / PROFILE_DIR
+    d.mkdir(exist_ok=True)
+    dest = d / f"{window}-{f.name}"
+    if not dest.exists():
+        try:
+            os.link(f, dest)
+        except OSError:
+            shutil.copyfile(f, dest)
+    return {"window": window, "path": f"{PROFILE_DIR}/{dest.name}", "source": str(f)}
 
 
 def _write(

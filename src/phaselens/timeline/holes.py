@@ -32,7 +32,7 @@ _I = pl.Int64
 STEP_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "rank": _I, "step": _I, "label": pl.Utf8, "phase": pl.Utf8,
     "ctx_reqs": _I, "ctx_tokens": _I, "gen_reqs": _I, "gen_tokens": _I,
-    "sk_ctx": _I, "sk_gen": _I,
+    "sk_ctx": _I, "sk_gen": _I, "sqsk_ctx": _I, "sqsk_gen": _I,
     "host_start_ns": _I, "host_end_ns": _I, "dev_start_ns": _I, "dev_end_ns": _I,
     "busy_ns": _I, "gap_before_ns": _I,
     "idle_launch_ns": _I, "idle_sync_ns": _I, "idle_memcpy_ns": _I, "idle_other_ns": _I,
@@ -128,6 +128,7 @@ def _rows(
             "rank": tf.rank, "step": i, "label": steps.names[i], "phase": lab.phase,
             "ctx_reqs": lab.ctx_reqs, "ctx_tokens": lab.ctx_tokens, "gen_reqs": lab.gen_reqs,
             "gen_tokens": lab.gen_tokens, "sk_ctx": lab.sk_ctx, "sk_gen": lab.sk_gen,
+            "sqsk_ctx": lab.sqsk_ctx, "sqsk_gen": lab.sqsk_gen,
             "host_start_ns": hs, "host_end_ns": he,
             "graph_launches": int(((lk.graph_starts >= hs) & (lk.graph_starts <= he)).sum()),
         }  # fmt: skip
