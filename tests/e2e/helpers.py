@@ -165,3 +165,14 @@ def max_overlap(intervals: list[tuple[int, int]]) -> int:
         cur += d
         best = max(best, cur)
     return best
+
+
+def scrape_requests(base_url: str) -> float:
+    """Tokens an engine has processed (prompt + generated; llama.cpp or vLLM counters): equal
+    before and after proves no request reached it. Fails when the engine exposes neither."""
+    m = scrape(base_url)
+    names = ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total",
+             "vllm:prompt_tokens_total", "vllm:generation_tokens_total")  # fmt: skip
+    keys = [k for k in names if k in m]
+    assert keys, f"no token counter in {base_url}/metrics"
+    return sum(m[k] for k in keys)

@@ -26,6 +26,7 @@ from phaselens.cli import invoke
 from phaselens.rundir.load import load_run
 
 from .conftest import VLLM_PROFILE_DIR
+from .helpers import scrape_requests
 
 pytestmark = pytest.mark.e2e
 
@@ -145,3 +146,21 @@ def test_profiled_run_on_vllm(
     assert invoke(["timeline", str(run_dir)]) == 0
     table = capsys.readouterr().out
     assert "stage1" in table and "alone" in table
+
+
+def test_profile_refused_by_an_engine_without_a_profiler(
+    llamacpp: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """llama.cpp has no profiler API: --profile is refused in one line before any run directory
+    exists or any request is sent (an option a target cannot honour is never ignored)."""
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump({"name": "x", "seed": 1, "duration_s": 2, "models": [
+        {"name": "m", "rate": 1, "input_tokens": {"type": "fixed", "value": 8},
+         "output_tokens": {"type": "fixed", "value": 4}}]}))  # fmt: skip
+    before = scrape_requests(llamacpp.url)
+    code = invoke(["run", str(spec_path), "--target", llamacpp.url, "--out", str(tmp_path / "r"),
+                   "--profile", "stages", "--profile-dir", str(tmp_path)])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "no OpenAPI description" in err[0], err
+    assert not (tmp_path / "r").exists()
+    assert scrape_requests(llamacpp.url) == before
