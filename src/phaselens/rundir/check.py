@@ -186,6 +186,35 @@ MANIFEST_SPEC = _Obj(
         "gpu_cost_per_hour": _opt(_num),
         "driver": _Obj({"loop": _str}),
         "schedule": _Obj({"requests": int_check(0)}),
+        # --profile windows and the timeline built from them (timeline/build.py reads these)
+        "profile": _Obj(
+            {
+                "windows": _List(
+                    _Obj(
+                        {
+                            "name": _str,
+                            "start_ns": _opt(int_check()),
+                            "stop_ns": _opt(int_check()),
+                            "files": _List(_Obj({"path": _str}, required=("path",))),
+                            "request": _Obj(
+                                {
+                                    "sent_ns": _opt(int_check()),
+                                    "first_token_ns": _opt(int_check()),
+                                    "end_ns": _opt(int_check()),
+                                }
+                            ),
+                        },
+                        required=("name",),
+                    )
+                )
+            }
+        ),
+        "timeline": _Obj(
+            {
+                "traces": _List(_Obj({"window": _str, "path": _str}, required=("window", "path"))),
+                "roofline": _Obj({"gpu": _str, "model": _Map(_any)}),
+            }
+        ),
     }
 )
 

@@ -276,7 +276,9 @@ def _join(steps: pl.DataFrame, run: Any, manifest: dict[str, Any]) -> pl.DataFra
     probes = [
         (int(r["sent_ns"]), int(r["end_ns"]))
         for w in (manifest.get("profile") or {}).get("windows") or []
-        if isinstance(r := w.get("request"), dict) and r.get("sent_ns") is not None
+        if isinstance(r := w.get("request"), dict)
+        and r.get("sent_ns") is not None
+        and r.get("end_ns") is not None
     ]  # the alone windows' own requests (not planned, so not in requests.parquet)
     far = np.iinfo(np.int64).max
     sent = np.sort(np.concatenate([req["sent_ns"].to_numpy(), [p[0] for p in probes]]))
