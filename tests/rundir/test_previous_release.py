@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import phaselens
+from phaselens.analysis.findings.inside import TRACE_RULES
 from phaselens.analysis.summary import analyze, to_json
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "runs-0.1.0"
@@ -23,10 +24,7 @@ DATA = Path(__file__).resolve().parent.parent / "data" / "runs-0.1.0"
 
 # Rules added after 0.1.0 that read a file those runs cannot have (an engine profiler trace,
 # issue 29): they say what they need in `not_evaluated`; every number stays the same.
-LATER_RULES = {
-    "host-bound-steps", "launch-bound", "sync-stalls", "exposed-copies",
-    "exposed-communication", "low-tensor-core-gemm",
-}  # fmt: skip
+LATER_RULES = set(TRACE_RULES)
 
 
 def _without_path(summary: dict[str, Any]) -> dict[str, Any]:

@@ -193,3 +193,14 @@ low_tensor_core = _rule(
     "the kernel names: a GEMM without a tensor-core kernel is leaving most of the GPU's peak.",
     device=True,
 )
+
+
+#: The rules that need an engine profiler trace (a simulated run never has one).
+TRACE_RULES = (
+    "host-bound-steps",
+    "launch-bound",
+    "sync-stalls",
+    "exposed-copies",
+    "exposed-communication",
+    "low-tensor-core-gemm",
+)
