@@ -14,6 +14,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from phaselens.report.timeline_text import timeline_table
+
 _SEV_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
 
@@ -182,6 +184,8 @@ def render(s: Mapping[str, Any], console: Console | None = None) -> None:
             f"  arrival CV {_f((fl.get('arrival_cv') or {}).get('max'), 2)}"
             f"  drops {len(fl.get('drop_events') or [])}"
         )
+    if s.get("timeline"):
+        con.print(timeline_table(s["timeline"]))
     items = []
     for f in s.get("findings") or []:
         txt = Text()
@@ -196,8 +200,11 @@ def render(s: Mapping[str, Any], console: Console | None = None) -> None:
     con.print(Panel(Group(*items) if items else Text("no finding fired"), title="Findings"))
     ne = s.get("not_evaluated") or []
     if ne:
+        by_need: dict[str, list[str]] = {}  # rules missing the same data: one clause
+        for d in ne:
+            by_need.setdefault(str(d["needs"]), []).append(str(d["code"]))
         con.print(
             "[dim]not evaluated: "
-            + "; ".join(f"{d['code']} (needs {d['needs']})" for d in ne)
+            + "; ".join(f"{', '.join(codes)} (needs {need})" for need, codes in by_need.items())
             + "[/dim]"
         )
