@@ -88,3 +88,14 @@ def test_event_without_dur(tmp_path: Path) -> None:
     del bad["dur"]
     p = write(tmp_path / "t.json.gz", [{"ph": "X", "cat": "cpu_op", "name": "x"}, bad])
     assert "traceEvents[1] (user_annotation): expected a number in 'dur'" in _error(p)
+
+
+def test_epoch_stamps_with_ns_decimals_are_exact(tmp_path: Path) -> None:
+    """Kineto's ns-resolution stamps on the epoch need 19 digits: a float would move them."""
+    p = tmp_path / "t.json"  # a kernel of HTA's ns_resolution_trace (rank-0.Apr_03_18_51_38)
+    p.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7,'
+                 ' "ts": 1712195495505582.988, "dur": 4.928, "args": {"stream": 7,'
+                 ' "correlation": 135071, "device": 0.0}}]}')  # fmt: skip
+    ev = read_trace(p).events
+    assert (ev.start_ns[0], ev.dur_ns[0]) == (1712195495505582988, 4928)
+    assert (ev.stream[0], ev.correlation[0], ev.device[0]) == (7, 135071, 0)

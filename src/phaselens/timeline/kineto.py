@@ -9,8 +9,10 @@ category and forgotten. Top-level keys may come before or after `traceEvents`.
 from __future__ import annotations
 
 import gzip
+import math
 import zlib
 from array import array
+from decimal import Decimal
 from io import BufferedIOBase
 from pathlib import Path
 
@@ -56,8 +58,8 @@ def _int(value: object) -> int:
         return -1
     if isinstance(value, int):
         return value
-    if isinstance(value, float):
-        return int(value)
+    if isinstance(value, (float, Decimal)):
+        return int(value) if math.isfinite(value) else -1
     if isinstance(value, str):
         try:
             return int(value, 0)
@@ -121,14 +123,14 @@ def _keep(
         return
     ts, dur = ev.get("ts"), ev.get("dur")
     for field, val in (("ts", ts), ("dur", dur)):
-        if not isinstance(val, (int, float)) or isinstance(val, bool) or val != val:
+        if not isinstance(val, (int, Decimal, float)) or isinstance(val, bool) or val != val:
             raise InputError(
                 one_line(
                     f"{path}: traceEvents[{index}] ({cat}): expected a number in {field!r}, "
                     f"got {val!r}"
                 )
             )
-    assert isinstance(ts, (int, float)) and isinstance(dur, (int, float))
+    assert isinstance(ts, (int, Decimal, float)) and isinstance(dur, (int, Decimal, float))
     if dur < 0:
         raise InputError(f"{path}: traceEvents[{index}] ({cat}): negative 'dur' {dur}")
     name = ev.get("name")
@@ -173,7 +175,9 @@ def read_trace(path: Path) -> TraceFile:
     seen_events = False
     try:
         with raw:
-            for prefix, event, value in ijson.parse(stream, use_float=True):
+            # Decimal, not float: epoch-µs stamps with ns decimals (1712195495505582.988) need
+            # 19 digits; a float keeps ~16 (0.25 µs steps), and * 1000 adds up to 128 ns more.
+            for prefix, event, value in ijson.parse(stream):
                 if prefix == _EVENT:
                     if event == "start_map":
                         index += 1
@@ -227,13 +231,14 @@ def _trace_file(
     path: Path, top: dict[str, object], cols: _Columns, dropped: dict[str, int], total: int
 ) -> TraceFile:
     base = top.get("baseTimeNanoseconds")
+    base_ok = isinstance(base, (int, Decimal, float, str)) and _int(base) >= 0
     rank = top.get("distributedInfo.rank")
     version = top.get("vllm_version")
     device = top.get("deviceProperties.item.name")
     return TraceFile(
         path=path,
-        base_ns=_int(base) if isinstance(base, (int, float, str)) and _int(base) >= 0 else None,
-        rank=_int(rank) if isinstance(rank, (int, float)) else 0,
+        base_ns=_int(base) if base_ok else None,
+        rank=_int(rank) if isinstance(rank, (int, Decimal, float)) else 0,
         engine=f"vllm {version}" if isinstance(version, str) and version else None,
         device=device if isinstance(device, str) and device else None,
         events=cols.events(),

@@ -10,13 +10,16 @@ HTA (`_analyze_idle_time_for_stream`, f4d0062), per stream, ops in start order: 
 each op (start - previous end; the first op has none) is host_wait when the op's runtime call
 started after the previous op ended, else kernel_wait when under `consecutive_kernel_delay`,
 else other. HTA's frame holds microseconds, so its default 30 means 30 µs (its docstring says
-ns). HTA also rounds ns-resolution stamps (start up, end down, to whole µs); `hta_round_us`
-does the same for an exact comparison.
+ns). HTA also rounds ns-resolution stamps (start up, end down, to whole µs) of the float64 µs it
+parsed: on epoch stamps (1.7e15 µs) a float64 holds 0.25 µs steps, so HTA rounds the parsed
+float, not the written decimal, and computes end = ts + dur in floats. `hta_round_us` does the
+same, from the exact ns, for an exact comparison.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from phaselens.timeline.kernels import is_comm_name, length, subtract, union
 from phaselens.timeline.steps import find_steps, link
@@ -66,6 +69,23 @@ def _hta_stream(start: I64, end: I64, rt: I64, delay_ns: int) -> dict[str, int]:
     }
 
 
+def _as_parsed_us(ns: I64) -> npt.NDArray[np.float64]:
+    """The float64 µs a JSON parser gives for these ns written as µs with 3 decimals.
+
+    Python's int / int is correctly rounded, as is float("...") of the written decimal.
+    """
+    return np.fromiter((x / 1000 for x in ns.tolist()), np.float64, ns.size)
+
+
+def _hta_rounded(s: I64, e: I64, rt: I64) -> tuple[I64, I64, I64]:
+    """HTA's round_down_time_stamps (hta/common/trace_parser.py) on float64-parsed stamps, in ns."""
+    ts = _as_parsed_us(s)
+    end = np.floor(ts + _as_parsed_us(e - s)).astype(np.int64) * 1000
+    start = np.ceil(ts).astype(np.int64) * 1000
+    rt_us = np.ceil(_as_parsed_us(np.maximum(rt, 0))).astype(np.int64) * 1000
+    return start, end, np.where(rt >= 0, rt_us, -1)
+
+
 def whole_trace(
     tf: TraceFile,
     consecutive_kernel_delay_ns: int = HTA_CONSECUTIVE_KERNEL_DELAY_NS,
@@ -76,9 +96,7 @@ def whole_trace(
     lk = link(tf, find_steps(tf))
     s, e, rt = lk.start, lk.end, lk.rt_start
     if hta_round_us:
-        s = -((-s) // 1000) * 1000
-        e = (e // 1000) * 1000
-        rt = np.where(rt >= 0, -((-rt) // 1000) * 1000, -1)
+        s, e, rt = _hta_rounded(s, e, rt)
     ev = tf.events
     dev = np.flatnonzero(np.isin(ev.kind, DEVICE_KINDS))
     stream = ev.stream[dev[np.argsort(ev.start_ns[dev], kind="stable")]]
