@@ -99,3 +99,34 @@ def test_epoch_stamps_with_ns_decimals_are_exact(tmp_path: Path) -> None:
     ev = read_trace(p).events
     assert (ev.start_ns[0], ev.dur_ns[0]) == (1712195495505582988, 4928)
     assert (ev.stream[0], ev.correlation[0], ev.device[0]) == (7, 135071, 0)
+
+
+@pytest.mark.parametrize(
+    "path", sorted(TRACES.rglob("*.json.gz")), ids=lambda p: str(p.relative_to(TRACES))
+)
+def test_fast_reader_equals_the_full_parse(path: Path) -> None:
+    """read_trace (head, events through ijson's items, tail) reads every vendored real trace
+    exactly as the one-pass parse-event reader does."""
+    from phaselens.timeline.kineto import _read_full
+
+    a, b = read_trace(path), _read_full(path)
+    assert (a.base_ns, a.rank, a.engine, a.device, a.total_events, a.dropped) == (
+        b.base_ns, b.rank, b.engine, b.device, b.total_events, b.dropped)  # fmt: skip
+    assert a.events.name == b.events.name
+    for col in ("kind", "start_ns", "dur_ns", "stream", "correlation", "external", "pid", "nbytes"):
+        assert np.array_equal(getattr(a.events, col), getattr(b.events, col)), col
+
+
+def test_keys_after_events_whose_last_event_has_lists(tmp_path: Path) -> None:
+    """The tail holds `], ` inside the last event's args and inside a trailing key's value:
+    only the list's own end starts the trailing keys."""
+    p = tmp_path / "t.json"
+    ev = (
+        '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.5, "dur": 2, "pid": 1, "tid": 2, '
+        '"args": {"grid": [1, 1, 1], "block": [256, 1, 1], "stream": 7, "correlation": 9}}'
+    )
+    p.write_text('{"traceEvents": [' + ev + '], "x": [[1], [2]], "baseTimeNanoseconds": 1000, '
+                 '"distributedInfo": {"rank": 2, "l": [3]}}')  # fmt: skip
+    tf = read_trace(p)
+    assert (tf.base_ns, tf.rank, tf.total_events) == (1000, 2, 1)
+    assert tf.events.start_ns.tolist() == [1500] and tf.events.stream.tolist() == [7]
