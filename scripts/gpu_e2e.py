@@ -12,11 +12,19 @@ Called by scripts/gpu_e2e.sh (after scripts/gpu_check.sh). Steps:
      light = 0.2 mu, knee = 0.85 mu, overloaded = 1.5 mu (a queue that grows by 0.5 mu a second);
   4. three runs through the CLI: `phaselens run SPEC --target http://127.0.0.1:PORT
      --telemetry gpu,engine,cpu=PID --telemetry-interval 0.1`, then `phaselens analyze --json`;
+  4b. a profiled run (issue 29, docs/timeline.md): one more short Poisson run at the knee rate
+     with `--profile stages,alone,steps=16 --profile-dir TRACES` (tfserve serves vLLM's
+     profiler API with --profile-dir: torch.profiler over its engine steps, each annotated as
+     vLLM annotates them); `phaselens timeline RUN --json` (on a GPU with `--model` and the
+     catalog GPU for the roofline) gives, per window and phase: steps, busy share, between-steps
+     share, idle inside steps by cause, launch delay, graph launches. Separate from the three
+     runs so the knee run the simulator is compared with stays unprofiled;
   5. the simulator: the same specs on one H200 with the same model config (`--target
      sim:DEPLOY`, default constants), then `phaselens calibrate` on the light run and the same
      specs again on the deployment with the calibrated `cost` (TTFT plus the calibration's
      request overhead, which a deployment file cannot hold);
-  6. $OUT: each measured run as a tarball, everything else (probe, simulated runs, calibration,
+  6. $OUT: each measured run as a tarball (the profiled one with its traces and
+     timeline.parquet), everything else (probe, simulated runs, calibration,
      specs, logs) in one more, summary.json and summary.txt (also printed).
 
     python3 scripts/gpu_e2e.py --out DIR [--mode auto|gpu|cpu] [--stage-s S] [--budget-s S]
@@ -51,6 +59,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("prefill", "decode", "mixed", "idle")
 REGIMES = (("light", 0.2), ("knee", 0.85), ("over", 1.5))
 MODEL = "m"  # the spec's model name (served as --name, mapped with --model-map)
+PROFILE = "stages,alone,steps=16"  # the profiled run's windows: one in its load, one alone
+# catalog GPUs (phaselens.sim.hardware.GPUS) by a substring of the CUDA device name, in order
+GPU_NAMES = (("H200", "H200"), ("H100", "H100-SXM"), ("A100", "A100-80G"), ("L40S", "L40S"))
 
 LLAMA31_8B: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -95,6 +106,7 @@ class Mode:
             self.device, self.dtype, self.name = "cuda", "bfloat16", "tf-llama31-8b-random"
             self.max_seqs, self.max_batch_tokens, self.block_size = 64, 2048, 256
             self.stage_s = stage_s or 45.0
+            self.profiled_s, self.profiled_reserve_s = 15.0, 60.0  # + alone, traces, timeline
             self.input = {"type": "lognormal", "median": 256, "sigma": 0.6, "min": 16, "max": 2048}
             self.output = {"type": "uniform", "min": 64, "max": 192}
             self.start_timeout_s = 240.0
@@ -102,6 +114,7 @@ class Mode:
             self.device, self.dtype, self.name = "cpu", "float32", "tf-tiny"
             self.max_seqs, self.max_batch_tokens, self.block_size = 8, 256, 32
             self.stage_s = stage_s or 10.0
+            self.profiled_s, self.profiled_reserve_s = 8.0, 30.0
             self.input = {"type": "lognormal", "median": 24, "sigma": 0.5, "min": 4, "max": 128}
             self.output = {"type": "uniform", "min": 8, "max": 24}
             self.start_timeout_s = 120.0
@@ -239,6 +252,8 @@ class TfServe:
         ]
         if random:
             cmd.append("--random-weights")
+        self.traces = work / "traces"  # vLLM's torch_profiler_dir: where the engine writes
+        cmd += ["--profile-dir", str(self.traces)]
         if not mode.gpu:
             cmd += ["--num-blocks", "256", "--threads", "1", "--no-warmup"]
         cmd += os.environ.get("TFSERVE_ARGS", "").split()  # e.g. "--no-warmup --cuda-graphs off"
@@ -441,6 +456,8 @@ def check(args: argparse.Namespace, work: Path) -> int:
 
     # 2. the server
     server = TfServe(mode, model_dir, random, work)
+    profiled: Path | None = None
+    prof_spec = work / "profiled.yaml"
     summary: dict[str, Any] = {"mode": "gpu" if gpu else "cpu", "model_dir": str(model_dir)}
     try:
         server.wait(mode.start_timeout_s)
@@ -474,6 +491,7 @@ def check(args: argparse.Namespace, work: Path) -> int:
         log(f"probe: {ok.height} requests at once in {span_s:.2f} s: mu = {mu:.2f} req/s")
 
         left = args.budget_s - (time.monotonic() - t_start) - (60 if gpu else 40)
+        left -= mode.profiled_s * 1.3 + mode.profiled_reserve_s
         stage_s = max(5.0, min(mode.stage_s, left / (3 * 1.3 + 0.5)))
         if stage_s < mode.stage_s:
             log(f"stages shortened to {stage_s:.0f} s to fit --budget-s {args.budget_s:.0f}")
@@ -508,6 +526,41 @@ def check(args: argparse.Namespace, work: Path) -> int:
             log(f"{regime}: {factor} x mu = {factor * mu:.2f} req/s -> {measured[regime]}")
         for regime, run in measured.items():
             summaries[regime] = json.loads(phaselens(["analyze", str(run), "--json"], 300, True))
+
+        # 4b. the profiled run (its failure is reported, not fatal: the three runs stand)
+        knee_rate = REGIMES[1][1] * mu
+        write_spec(
+            prof_spec,
+            "tf-profiled",
+            110,
+            knee_rate,
+            mode,
+            "poisson",
+            duration_s=round(min(mode.profiled_s, stage_s), 1),
+        )
+        try:
+            profiled = run_path(
+                phaselens(
+                    [
+                        "run",
+                        str(prof_spec),
+                        *common,
+                        "--telemetry",
+                        tel,
+                        "--timeout",
+                        str(round(2 * mode.profiled_s + 60)),
+                        "--profile",
+                        PROFILE,
+                        "--profile-dir",
+                        str(server.traces),
+                    ],
+                    2 * mode.profiled_s + 400,
+                )
+            )
+            log(f"profiled: {knee_rate:.2f} req/s, --profile {PROFILE} -> {profiled}")
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            summary["profiled"] = {"error": str(e)[-2000:]}
+            log(f"profiled run failed: {str(e)[-500:]}")
     finally:
         server.stop()
         log(f"tfserve stopped; log {server.log_path}")
@@ -573,6 +626,10 @@ def check(args: argparse.Namespace, work: Path) -> int:
         summary["calibration"] = {"error": str(e)[-2000:]}
         log(f"calibration failed: {str(e)[-500:]}")
 
+    # 4b. the profiled run's timeline (on a GPU with the roofline of the model on its GPU)
+    if profiled is not None:
+        summary["profiled"] = profiled_summary(profiled, prof_spec, model_dir, summary)
+
     # the summary
     result: dict[str, Any] = {}
     for regime, run in measured.items():
@@ -615,13 +672,168 @@ def check(args: argparse.Namespace, work: Path) -> int:
     # 6. tarballs
     for regime, run in measured.items():
         pack(out / f"run-{regime}.tar.gz", [run])
-    for f in (probe_spec, *specs.values(), deploy, calib, server.log_path):
+    if profiled is not None:
+        pack_profiled(out / "run-profiled.tar.gz", profiled, summary["profiled"])
+    for f in (probe_spec, *specs.values(), prof_spec, deploy, calib, server.log_path):
         with contextlib.suppress(OSError):
             (work / "extra").mkdir(exist_ok=True)
             (work / "extra" / f.name).write_bytes(f.read_bytes())
+    # the device returns at most 8 files: gpu_check's raw samples travel inside extra.tar.gz
+    # (its gpu_check_summary.json stays beside the summary)
+    samples = out / "gpu_check_samples.csv"
+    if samples.is_file():
+        (work / "extra").mkdir(exist_ok=True)
+        samples.replace(work / "extra" / samples.name)
     pack(out / "extra.tar.gz", [work / "extra", probe, work / "sim", work / "sim-calibrated"])
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    files = sorted(f.name for f in out.iterdir())
+    if len(files) > 8:
+        log(f"WARNING: {len(files)} files in {out}; the device returns 8: {files}")
     print(text, flush=True)
     return 0
+
+
+# ------------------------------------------------------------------------------ the profiled run
+TIMELINE_KEYS = (
+    "steps",
+    "step_ms_p50",
+    "gap_ms_p50",
+    "tokens_per_step",
+    "running_p50",
+    "busy_share",
+    "between_steps_share",
+    "inside_idle_share",
+    "graph_hidden_share",
+    "launch_delay_ms_p50",
+    "graph_launches",
+    "kernels_per_step",
+    "short_kernel_share",
+)
+
+
+def catalog_gpu(device_name: str) -> str | None:
+    """The phaselens catalog GPU of a CUDA device name (None: not in the catalog, or CPU)."""
+    for sub, gpu in GPU_NAMES:
+        if sub in device_name:
+            if (gpu == "H100-SXM" and "PCIe" in device_name) or (
+                gpu == "A100-80G" and "80GB" not in device_name
+            ):
+                return None  # other peaks than the catalog's entry
+            return gpu
+    return None
+
+
+def label_checks(steps: Any) -> dict[str, Any]:
+    """Per window: the steps read and how many annotations disagree with themselves (a negative
+    count, requests without tokens or tokens without requests, a phase that is not what the
+    counts say)."""
+    import polars as pl
+
+    out: dict[str, Any] = {}
+    for (w,), g in steps.group_by(["window"], maintain_order=True):
+        c = g.select(
+            ctx_r=pl.col("ctx_reqs").fill_null(-1),
+            ctx_t=pl.col("ctx_tokens").fill_null(-1),
+            gen_r=pl.col("gen_reqs").fill_null(-1),
+            gen_t=pl.col("gen_tokens").fill_null(-1),
+            phase=pl.col("phase"),
+        )
+        want = (
+            pl.when((pl.col("ctx_r") > 0) & (pl.col("gen_r") > 0))
+            .then(pl.lit("mixed"))
+            .when(pl.col("ctx_r") > 0)
+            .then(pl.lit("prefill"))
+            .when(pl.col("gen_r") > 0)
+            .then(pl.lit("decode"))
+            .otherwise(pl.lit("empty"))
+        )
+        bad = c.filter(
+            (pl.min_horizontal("ctx_r", "ctx_t", "gen_r", "gen_t") < 0)
+            | ((pl.col("ctx_r") > 0) != (pl.col("ctx_t") > 0))
+            | ((pl.col("gen_r") > 0) != (pl.col("gen_t") > 0))
+            | (pl.col("phase") != want)
+        )
+        out[str(w)] = {
+            "steps": g.height,
+            "inconsistent": bad.height,
+            "ctx_tokens": int(c["ctx_t"].clip(0).sum()),
+            "gen_tokens": int(c["gen_t"].clip(0).sum()),
+        }
+    return out
+
+
+def profiled_summary(
+    run: Path, spec: Path, model_dir: Path, summary: dict[str, Any]
+) -> dict[str, Any]:
+    """The profiled run's windows (as the manifest records them) and its timeline block's key
+    numbers per window and phase; an `error` instead of what could not be made."""
+    import polars as pl
+
+    manifest = json.loads((run / "manifest.json").read_text())
+    windows = [
+        {
+            "name": w.get("name"),
+            "status": w.get("status"),
+            "start_answer": w.get("start_answer"),
+            "stop_answer": w.get("stop_answer"),
+            "files": [
+                {"path": f.get("path"), "bytes": f.get("bytes")} for f in w.get("files") or []
+            ],
+        }
+        for w in (manifest.get("profile") or {}).get("windows") or []
+    ]
+    out: dict[str, Any] = {
+        "run": run.name,
+        "profile": PROFILE,
+        "rate_req_s": json.loads(spec.read_text())["models"][0]["rate"],
+        "duration_s": json.loads(spec.read_text()).get("duration_s"),
+        "windows": windows,
+    }
+    gpu = catalog_gpu(str((summary.get("server") or {}).get("device_name") or ""))
+    args = ["timeline", str(run), "--json"]
+    if summary.get("mode") == "gpu" and gpu is not None:
+        args += ["--model", str(model_dir / "config.json"), "--gpu", gpu]
+        out["roofline_on"] = gpu
+    try:
+        block = json.loads(phaselens(args, 600))
+    except (RuntimeError, subprocess.TimeoutExpired, ValueError) as e:
+        out["error"] = str(e)[-2000:]
+        log(f"timeline failed: {str(e)[-500:]}")
+        return out
+    out["timeline"] = {
+        "steps": block.get("steps"),
+        "device": block.get("device"),
+        "unlabelled_steps": block.get("unlabelled_steps"),
+        "residual_offset_ms": block.get("residual_offset_ms"),
+        "by_window": {
+            w: {
+                "stage": ph.get("stage"),
+                **{
+                    name: {k: v for k, v in num.items() if k in TIMELINE_KEYS}
+                    for name, num in ph.items()
+                    if isinstance(num, dict)
+                },
+            }
+            for w, ph in (block.get("by_window") or {}).items()
+        },
+        "roofline": block.get("roofline"),
+    }
+    tl = run / "timeline.parquet"
+    if tl.is_file():
+        out["labels"] = label_checks(pl.read_parquet(tl))
+    return out
+
+
+def pack_profiled(dest: Path, run: Path, entry: dict[str, Any]) -> None:
+    """The profiled run with its traces (profile/) and timeline; without the traces when the
+    tarball would not come back from the device (16 MiB a file), saying so in the summary."""
+    pack(dest, [run])
+    if dest.stat().st_size <= 15 << 20:
+        return
+    with tarfile.open(dest, "w:gz") as tar:
+        tar.add(run, arcname=run.name, filter=lambda t: None if "/profile/" in t.name else t)
+    entry["traces_left_out"] = f"the traces made the tarball over 15 MiB; they stay in {run}"
+    log(f"run-profiled.tar.gz: {entry['traces_left_out']}")
 
 
 def simulate(specs: dict[str, Path], deploy: Path, runs: Path) -> dict[str, dict[str, Any]]:
@@ -733,6 +945,7 @@ def render(s: dict[str, Any]) -> str:
                     for lab in PHASES
                 )
                 lines.append(f"   {which} util err: {cells}")
+    lines += render_profiled(s.get("profiled"), s["mode"])
     cal = s.get("calibration") or {}
     lines.append("")
     if "error" in cal:
@@ -746,6 +959,75 @@ def render(s: dict[str, Any]) -> str:
             "(not in analyze --json); the simulator writes no tensor % or power"
         )
     return "\n".join(lines) + "\n"
+
+
+def _pc(v: Any) -> str:
+    return "-" if v is None else f"{v * 100:.1f}"
+
+
+def render_profiled(p: dict[str, Any] | None, mode: str) -> list[str]:
+    """The profiled run's lines: its windows, then the timeline per window and phase."""
+    if not p:
+        return []
+    lines = [""]
+    if "run" not in p:
+        return [*lines, f"-- profiled: FAILED {str(p.get('error'))[-300:]}"]
+    wins = "; ".join(
+        f"{w['name']} {w['status']} ({len(w['files'])} file, "
+        f"{sum(f.get('bytes') or 0 for f in w['files']) / 1024:.0f} KiB)"
+        for w in p["windows"]
+    )
+    lines.append(
+        f"-- profiled: {p['rate_req_s']:.2f} req/s for {p['duration_s']} s, --profile "
+        f"{p['profile']}, run {p['run']}: {wins}"
+    )
+    if "error" in p:
+        return [*lines, f"   timeline: FAILED {str(p['error'])[-300:]}"]
+    tl = p["timeline"]
+    off = tl.get("residual_offset_ms") or {}
+    bad = sum(v["inconsistent"] for v in (p.get("labels") or {}).values())
+    dev = (
+        "device events"
+        if tl.get("device")
+        else "no device events (CPU trace): steps and host gaps only"
+        if mode == "cpu"
+        else "NO device events"
+    )
+    lines.append(
+        f"   timeline: {tl['steps']} steps ({tl.get('unlabelled_steps')} unlabelled, {bad} "
+        f"with inconsistent counts), {dev}; residual clock offset within "
+        f"[{_f(off.get('lo'), '{:+.2f}')}, {_f(off.get('hi'), '{:+.2f}')}] ms"
+    )
+    lines.append(
+        f"   {'window':<7} {'phase':<8} {'steps':>5} {'step ms':>7} {'gap ms':>6} {'tok':>5} "
+        f"{'run':>4} {'busy %':>6} {'betw %':>6} {'launch %':>8} {'sync %':>6} {'copy %':>6} "
+        f"{'other %':>7} {'delay ms':>8} {'graphs':>6}"
+    )
+    for w, phases in tl["by_window"].items():
+        for ph, n in phases.items():
+            if not isinstance(n, dict):
+                continue
+            idle = n.get("inside_idle_share") or {}
+            lines.append(
+                f"   {w:<7} {ph:<8} {n.get('steps'):>5} {_f(n.get('step_ms_p50'), '{:.2f}'):>7} "
+                f"{_f(n.get('gap_ms_p50'), '{:.2f}'):>6} "
+                f"{_f(n.get('tokens_per_step'), '{:.0f}'):>5} "
+                f"{_f(n.get('running_p50'), '{:.0f}'):>4} {_pc(n.get('busy_share')):>6} "
+                f"{_pc(n.get('between_steps_share')):>6} {_pc(idle.get('launch')):>8} "
+                f"{_pc(idle.get('sync')):>6} {_pc(idle.get('memcpy')):>6} "
+                f"{_pc(idle.get('other')):>7} {_f(n.get('launch_delay_ms_p50'), '{:.3f}'):>8} "
+                f"{_f(n.get('graph_launches'), '{:d}'):>6}"
+            )
+    roof = tl.get("roofline") or {}
+    for pt in roof.get("points") or []:
+        lines.append(
+            f"   roofline {roof.get('gpu')} {pt['phase']} {pt['class']}: intensity "
+            f"{pt['intensity']:.1f} FLOP/B, {pt['achieved_tflops']:.1f} of "
+            f"{pt['ceiling_tflops']:.1f} TFLOP/s ({_pc(pt.get('of_ceiling'))} %, {pt['bound']})"
+        )
+    if p.get("traces_left_out"):
+        lines.append(f"   traces: {p['traces_left_out']}")
+    return lines
 
 
 if __name__ == "__main__":

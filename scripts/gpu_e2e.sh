@@ -2,7 +2,9 @@
 # GPU end-to-end check (docs/telemetry.md, "How to run the GPU check"): scripts/gpu_check.sh,
 # then a real LLM server (scripts/tfserve.py: transformers' continuous batching, a random-weight
 # model with Llama-3.1-8B's shapes in bf16) driven by phaselens at three Poisson rates with
-# NVML/GPM and engine telemetry at 100 ms, against the simulator's prediction for one H200.
+# NVML/GPM and engine telemetry at 100 ms, against the simulator's prediction for one H200,
+# then one short profiled run (--profile stages,alone,steps=16: tfserve's torch.profiler
+# trace of its engine steps, read by `phaselens timeline`).
 # Without a GPU it rehearses the same path on the CPU with the tiny test model (GPU parts say
 # "no GPU"). About 6 minutes on an H200; output (tarballs, summary.json, summary.txt) in $OUT.
 #   bash scripts/gpu_e2e_wheels.sh            # here first: the wheels the GPU image lacks (.whl/)

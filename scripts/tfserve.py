@@ -19,6 +19,13 @@ Serves
   GET /v1/models, /health, /metrics (vLLM's names: vllm:num_requests_running, _waiting,
        vllm:kv_cache_usage_perc, vllm:prompt_tokens_total, vllm:generation_tokens_total,
        vllm:request_success_total, vllm:num_preemptions_total).
+  With --profile-dir DIR only: vLLM's profiler API (see StepProfiler), so `phaselens run
+       --profile ... --profile-dir DIR` drives it as it drives vLLM:
+       POST /start_profile {"profile_prefix", "max_iterations", "delay_iterations"},
+       POST /stop_profile, and GET /openapi.json listing the routes (how phaselens tells it is
+       vLLM's convention). Each engine step then runs inside vLLM's annotation
+       `execute_context_{Rc}({ctx tokens})_generation_{Rg}({gen tokens})` and the trace is
+       DIR/{prefix}_rank0.{time_ns}.pt.trace.json.gz, written after max_iterations steps.
 Bad requests get vLLM's error shape {"error": {"message", "type", "code"}} with 400/404.
 
 Tokenizer (`--tokenizer`): `hf` (the model folder's tokenizer.json, through AutoTokenizer) or
@@ -41,6 +48,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 import uuid
 import zlib
@@ -121,6 +129,192 @@ def _content_text(content: Any) -> str:
     return ""
 
 
+# ------------------------------------------------------------------------------ profiler
+class StepProfiler:
+    """vLLM's profiler API (`--profile-dir`) around transformers' continuous-batching steps.
+
+    Why: a real GPU's holes between and inside engine steps need a real torch.profiler trace
+    whose steps carry the engine's own batch annotation; tfserve stands in for vLLM where vLLM
+    cannot be installed, so it offers the same API with the same semantics (vLLM 0.3x
+    `profiler/wrapper.py`): `start` profiles `max_iterations` steps after skipping
+    `delay_iterations`, stops by itself and writes the trace with
+    `tensorboard_trace_handler(dir, worker_name=f"{prefix}_rank0", use_gzip=True)`; `stop`
+    stops a profiler still running (or cancels one not yet started), waits for the file, and
+    clears the session (a second `start` before `stop` is refused, as vLLM's guard does).
+
+    Threads: the HTTP handlers only post requests under the lock. The continuous-batching
+    thread does all profiler work, in `on_loop` (before every `prepare_next_batch`, which its
+    loop calls at least every 0.1 s, idle or not) and `on_step` (around every
+    `_generation_step`), because torch's profiler belongs to the thread that started it.
+    """
+
+    def __init__(self, out_dir: Path, device_is_cuda: bool) -> None:
+        self.dir = out_dir
+        self.cuda = device_is_cuda
+        self.lock = threading.Lock()
+        self.session = False  # from a start until its stop (vLLM's guard)
+        self.pending: dict[str, Any] | None = None  # a start the engine thread has not begun
+        self.stop_wanted = False
+        self.prof: Any = None  # the running torch.profiler.profile
+        self.steps_left = 0  # of this session's max_iterations (0: until stop)
+        self.steps_done = 0
+        self.idle = threading.Event()  # set: no profiler running or about to run
+        self.idle.set()
+        self.last: dict[str, Any] = {}  # the last session: prefix, steps, file or error
+
+    # HTTP side ------------------------------------------------------------------------------
+    def request_start(self, prefix: str, max_iterations: int, delay: int) -> str:
+        """'' when accepted, else why not."""
+        with self.lock:
+            if self.session:
+                return "a profiling session is already open: POST /stop_profile first"
+            self.session, self.stop_wanted = True, False
+            self.pending = {"prefix": prefix, "max": max_iterations, "delay": delay}
+            self.idle.clear()
+        return ""
+
+    def request_stop(self) -> None:
+        with self.lock:
+            if self.session:
+                self.stop_wanted = True
+
+    def close_session(self) -> None:
+        with self.lock:
+            self.session = False
+
+    # engine thread -------------------------------------------------------------------------
+    def on_loop(self) -> None:
+        """Before each scheduling pass: a stop request, or a start whose delay has passed."""
+        with self.lock:
+            stop, pend = self.stop_wanted, self.pending
+            self.stop_wanted = False
+            if stop:
+                self.pending = None
+        if stop:
+            if self.prof is not None:
+                self._finish("stopped by /stop_profile")
+            self.idle.set()
+        elif pend is not None and pend["delay"] <= 0 and self.prof is None:
+            self._begin(pend)
+
+    def on_step(self, step: Any, bp: Any, model: Any) -> Any:
+        """One engine step: annotated and counted while a profiler runs."""
+        if self.prof is None:
+            with self.lock:
+                if self.pending is not None and self.pending["delay"] > 0:
+                    self.pending["delay"] -= 1
+            return step(bp, model)
+        import torch
+
+        with torch.profiler.record_function(step_label(bp)):
+            out = step(bp, model)
+        self.prof.step()
+        self.steps_done += 1
+        self.steps_left -= 1
+        if self.steps_left == 0:  # max_iterations reached (a count of 0 runs until stop)
+            self._finish("max_iterations reached")
+            self.idle.set()
+        return out
+
+    def _begin(self, pend: dict[str, Any]) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+
+        with self.lock:
+            self.pending = None
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        handler = tensorboard_trace_handler(
+            str(self.dir), worker_name=f"{pend['prefix']}_rank0", use_gzip=True
+        )
+        self.last = {"prefix": pend["prefix"], "max_iterations": pend["max"], "steps": 0}
+        try:
+            if self.cuda:
+                torch.cuda.synchronize()
+            self.prof = profile(activities=acts, on_trace_ready=handler)
+            self.prof.start()
+        except Exception as e:  # never take the engine down for a profile
+            self.prof = None
+            self.last["error"] = f"{type(e).__name__}: {e}"
+            log.warning("tfserve: profiler did not start: %s", self.last["error"])
+            self.idle.set()
+            return
+        self.steps_left, self.steps_done = pend["max"], 0
+
+    def _finish(self, why: str) -> None:
+        import torch
+
+        prof, self.prof = self.prof, None
+        before = set(os.listdir(self.dir)) if self.dir.is_dir() else set()
+        t0 = time.perf_counter()
+        try:
+            if self.cuda:
+                torch.cuda.synchronize()  # the last step's kernels inside the trace
+            prof.stop()  # on_trace_ready writes the file
+        except Exception as e:
+            self.last["error"] = f"{type(e).__name__}: {e}"
+            log.warning("tfserve: profiler stop/export failed: %s", self.last["error"])
+        new = sorted(set(os.listdir(self.dir)) - before) if self.dir.is_dir() else []
+        self.last.update(
+            steps=self.steps_done, why=why, files=new, export_s=round(time.perf_counter() - t0, 2)
+        )
+        log.warning("tfserve: profile %s", json.dumps(self.last))
+
+
+def step_batch(bp: Any) -> list[Any]:
+    """The FutureRequestStates of the batch `prepare_next_batch` just built (sync IOs hold them
+    themselves; async IOs in the current host/device pair)."""
+    io = bp.inputs_and_outputs
+    pairs = getattr(io, "io_pairs", None)
+    host = pairs[io.current_pair].host_io if pairs is not None else io
+    return list(getattr(host, "requests_in_batch", None) or [])
+
+
+def step_counts(batch: list[Any]) -> tuple[int, int, int, int]:
+    """(context requests, their query tokens, generation requests, their query tokens), as vLLM
+    counts them: a request is in context (prefill) while this step's query starts inside its
+    prompt, i.e. its past length (position_offset, already advanced by this step's query when
+    the step runs) minus the query is below the prompt length. The scheduler's status is no
+    guide: it marks a request DECODING as soon as its last prefill chunk is scheduled."""
+    rc = ct = rg = gt = 0
+    for fs in batch:
+        q = int(fs.query_length)
+        st = fs.state
+        past = int(st.position_offset) - q
+        if past < len(st.initial_tokens):
+            rc, ct = rc + 1, ct + q
+        else:
+            rg, gt = rg + 1, gt + q
+    return rc, ct, rg, gt
+
+
+def step_label(bp: Any) -> str:
+    try:
+        rc, ct, rg, gt = step_counts(step_batch(bp))
+    except Exception:  # a transformers version with other internals: still one step
+        rc = ct = rg = gt = 0
+    return f"execute_context_{rc}({ct})_generation_{rg}({gt})"
+
+
+def install_step_hooks(prof: StepProfiler) -> None:
+    """Wrap ContinuousBatchProcessor's scheduling pass and step (class-wide, before the engine
+    starts) so the engine thread calls the profiler."""
+    from transformers.generation.continuous_batching.continuous_api import (
+        ContinuousBatchProcessor as CBP,
+    )
+
+    prepare, step = CBP.prepare_next_batch, CBP._generation_step
+
+    def prepare_next_batch(self: Any) -> bool:
+        prof.on_loop()
+        return bool(prepare(self))
+
+    def _generation_step(self: Any, model: Any) -> None:
+        prof.on_step(step, self, model)
+
+    CBP.prepare_next_batch = prepare_next_batch  # type: ignore[method-assign]
+    CBP._generation_step = _generation_step  # type: ignore[method-assign]
+
+
 class BadRequest(Exception):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
@@ -183,6 +377,8 @@ class Server:
         self.m_waiting.labels(self.name).set_function(lambda: self._state()[1])
         self.m_kv.labels(self.name).set_function(lambda: self._state()[2])
         self.info: dict[str, Any] = {}
+        self.profiler: StepProfiler | None = None
+        self.paths: list[str] = []  # the served routes, for /openapi.json
 
     # --------------------------------------------------------------------- engine
     def load(self) -> None:
@@ -228,6 +424,10 @@ class Server:
         if a.cuda_graphs != "auto":
             cb_kwargs["use_cuda_graph"] = a.cuda_graphs == "on"
         cbc = ContinuousBatchingConfig(**cb_kwargs)
+        if a.profile_dir:
+            Path(a.profile_dir).mkdir(parents=True, exist_ok=True)
+            self.profiler = StepProfiler(Path(a.profile_dir), device.type == "cuda")
+            install_step_hooks(self.profiler)
         t1 = time.perf_counter()
         mgr = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cbc)
         warm_err = ""
@@ -260,6 +460,7 @@ class Server:
             "load_s": round(load_s, 2),
             "init_warmup_s": round(time.perf_counter() - t1, 2),
             "warmup_error": warm_err,
+            "profile_dir": str(a.profile_dir or ""),
             "torch": torch.__version__,
             "transformers": __import__("transformers").__version__,
         }
@@ -512,6 +713,52 @@ class Server:
     async def engine_info(self, _req: web.Request) -> web.Response:
         return web.json_response(self.info)
 
+    async def openapi(self, _req: web.Request) -> web.Response:
+        """Only the paths (what phaselens reads to recognise vLLM's profiler API)."""
+        doc = {
+            "openapi": "3.0.0",
+            "info": {"title": "tfserve", "version": "0"},
+            "paths": {p: {} for p in self.paths},
+        }
+        return web.json_response(doc)
+
+    async def start_profile(self, req: web.Request) -> web.Response:
+        assert self.profiler is not None  # (routed only with --profile-dir)
+        body: Any = {}
+        if req.can_read_body:
+            try:
+                body = await req.json()
+            except (ValueError, UnicodeDecodeError):
+                return _error("the request body is not JSON", 400)
+        if not isinstance(body, dict):
+            return _error("the request body must be a JSON object", 400)
+        prefix = body.get("profile_prefix") or "tfserve"
+        if not isinstance(prefix, str) or "/" in prefix or prefix.startswith("."):
+            return _error("profile_prefix must be a file name prefix", 400)
+        counts = []
+        for key in ("max_iterations", "delay_iterations"):
+            v = body.get(key, 0) or 0
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                return _error(f"{key} must be a non-negative integer", 400)
+            counts.append(v)
+        why = self.profiler.request_start(prefix, counts[0], counts[1])
+        if why:
+            return _error(why, 400)
+        return web.Response(status=200)
+
+    async def stop_profile(self, _req: web.Request) -> web.Response:
+        """Stop (if still running), wait until the trace is written, close the session."""
+        prof = self.profiler
+        assert prof is not None
+        prof.request_stop()
+        end = time.monotonic() + 300.0
+        while not prof.idle.is_set() and time.monotonic() < end:
+            if not self.manager.is_running():
+                break
+            await asyncio.sleep(0.05)
+        prof.close_session()
+        return web.json_response(prof.last)
+
     async def metrics(self, _req: web.Request) -> web.Response:
         data = generate_latest(self.registry)
         return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -538,6 +785,11 @@ def make_app(server: Server) -> web.Application:
     app.router.add_get("/health", server.health)
     app.router.add_get("/metrics", server.metrics)
     app.router.add_get("/engine", server.engine_info)
+    if server.profiler is not None:
+        app.router.add_post("/start_profile", server.start_profile)
+        app.router.add_post("/stop_profile", server.stop_profile)
+        app.router.add_get("/openapi.json", server.openapi)
+        server.paths = sorted({r.resource.canonical for r in app.router.routes() if r.resource})
     return app
 
 
@@ -562,6 +814,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-warmup", dest="warmup", action="store_false")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's)")
+    ap.add_argument(
+        "--profile-dir",
+        default="",
+        help="serve vLLM's profiler API (/start_profile, /stop_profile); traces go here",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
     if args.threads:

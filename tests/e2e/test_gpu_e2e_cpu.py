@@ -5,9 +5,10 @@ The script's GPU run cannot be tested here (no GPU), so its CPU mode is: the sam
 phaselens' CLI at three Poisson rates chosen by the same burst probe, the same simulator runs and
 calibration, the same tarballs and summary. What is asserted is what must hold on the GPU too:
 one record per planned request, the server's usage counts equal to what it streamed and to what
-its /metrics counted, and a summary that names every phase and every simulator row.
+its /metrics counted, a summary that names every phase and every simulator row, and a profiled
+run whose engine steps carry counts that agree with themselves and with its one lone request.
 
-Runs in ~1-2 minutes on a loaded 2-core machine. Skipped (with the reason) when the engines cache
+Runs in ~2-3 minutes on a loaded 2-core machine. Skipped (with the reason) when the engines cache
 has no python with torch + transformers (`make engines` builds it: venv-vllm).
 """
 
@@ -163,3 +164,70 @@ def test_summary_names_every_phase_and_simulator_row(e2e: tuple[Path, Path, str]
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= 8, files
     assert all((out / f).stat().st_size < 16 << 20 for f in files)
+
+
+def test_profiled_windows_label_their_steps_with_true_counts(e2e: tuple[Path, Path, str]) -> None:
+    """The profiled run (issue 29): tfserve's vLLM profiler API drove by `--profile`, its trace
+    read into timeline.parquet, every step annotated with counts that agree with themselves;
+    the `alone` window's prefill is exactly its one request's prompt."""
+    out, work, _ = e2e
+    summary = json.loads((out / "summary.json").read_text())
+    p = summary["profiled"]
+    assert "error" not in p, p
+    windows = {w["name"]: w for w in p["windows"]}
+    assert set(windows) == {"stage0", "alone"}, windows
+    for w in windows.values():
+        assert w["status"] == "ok" and w["start_answer"] == 200 and w["stop_answer"] == 200, w
+        assert len(w["files"]) == 1 and w["files"][0]["path"].endswith(".pt.trace.json.gz"), w
+    run_dir = work / "runs" / p["run"]
+    steps = pl.read_parquet(run_dir / "timeline.parquet")
+    assert set(steps["window"].to_list()) == {"stage0", "alone"}
+    for (name,), g in steps.group_by(["window"]):
+        assert 1 <= g.height <= 16, (name, g.height)  # steps=16: never more
+    cols = ("ctx_reqs", "ctx_tokens", "gen_reqs", "gen_tokens")
+    assert steps.select(cols).null_count().sum_horizontal().item() == 0
+    assert steps.select(pl.min_horizontal(*cols).min()).item() >= 0
+    assert ((steps["ctx_reqs"] > 0) == (steps["ctx_tokens"] > 0)).all()
+    assert ((steps["gen_reqs"] > 0) == (steps["gen_tokens"] > 0)).all()
+    assert not (steps["phase"].is_in(["unlabelled", "empty"])).any()
+    # a decoding request's query is one token; a step holds at most max_seqs requests and the
+    # token budget (tfserve's CPU flags in gpu_e2e.py: 8 and 256)
+    assert (steps["gen_tokens"] == steps["gen_reqs"]).all()
+    assert ((steps["ctx_reqs"] + steps["gen_reqs"]) <= 8).all()
+    assert ((steps["ctx_tokens"] + steps["gen_tokens"]) <= 256).all()
+    # alone: one request on an idle engine: never two requests in a step, and its prefill tokens
+    # are its prompt (one word tokenizer token per prompt word)
+    alone = steps.filter(pl.col("window") == "alone")
+    assert ((alone["ctx_reqs"] + alone["gen_reqs"]) == 1).all()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    (w_alone,) = [w for w in manifest["profile"]["windows"] if w["name"] == "alone"]
+    assert alone["ctx_tokens"].sum() == w_alone["request"]["prompt_words"]
+    # the summary's labels check and its timeline numbers
+    assert all(v["inconsistent"] == 0 for v in p["labels"].values()), p["labels"]
+    tl = p["timeline"]
+    assert tl["steps"] == steps.height and tl["unlabelled_steps"] == 0
+    for name in ("stage0", "alone"):
+        phases = {k: v for k, v in tl["by_window"][name].items() if isinstance(v, dict)}
+        assert (
+            phases and sum(v["steps"] for v in phases.values()) == (steps["window"] == name).sum()
+        )
+        for v in phases.values():
+            assert v["step_ms_p50"] > 0 and 0 <= v["between_steps_share"] < 1, v
+    # the tarball carries the traces and the timeline
+    with tarfile.open(out / "run-profiled.tar.gz") as t:
+        names = t.getnames()
+    assert f"{p['run']}/timeline.parquet" in names
+    assert sum(n.startswith(f"{p['run']}/profile/") and n.endswith(".gz") for n in names) == 2
+
+
+def test_summary_lists_the_profiled_timeline(e2e: tuple[Path, Path, str]) -> None:
+    out, _, _ = e2e
+    text = (out / "summary.txt").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert "-- profiled: " in text and "stage0 ok" in text and "alone ok" in text
+    assert "timeline: " in text and "0 with inconsistent counts" in text
+    assert "no device events (CPU trace)" in text
+    for name, phases in summary["profiled"]["timeline"]["by_window"].items():
+        for phase, v in phases.items():
+            if isinstance(v, dict):
+                assert f"   {name:<7} {phase:<8} {v['steps']:>5} " in text, (name, phase)
