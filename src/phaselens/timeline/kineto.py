@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import zlib
 from array import array
+from collections.abc import Iterator
 from io import BufferedIOBase
 from pathlib import Path
 
@@ -19,10 +20,9 @@ import numpy as np
 
 from phaselens.errors import InputError, one_line
 from phaselens.inputs.bounds import check_count
-from phaselens.timeline.trace import CATEGORY_KIND, Events, TraceFile
+from phaselens.timeline.nsys import is_sqlite, nsys_devices, read_nsys
+from phaselens.timeline.trace import CATEGORY_KIND, MAX_KEPT_EVENTS, Events, TraceFile
 
-#: Kept events at the most (PHASELENS_LIMIT_TRACE_EVENTS): ~90 bytes of columns each.
-MAX_KEPT_EVENTS = 50_000_000
 _GZIP_MAGIC = b"\x1f\x8b"
 _EVENT = "traceEvents.item"
 _ARGS = "traceEvents.item.args."
@@ -161,7 +161,10 @@ def _open(path: Path) -> tuple[BufferedIOBase, bool]:
 
 
 def read_trace(path: Path) -> TraceFile:
-    """Stream a Kineto trace (`.json` or `.json.gz`) into columns; bad input -> InputError."""
+    """Stream a Kineto trace (`.json` or `.json.gz`) into columns; bad input -> InputError.
+    An Nsight Systems SQLite export (by its magic bytes) goes to `read_nsys`, every device."""
+    if is_sqlite(path) or path.suffix in (".sqlite", ".sqlite3"):
+        return read_nsys(path)  # (a .sqlite that is not SQLite is refused there)
     raw, zipped = _open(path)
     stream = _Counting(raw)
     top: dict[str, object] = {}
@@ -221,6 +224,16 @@ def read_trace(path: Path) -> TraceFile:
     if not seen_events:
         raise InputError(f"{path}: not a profiler trace (expected a top-level 'traceEvents' list)")
     return _trace_file(path, top, cols, dropped, index + 1)
+
+
+def read_ranks(path: Path) -> Iterator[TraceFile]:
+    """Every rank in a trace file, read one at a time: a Kineto file holds one; an nsys export
+    of several GPUs is read once per device (rank = device id), since steps are per rank."""
+    devices = nsys_devices(path) if is_sqlite(path) else []
+    if len(devices) < 2:
+        yield read_trace(path)
+    for d in devices if len(devices) > 1 else []:
+        yield read_nsys(path, d)
 
 
 def _trace_file(
