@@ -22,7 +22,8 @@ def timeline(
         Optional[list[Path]],  # noqa: UP045
         typer.Option(
             "--trace",
-            help="A profiler trace (Kineto/PyTorch JSON, .json or .json.gz) taken during the run "
+            help="A profiler trace taken during the run: Kineto/PyTorch JSON (.json, .json.gz) "
+            "or an Nsight Systems SQLite export (nsys export --type sqlite; one rank per GPU) "
             "(repeat: one per rank or window).",
         ),
     ] = None,

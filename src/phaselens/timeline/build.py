@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,8 +36,9 @@ from phaselens.rundir.write import atomic_write_json
 from phaselens.timeline.capture import PROFILE_DIR
 from phaselens.timeline.holes import gaps_table, step_table
 from phaselens.timeline.hostwork import host_work
-from phaselens.timeline.kineto import read_trace
+from phaselens.timeline.kineto import read_ranks
 from phaselens.timeline.steps import unlabelled_reason
+from phaselens.timeline.trace import TraceFile
 
 OVERLAP_SLACK_NS = 60_000_000_000  # a trace may start this long before the run's zero
 EPOCH_NS = 10**17  # ns values above this are already wall-clock epoch ns (1973 on)
@@ -141,9 +142,9 @@ def build_timeline(
     end_ns = max(end_ns, max((int(s["t_end_ns"]) for s in manifest.get("stages") or []), default=0))
     step_frames, gap_frames, reads = [], [], []
     unlabelled: list[str] = []
-    for i, (window, f) in enumerate(files):
-        say(f"reading {f.name} ({os.path.getsize(f) / 1e6:.1f} MB) [{i + 1}/{len(files)}]")
-        tf = read_trace(f)
+    ranks = 0
+    for window, f, tf in _ranks(files, say):
+        ranks += 1
         st = step_table(tf)
         gp = gaps_table(tf)
         host_gaps = _host_gaps(st)
@@ -185,7 +186,7 @@ def build_timeline(
                 else None,
             }
         )
-    if len(unlabelled) == len(files):
+    if len(unlabelled) == ranks:
         raise InputError(
             f"{unlabelled[0]}; phaselens labels engine steps from vLLM's execute_context_… or "
             "SGLang's step[…] annotations (docs/timeline.md)"
@@ -204,6 +205,16 @@ def build_timeline(
     block["traces"] = kept + [_keep(p, w, f) for w, f in new]  # (read fine: now kept)
     _write(p, steps, gaps, manifest, block)
     return Built(steps, gaps, block)
+
+
+def _ranks(
+    files: list[tuple[str, Path]], say: Callable[[str], None]
+) -> Iterator[tuple[str, Path, TraceFile]]:
+    """(window, file, one rank's TraceFile), read lazily: one trace in memory at a time."""
+    for i, (window, f) in enumerate(files):
+        say(f"reading {f.name} ({os.path.getsize(f) / 1e6:.1f} MB) [{i + 1}/{len(files)}]")
+        for tf in read_ranks(f):
+            yield window, f, tf
 
 
 def _host_gaps(st: pl.DataFrame) -> list[tuple[int, int, int]]:

@@ -20,6 +20,7 @@ import ijson
 
 from phaselens.errors import InputError
 from phaselens.timeline.kineto import _open
+from phaselens.timeline.nsys import is_sqlite
 
 CATS = ("cpu_op", "python_function")
 TOP = 8  # names kept per file
@@ -28,7 +29,7 @@ TOP = 8  # names kept per file
 def host_work(path: Path, gaps: Sequence[tuple[int, int]], offset_ns: int) -> dict[str, int]:
     """ns of top-level CPU work by op name inside `gaps` ((start, end) in the step table's ns,
     sorted, non-overlapping); `offset_ns` turns the trace's own ns into those."""
-    if not gaps:
+    if not gaps or is_sqlite(path):  # an nsys export holds no CPU ops (only NVTX and API calls)
         return {}
     starts = [g[0] for g in gaps]
     raw, _ = _open(path)

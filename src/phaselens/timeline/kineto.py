@@ -14,6 +14,7 @@ import math
 import re
 import zlib
 from array import array
+from collections.abc import Iterator
 from decimal import Decimal
 from io import BufferedIOBase
 from pathlib import Path
@@ -23,10 +24,9 @@ import numpy as np
 
 from phaselens.errors import InputError, one_line
 from phaselens.inputs.bounds import check_count
-from phaselens.timeline.trace import CATEGORY_KIND, Events, TraceFile
+from phaselens.timeline.nsys import is_sqlite, nsys_devices, read_nsys
+from phaselens.timeline.trace import CATEGORY_KIND, MAX_KEPT_EVENTS, Events, TraceFile
 
-#: Kept events at the most (PHASELENS_LIMIT_TRACE_EVENTS): ~90 bytes of columns each.
-MAX_KEPT_EVENTS = 50_000_000
 _GZIP_MAGIC = b"\x1f\x8b"
 _EVENT = "traceEvents.item"
 _ARGS = "traceEvents.item.args."
@@ -239,6 +239,16 @@ def _read_full(path: Path) -> TraceFile:
     return _trace_file(path, top, cols, dropped, index + 1)
 
 
+def read_ranks(path: Path) -> Iterator[TraceFile]:
+    """Every rank in a trace file, read one at a time: a Kineto file holds one; an nsys export
+    of several GPUs is read once per device (rank = device id), since steps are per rank."""
+    devices = nsys_devices(path) if is_sqlite(path) else []
+    if len(devices) < 2:
+        yield read_trace(path)
+    for d in devices if len(devices) > 1 else []:
+        yield read_nsys(path, d)
+
+
 def _trace_file(
     path: Path, top: dict[str, object], cols: _Columns, dropped: dict[str, int], total: int
 ) -> TraceFile:
@@ -321,7 +331,10 @@ def read_trace(path: Path) -> TraceFile:
 
     Three cheap reads instead of one costly one: the head (metadata, before `traceEvents`),
     then the events through ijson's C `items` (one Python step per event, not per token: ~3x
-    faster than a parse-event loop), then the last bytes for keys written after the list."""
+    faster than a parse-event loop), then the last bytes for keys written after the list.
+    An Nsight Systems SQLite export (by its magic bytes) goes to `read_nsys`, every device."""
+    if is_sqlite(path) or path.suffix in (".sqlite", ".sqlite3"):
+        return read_nsys(path)  # (a .sqlite that is not SQLite is refused there)
     top, seen = _head(path)
     if not seen:
         raise InputError(f"{path}: not a profiler trace (expected a top-level 'traceEvents' list)")

@@ -43,6 +43,8 @@ CATEGORY_KIND: dict[str, int] = {
 }
 
 DEVICE_KINDS = (KERNEL, MEMCPY, MEMSET)
+#: Kept events at the most (PHASELENS_LIMIT_TRACE_EVENTS): ~90 bytes of columns each.
+MAX_KEPT_EVENTS = 50_000_000
 
 
 @dataclass(frozen=True)
