@@ -277,6 +277,16 @@ def _json_error(path: Path, e: Exception, stream: _Counting, zipped: bool) -> In
     )
 
 
+def _read_error(path: Path, e: Exception, stream: _Counting, zipped: bool) -> InputError:
+    """The one line for a file that stops being JSON or gzip part-way."""
+    if isinstance(e, EOFError):
+        size = path.stat().st_size
+        return InputError(f"{path}: gzip truncated at byte {size:,} (the file ends early)")
+    if isinstance(e, (gzip.BadGzipFile, zlib.error)):
+        return InputError(one_line(f"{path}: corrupt gzip ({e})"))
+    return _json_error(path, e, stream, zipped)
+
+
 def _head(path: Path) -> tuple[dict[str, object], bool]:
     """The top-level keys before `traceEvents` (Kineto writes its metadata there), and whether
     a `traceEvents` list was found. Stops at the list: the head is kilobytes."""
@@ -290,13 +300,8 @@ def _head(path: Path) -> tuple[dict[str, object], bool]:
                     return top, True
                 if prefix in _TOP_KEYS and prefix not in top:
                     top[prefix] = value
-    except ijson.JSONError as e:
-        raise _json_error(path, e, stream, zipped) from None
-    except EOFError:
-        size = path.stat().st_size
-        raise InputError(f"{path}: gzip truncated at byte {size:,} (the file ends early)") from None
-    except (gzip.BadGzipFile, zlib.error) as e:
-        raise InputError(one_line(f"{path}: corrupt gzip ({e})")) from None
+    except (ijson.JSONError, EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise _read_error(path, e, stream, zipped) from None
     return top, False
 
 
@@ -361,13 +366,8 @@ def read_trace(path: Path) -> TraceFile:
                         MAX_KEPT_EVENTS,
                         f"{path}: kept trace events",
                     )
-    except ijson.JSONError as e:
-        raise _json_error(path, e, stream, zipped) from None
-    except EOFError:
-        size = path.stat().st_size
-        raise InputError(f"{path}: gzip truncated at byte {size:,} (the file ends early)") from None
-    except (gzip.BadGzipFile, zlib.error) as e:
-        raise InputError(one_line(f"{path}: corrupt gzip ({e})")) from None
+    except (ijson.JSONError, EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise _read_error(path, e, stream, zipped) from None
     if any(k not in top for k in _TOP_KEYS):
         more = _tail_keys(stream.tail)
         if more is None:
