@@ -19,11 +19,20 @@ import numpy as np
 import numpy.typing as npt
 
 Status = Literal[
-    "ok", "http_error", "timeout", "disconnected", "cancelled", "not_sent", "client_error", "lost"
+    "ok",
+    "http_error",
+    "shed",
+    "timeout",
+    "disconnected",
+    "cancelled",
+    "not_sent",
+    "client_error",
+    "lost",
 ]
 STATUSES: tuple[Status, ...] = (
     "ok",
     "http_error",
+    "shed",  # refused by the server's flow control: 429 or 503 (docs/flowcontrol.md)
     "timeout",
     "disconnected",
     "cancelled",
@@ -61,6 +70,10 @@ class PlannedRequest:
     session_id: int = -1  # -1: not part of a session
     turn: int = -1  # turn index within its session
     think_ns: int = 0  # think time after the previous turn's last token
+    # flow control (issue 30): the request's class (the model's name unless a spec class matched)
+    # and tenant ("" when none); its priority above is the class's
+    req_class: str = ""
+    tenant: str = ""
 
 
 Message = tuple[str, str]  # (role, content), role: system | user | assistant
@@ -138,9 +151,27 @@ class Schedule:
     duration_ns: int
     ids: I64 | None = None  # original request ids of a shard (plan.subset); None: row i is id i
     prompts: PromptRows | None = None  # real text and sessions; None: synthesized text
+    # flow-control classes and tenants (docs/flowcontrol.md): names and one index per row;
+    # None: every request's class is its model and it has no tenant
+    classes: tuple[str, ...] = ()
+    class_idx: I32 | None = None
+    tenants: tuple[str, ...] = ()
+    tenant_idx: I32 | None = None
 
     def __len__(self) -> int:
         return int(self.t_ns.shape[0])
+
+    def class_rows(self) -> tuple[tuple[str, ...], I32]:
+        """Class names and each row's index into them (the model when no class was planned)."""
+        if self.class_idx is None:
+            return self.models, self.model_idx
+        return self.classes, self.class_idx
+
+    def tenant_rows(self) -> tuple[tuple[str, ...], I32]:
+        """Tenant names and each row's index into them ("" for every row when none planned)."""
+        if self.tenant_idx is None:
+            return ("",), np.zeros(len(self), np.int32)
+        return self.tenants, self.tenant_idx
 
     def __getitem__(self, i: int) -> PlannedRequest:
         p = self.prompts
@@ -155,6 +186,8 @@ class Schedule:
                 "think_ns": int(p.think_ns[i]),
             }
         )
+        cn, ci = self.class_rows()
+        ti = self.tenant_idx
         return PlannedRequest(
             id=int(self.ids[i]) if self.ids is not None else int(i),
             model=self.models[int(self.model_idx[i])],
@@ -166,6 +199,8 @@ class Schedule:
             prefix_tokens=int(self.prefix_tokens[i]),
             priority=int(self.priority[i]),
             **real,
+            req_class=cn[int(ci[i])],
+            tenant="" if ti is None else self.tenants[int(ti[i])],
         )
 
     def __iter__(self) -> Iterator[PlannedRequest]:
@@ -201,6 +236,9 @@ class RequestRecord:
     server_prompt_ms: float | None = None
     server_cached_tokens: int | None = None
     server_decode_ms: float | None = None
+    # flow control (issue 30): the planned request's class and tenant (docs/flowcontrol.md)
+    req_class: str = ""
+    tenant: str = ""
 
 
 @dataclass(frozen=True, slots=True)

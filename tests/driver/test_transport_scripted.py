@@ -83,7 +83,7 @@ def _masked(rec: RequestRecord, *real: str) -> RequestRecord:
 
 def _rec(status: str, **kw: Any) -> RequestRecord:
     return RequestRecord(
-        id=kw.pop("id", 0), model="m", stage=0, status=status, input_tokens=8, **kw
+        id=kw.pop("id", 0), model="m", stage=0, req_class="m", status=status, input_tokens=8, **kw
     )  # type: ignore[arg-type]
 
 

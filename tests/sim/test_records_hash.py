@@ -9,7 +9,8 @@ manifest's event, step and preemption counts.
 
 The expected digests were computed on main after the issue-17 physics merge (per-head decode
 attention, gemm_m_half 96, fp8_gemm_ratio 0.77); the speed work had been checked identical
-against main 8e46514 before that. They change when
+against main 8e46514 before that. Recomputed for issue 30's `req_class`/`tenant` request
+columns (planned labels; with those two columns dropped every digest was the old one). They change when
 the *physics* changes on purpose (sim/cost.py, hardware.py, a policy): then recompute them with
 `PYTHONPATH=src python -m tests.sim.test_records_hash` and say why in the commit.
 """
@@ -34,20 +35,20 @@ from phaselens.types import Schedule
 from .helpers import make_schedule
 
 EXPECTED = {
-    "closed3_tight": "a8698de83b2e10971ffe25676555043b35232fd2ee75e632df9b5127c26bacc5",
-    "closed4_overheads": "8f76eccf475287b3717e8812adbc20c067a31803210696e6ce8b950fcea82d36",
-    "closed8": "66e9164b672c7ea61612d5665513e128113b05fe115d32900c768ad4ef1a10d9",
-    "continuous": "ced306aaf03dd0f65d7f75e76115a9c16233ef34cf3046941c8e4fc2f1fed95b",
-    "dynamic": "5811d44fc9722429b17f45b3b339acdcd04bef2205bf4a1dde7ca97bea6223c7",
-    "inflight4": "a61265a01e512306214257744ba225776f80102e52d10d45a2a6869ec5b5dfd5",
-    "overheads": "670f932724562229d958efa915160b9e7c3cf4bd4f7f797423926ab28d271e08",
-    "pd": "8e4b9dc85b91721beb1e8ff44750b90026f1094ae3efad3b927b9c849adfa352",
-    "prefix_chunked": "2b87a4c4ea7845bb7be6b0db615f2f4230b49217f1b9331b0809026590d116e9",
-    "priority_queue_kv": "5a7ac889101e761f0c7165837e05482deee9caf63d7172753bacea53a11cae7a",
-    "spatial": "8e75173dd3a574e27c5fdbe59e3fada54dda7fdd2772e0097484554804047558",
-    "static": "5fa8fe30ac87d7671ec27106dcb60fb6d40d4cdb881069384437c54ab05363d2",
-    "tight_kv": "95dd30c72661a26d7d1a25da612ed91914c0c71ba0e54d06f92ace53945d3d6f",
-    "time_slice": "c3d9e46aa87b0b1fd57b1c1f201f8ebb7cf005a3efb1105826ed5897bbaf32a2",
+    "closed3_tight": "c6bcadcc58c06434ae87645fc732175430259b96bdf6d9489868b7f5e68bf990",
+    "closed4_overheads": "caed21c3ac8718d2b42030e73042298ae854a8247cc37425f7331f7923b3272e",
+    "closed8": "fa9c177c853a6f997ec288403b64bcdc190f8c633710feaca44c02d90f1fb44d",
+    "continuous": "e0acd08b60cc7813fc365af961f9593d20f125f331a2b09db7b31e4a272edaeb",
+    "dynamic": "647e8a0b714a42c156f2ba587bc806cea34f8d9007c40c5172affa2b2def909d",
+    "inflight4": "7fd96a29dad7167baa339af156ef111ceeb98f2c76ad4e0f810f72b2f972d8a5",
+    "overheads": "96c762f525c2c3c7eaf6e372b3515f97a73ee81c8f5afad86bb14b6683aea6f2",
+    "pd": "549318534f9db74b7666bd9afd26147dfa706ec8511394fc4dc17dc060327c11",
+    "prefix_chunked": "bf24569f5e43c1719995aa413b1359c6a831bff7933d125a92751290d1e692e6",
+    "priority_queue_kv": "95b2d4e6bacc594cfae21ff7346f1e95ca0faa970d3b4727a2af47dd65a6e4a5",
+    "spatial": "43ba2464ce98e60f8d3a14c64f6495c1380a658a9de32645ef5643259e80ccaf",
+    "static": "6ab8a8088f1d7d7bb14e7f7f95dd5b64c90fce39484ff9faed2e12463b28906e",
+    "tight_kv": "fb501ef38184c4dccb8785cb238f1471e756c3085030492892069bc2b2316c7d",
+    "time_slice": "21a890abf3d44337e9aca3e00e4eb486794f6c401034dcfd320b131309dff417",
 }
 
 

@@ -332,6 +332,8 @@ def test_frame_parquet_roundtrip_and_subset_keeps_ids(tmp_path: Path) -> None:
         "prefix_group",
         "prefix_tokens",
         "priority",
+        "req_class",
+        "tenant",
     ]
     f.write_parquet(tmp_path / "s.parquet")
     back = pl.read_parquet(tmp_path / "s.parquet")

@@ -327,6 +327,8 @@ def drive(
                 priority=req.priority,
                 input_tokens=req.input_tokens,
                 error=secrets.text(err),
+                req_class=req.req_class,
+                tenant=req.tenant,
             )
         )
     wt.join()

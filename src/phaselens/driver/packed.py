@@ -59,6 +59,8 @@ def stand_in(r: RequestRecord, e: ValueError) -> RequestRecord:
         priority=r.priority,
         input_tokens=r.input_tokens,
         error=f"record could not be stored: {e}",
+        req_class=r.req_class,
+        tenant=r.tenant,
     )
 
 

@@ -87,6 +87,8 @@ class RunState:
         prompts: PromptMaker | None = None,
     ) -> None:
         self.s = schedule
+        self.class_name, self.class_idx = schedule.class_rows()
+        self.tenant_name, self.tenant_idx = schedule.tenant_rows()
         self.o = options
         self.sink = sink
         self.t0 = t0
@@ -253,6 +255,8 @@ class RunState:
             status=status,
             priority=int(s.priority[i]),
             input_tokens=kw.pop("input_tokens", int(s.input_tokens[i])),
+            req_class=self.class_name[int(self.class_idx[i])],
+            tenant=self.tenant_name[int(self.tenant_idx[i])],
             error=err,
             **kw,
         )

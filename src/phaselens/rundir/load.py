@@ -85,13 +85,17 @@ def _lost_rows(p: Path, manifest: Mapping[str, Any], seen: pl.Series) -> pl.Data
     """A `lost` row for each planned request (schedule.parquet) that the event log lacks."""
     if not (p / SCHEDULE).exists():
         return empty_frame(REQUEST_SCHEMA)
-    sched = read_frame(p / SCHEDULE, SCHEDULE_SCHEMA).filter(~pl.col("id").is_in(seen.implode()))
+    sched = read_frame(p / SCHEDULE, SCHEDULE_SCHEMA, OPTIONAL["schedule"]).filter(
+        ~pl.col("id").is_in(seen.implode())
+    )
     closed = (manifest.get("driver") or {}).get("loop") == "closed"  # no planned instants
     rows = sched.select(
         pl.col("id"),
         pl.col("model"),
         pl.col("stage"),
         pl.col("priority"),
+        pl.col("req_class"),
+        pl.col("tenant"),
         (pl.lit(0, pl.Int64) if closed else pl.col("t_ns")).alias("scheduled_ns"),
         pl.col("input_tokens"),
         pl.lit(0, pl.Int64).alias("output_tokens"),
@@ -202,7 +206,7 @@ def load_run(path: Path | str) -> Run:
             else:
                 frames[key] = empty_frame(SCHEMAS[key])
     phases = _read_phases(p, frames["requests"])
-    requests = _with_sessions(p, frames["requests"])
+    requests = _with_sessions(p, with_classes(frames["requests"]))
     timeline = read_frame(p / TIMELINE, TIMELINE_SCHEMA) if (p / TIMELINE).exists() else None
     gaps = (
         read_frame(p / TIMELINE_GAPS, TIMELINE_GAPS_SCHEMA)
@@ -210,6 +214,14 @@ def load_run(path: Path | str) -> Run:
         else None
     )
     return Run(p, manifest, requests, frames["telemetry"], frames["steps"], phases, timeline, gaps)
+
+
+def with_classes(requests: pl.DataFrame) -> pl.DataFrame:
+    """Every row with its class and tenant: a run written before flow-control classes (issue 30)
+    has neither, and its class is its model, its tenant none ("")."""
+    return requests.with_columns(
+        pl.col("req_class").fill_null(pl.col("model")), pl.col("tenant").fill_null("")
+    )
 
 
 SESSION_COLUMNS: dict[str, pl.DataType] = {"session_id": pl.Int64(), "turn": pl.Int32()}

@@ -56,6 +56,9 @@ REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "server_prompt_ms": pl.Float64(),
     "server_cached_tokens": pl.Int64(),
     "server_decode_ms": pl.Float64(),
+    # flow control (issue 30): the planned request's class and tenant (docs/flowcontrol.md)
+    "req_class": pl.String(),
+    "tenant": pl.String(),
     "token_ns": pl.List(pl.Int64()),
     "token_counts": pl.List(pl.Int32()),
 }
@@ -73,6 +76,8 @@ SCHEDULE_SCHEMA: dict[str, pl.DataType] = {
     "t_ns": pl.Int64(),
     "input_tokens": pl.Int64(),
     "priority": pl.Int32(),
+    "req_class": pl.String(),  # flow control; absent from runs written before issue 30
+    "tenant": pl.String(),
 }
 STEP_SCHEMA: dict[str, pl.DataType] = {
     "t_start_ns": pl.Int64(),
@@ -224,7 +229,16 @@ SCALARS = [k for k, t in REQUEST_SCHEMA.items() if not isinstance(t, pl.List)]
 FILES = {"requests": REQUESTS, "telemetry": TELEMETRY, "steps": STEPS}
 SCHEMAS = {"requests": REQUEST_SCHEMA, "telemetry": TELEMETRY_SCHEMA, "steps": STEP_SCHEMA}
 # columns added after format 1 first shipped: an older file without them loads them as null
-OPTIONAL = {"requests": ("server_prompt_ms", "server_cached_tokens", "server_decode_ms")}
+OPTIONAL = {
+    "requests": (
+        "server_prompt_ms",
+        "server_cached_tokens",
+        "server_decode_ms",
+        "req_class",
+        "tenant",
+    ),
+    "schedule": ("req_class", "tenant"),
+}
 OLDEST_LOG_SCALARS = len(SCALARS) - len(OPTIONAL["requests"])
 SORT = {"requests": "id", "telemetry": "t_ns", "steps": "t_start_ns"}
 FILE_SCHEMAS = {
@@ -254,7 +268,8 @@ def record_contract_problems() -> list[str]:
         else:
             out += [f"check.NOT_NULL[{f!r}]: no column {c!r}" for c in cols if c not in schema]
     for key, cols in OPTIONAL.items():
-        scalars = [k for k, t in SCHEMAS[key].items() if not isinstance(t, pl.List)]
+        schema = SCHEDULE_SCHEMA if key == "schedule" else SCHEMAS[key]
+        scalars = [k for k, t in schema.items() if not isinstance(t, pl.List)]
         if scalars[len(scalars) - len(cols) :] != list(cols):  # what OLDEST_LOG_SCALARS relies on
             out.append(f"optional {key} columns {cols} are not the last scalar columns")
     lists = [k for k, t in REQUEST_SCHEMA.items() if isinstance(t, pl.List)]

@@ -199,6 +199,8 @@ def _requests_frame(schedule: Schedule, res: ClusterResult) -> pl.DataFrame:
         end = pl.Series(end).set(pl.Series(unsent), None)
         # the simulated prefix cache's hits, as a server that reports them (llama.cpp's cache_n)
         cached = pl.Series(res.hits).set(pl.Series(~ok | (p.session_id < 0)), None)
+    cls_names, cls_idx = schedule.class_rows()
+    ten_names, ten_idx = schedule.tenant_rows()
     df = pl.DataFrame(
         {
             "id": np.arange(n, dtype=np.int64),
@@ -219,6 +221,12 @@ def _requests_frame(schedule: Schedule, res: ClusterResult) -> pl.DataFrame:
             "server_prompt_ms": pl.Series([None] * n, dtype=pl.Float64),
             "server_cached_tokens": pl.Series(cached, dtype=pl.Int64),
             "server_decode_ms": pl.Series([None] * n, dtype=pl.Float64),
+            "req_class": pl.Series(cls_names, dtype=pl.String).gather(cls_idx)
+            if n
+            else pl.Series([], dtype=pl.String),
+            "tenant": pl.Series(ten_names, dtype=pl.String).gather(ten_idx)
+            if n
+            else pl.Series([], dtype=pl.String),
             "token_ns": tok,
             "token_counts": cnt,
         }

@@ -208,6 +208,10 @@ def _with_times(s: Schedule, t_ns: np.ndarray) -> Schedule:
         duration_ns=int(max(int(t[-1]) if t.size else 0, 1)),
         ids=o(s.ids) if s.ids is not None else order.astype(np.int64),
         prompts=s.prompts.take(order) if s.prompts is not None else None,
+        classes=s.classes,
+        class_idx=o(s.class_idx) if s.class_idx is not None else None,
+        tenants=s.tenants,
+        tenant_idx=o(s.tenant_idx) if s.tenant_idx is not None else None,
     )
 
 

@@ -27,6 +27,7 @@ from phaselens.errors import InputError
 from phaselens.inputs.yamlio import clip, show
 from phaselens.types import F64, I32, I64, Schedule, StageInfo
 from phaselens.workload.arrivals import arrival_times
+from phaselens.workload.classify import assign_classes
 from phaselens.workload.datasets import read_dataset
 from phaselens.workload.gatewaylog import NO_LOG_OPTIONS, LogOptions, read_log
 from phaselens.workload.guard import check_size, check_window
@@ -323,7 +324,7 @@ def build_schedule(
             f"{spec.source}: the spec plans no requests (the rates and durations give none, "
             "or every trace row was cut); raise duration_s or the rates"
         )
-    return _merge(spec, parts, windows)
+    return assign_classes(spec, _merge(spec, parts, windows))
 
 
 def _merge(
@@ -376,8 +377,17 @@ def _merge(
 
 # ---------------------------------------------------------------- identity
 def resolved_spec(spec: WorkloadSpec) -> dict[str, Any]:
-    """The spec as plain JSON data (stages expanded, paths absolute): what manifests store."""
-    return spec.model_dump(mode="json")
+    """The spec as plain JSON data (stages expanded, paths absolute): what manifests store.
+
+    Flow-control fields left at their defaults (no classes, no tenant) are left out, so a spec
+    written before them keeps its hash."""
+    d = spec.model_dump(mode="json")
+    if not d.get("classes"):
+        d.pop("classes", None)
+    for m in d.get("models") or ():
+        if m.get("tenant") is None:
+            m.pop("tenant", None)
+    return d
 
 
 def spec_hash(spec: WorkloadSpec) -> str:

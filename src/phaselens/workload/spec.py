@@ -11,7 +11,8 @@ the work a spec can ask for (docs/workload.md, "Limits").
 The shape (see docs/workload.md):
 
     name, seed, duration_s | requests, stages | ramp, slo, models: [{name, rate, arrival,
-    input_tokens, output_tokens, prefix, priority, prompts, sessions}]
+    input_tokens, output_tokens, prefix, priority, tenant, prompts, sessions}],
+    classes: [{name, priority, tenant, models, input_tokens: {ge, lt}, slo}]
 
 Relative paths (traces, empirical length files) resolve against the spec file's folder and are
 stored absolute, so a resolved spec (e.g. in a run manifest) can be planned again as it is.
@@ -51,6 +52,8 @@ from phaselens.inputs.fields import (
     loc_str,
 )
 from phaselens.inputs.yamlio import LineOf, clip, load_yaml_doc, parse_yaml, show
+from phaselens.workload.classspec import MAX_CLASSES, ClassSpec, classes_problem
+from phaselens.workload.slo import SLOSpec
 
 # Limits on what a spec may ask for; each can be raised with PHASELENS_LIMIT_<NAME>
 # (inputs/bounds.py).
@@ -351,6 +354,7 @@ class ModelSpec(_Strict):
     output_tokens: LengthDist | None = None
     prefix: PrefixSpec | None = None
     priority: Int32 = 0  # lower is served first (vLLM's convention)
+    tenant: Name | None = None  # who sends it (fairness across tenants, docs/flowcontrol.md)
     prompts: DatasetPrompts | None = None
     sessions: SessionSpec | None = None
 
@@ -427,29 +431,6 @@ class RampSpec(_Strict):
     steps: Annotated[int, Field(ge=2, le=MAX_STAGES)] = 10
 
 
-SloMs = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
-_PCT = re.compile(r"^p(\d{1,2}(\.\d+)?|100)$")
-
-
-class SLOSpec(_Strict):
-    """Latency objectives per metric, e.g. `ttft_ms: {p90: 200}` (milliseconds)."""
-
-    ttft_ms: dict[str, SloMs] | None = None
-    itl_ms: dict[str, SloMs] | None = None
-    tpot_ms: dict[str, SloMs] | None = None
-    e2e_ms: dict[str, SloMs] | None = None
-
-    @field_validator("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
-    @classmethod
-    def _percentile_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        for k in v or {}:
-            if not _PCT.match(k) and k != "mean":
-                raise ValueError(
-                    f"{show(k)} is not a percentile; expected keys like p50, p90, p99.9"
-                )
-        return v
-
-
 class WorkloadSpec(BaseModel):
     """A whole workload: several models, each with its own arrivals, lengths and priority."""
 
@@ -464,6 +445,9 @@ class WorkloadSpec(BaseModel):
     ramp: RampSpec | None = None
     slo: SLOSpec = Field(default_factory=SLOSpec)
     models: list[ModelSpec] = Field(min_length=1, max_length=MAX_MODELS)
+    # flow-control classes by model and prompt length (docs/flowcontrol.md); a request no class
+    # matches is of the class named after its model, with the model's priority and tenant
+    classes: list[ClassSpec] = Field(default_factory=list, max_length=MAX_CLASSES)
     _source: str = PrivateAttr("spec")  # the file it came from, for error messages
 
     @property
@@ -492,6 +476,9 @@ class WorkloadSpec(BaseModel):
                 f"stages: the stages last {total:,.0f} s in all; limit {MAX_DURATION_S:,.0f} s "
                 "(30 days)"
             )
+        bad = classes_problem(self.classes, names)
+        if bad:
+            raise ValueError(bad)
         traced = [m.name for m in self.models if m.is_trace]
         for k, st in enumerate(self.stages or []):
             if traced and st.rate_scale > 1:
@@ -508,7 +495,7 @@ class WorkloadSpec(BaseModel):
     @property
     def slo_dict(self) -> dict[str, dict[str, float]]:
         """The SLO block as plain dicts, without unset metrics (what manifests store)."""
-        return {k: dict(v) for k, v in self.slo.model_dump().items() if v}
+        return self.slo.as_dict()
 
 
 def ramp_scale(start: float, end: float, k: int, steps: int) -> float:

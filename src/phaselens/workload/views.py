@@ -51,6 +51,10 @@ def subset(schedule: Schedule, idx: npt.ArrayLike) -> Schedule:
         duration_ns=schedule.duration_ns,
         ids=ids,
         prompts=schedule.prompts.take(pos) if schedule.prompts is not None else None,
+        classes=schedule.classes,
+        class_idx=schedule.class_idx[pos] if schedule.class_idx is not None else None,
+        tenants=schedule.tenants,
+        tenant_idx=schedule.tenant_idx[pos] if schedule.tenant_idx is not None else None,
     )
 
 
@@ -75,6 +79,10 @@ def schedule_frame(schedule: Schedule) -> pl.DataFrame:
     """One row per planned request (what `plan --out F.parquet` writes); with real text, also
     the PROMPT_COLUMNS (the text itself stays in the dataset file)."""
     names = pl.Series("names", list(schedule.models), dtype=pl.String)
+    cn, ci = schedule.class_rows()
+    tn, ti = schedule.tenant_rows()
+    classes = pl.Series("classes", list(cn), dtype=pl.String)
+    tenants = pl.Series("tenants", list(tn), dtype=pl.String)
     df = pl.DataFrame(
         {
             "id": schedule_ids(schedule),
@@ -86,6 +94,8 @@ def schedule_frame(schedule: Schedule) -> pl.DataFrame:
             "prefix_group": schedule.prefix_group,
             "prefix_tokens": schedule.prefix_tokens,
             "priority": schedule.priority,
+            "req_class": classes.gather(ci) if len(schedule) else [],
+            "tenant": tenants.gather(ti) if len(schedule) else [],
         },
         schema={
             "id": pl.Int64(),
@@ -97,6 +107,8 @@ def schedule_frame(schedule: Schedule) -> pl.DataFrame:
             "prefix_group": pl.Int32(),
             "prefix_tokens": pl.Int64(),
             "priority": pl.Int32(),
+            "req_class": pl.String(),
+            "tenant": pl.String(),
         },
     )
     p = schedule.prompts
