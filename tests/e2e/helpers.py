@@ -167,6 +167,20 @@ def max_overlap(intervals: list[tuple[int, int]]) -> int:
     return best
 
 
+def overlap_held_ns(intervals: list[tuple[int, int]], k: int) -> int:
+    """Longest stretch during which at least k of the [start, end] intervals were open at once."""
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    best = cur = 0
+    since: int | None = None
+    for t, d in events:  # at a tie, close (-1) sorts before open (+1)
+        cur += d
+        if cur >= k and since is None:
+            since = t
+        elif cur < k and since is not None:
+            best, since = max(best, t - since), None
+    return best
+
+
 def scrape_requests(base_url: str) -> float:
     """Tokens an engine has processed (prompt + generated; llama.cpp or vLLM counters): equal
     before and after proves no request reached it. Fails when the engine exposes neither."""

@@ -26,7 +26,7 @@ from phaselens.workload.plan import build_schedule
 from phaselens.workload.spec import parse_spec
 
 from .conftest import LLAMACPP_MODEL, PARALLEL, VLLM_MODEL
-from .helpers import GEN_TOKENS, max_overlap, scrape
+from .helpers import GEN_TOKENS, max_overlap, overlap_held_ns, scrape
 
 pytestmark = pytest.mark.e2e
 
@@ -120,15 +120,19 @@ def test_staged_workload(kind: str, request: pytest.FixtureRequest, tmp_path: Pa
     tel = run.telemetry
     running = tel.filter(pl.col("metric") == "engine.running")
     assert running.height >= 20, "engine telemetry every ~100 ms over ~6 s"
-    # more than one request at once = batching; a fixed higher count flaked (CI saw a peak of 3:
-    # on a fast machine 16-64-token answers finish between 100 ms samples)
-    assert running["value"].max() >= 2, running["value"].to_list()
-    assert running["value"].max() <= PARALLEL
+    # the gauge saw the engine work, and never more than its slots
+    assert 1 <= running["value"].max() <= PARALLEL, running["value"].to_list()
     # ... and from the records: every request the engine ran at once was on the wire at once,
     # so the records' peak overlap is at least the sampled gauge's peak (a fixed count flaked
     # on a faster machine: requests of ~50 ms overlap less at the same rate)
     spans = list(zip(req["sent_ns"].to_list(), req["end_ns"].to_list(), strict=True))
     assert max_overlap(spans) >= running["value"].max(), max_overlap(spans)
+    # more than one request at once = batching: the gauge must have seen 2 wherever the records
+    # show two requests on the wire together for 300 ms or more (three sample instants, so no
+    # 100 ms sampling can miss it). A fixed "≥ 2" flaked: on a fast machine (CI) 16-64-token
+    # answers finish between samples, and the records then show no such stretch either.
+    if overlap_held_ns(spans, 2) >= 300_000_000:
+        assert running["value"].max() >= 2, running["value"].to_list()
 
     # Stages: every stage got requests, more at higher load.
     per_stage = req.group_by("stage").len().sort("stage")["len"].to_list()

@@ -69,7 +69,9 @@ def test_watch_follows_a_loaded_engine(engine: Any) -> None:
         time.sleep(2.0)  # idle first
         t0 = time.monotonic()
         res: list[Streamed] = asyncio.run(
-            open_loop(engine.url, engine.model, rate_per_s=8.0, n=24, max_tokens=64)
+            # 192-token answers: long enough that the engine is busy most of the load even on a
+            # fast machine (64-token ones took ~20 ms each on one, L = 0.18: see below)
+            open_loop(engine.url, engine.model, rate_per_s=8.0, n=24, max_tokens=192)
         )
         load_s = time.monotonic() - t0
         # engine_up is the last scrape's answer: one scrape of a loaded 2-core engine can
@@ -104,7 +106,13 @@ def test_watch_follows_a_loaded_engine(engine: Any) -> None:
     run_1s = [
         f.running_mean or 0.0 for s in snaps for (_, w), f in s.by_engine.items() if w == "1s"
     ]
-    assert 0.3 * little <= max(run_1s) <= 2.5 * little + 1.0, (run_1s, little)
+    assert max(run_1s) <= 2.5 * little + 1.0, (run_1s, little)
+    # the lower bound only where the client kept the engine busy enough that a 100 ms gauge
+    # cannot miss it: at L ≥ 0.5 every bin holds a request half the time, so the best 1 s window
+    # (10 samples) reading below 0.3 L is a broken gauge; at the L = 0.18 that 64-token answers
+    # gave on one fast machine, every 1 s window read 0 (requests fell between samples)
+    if little >= 0.5:
+        assert max(run_1s) >= 0.3 * little, (run_1s, little)
     gen = [f.generation_tps for s in snaps for (n, w), f in s.by_engine.items() if w == "5s"]
     received = sum(x.usage.get("completion_tokens", x.content_chunks) for x in ok)
     client_rate = received / load_s

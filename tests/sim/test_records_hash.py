@@ -10,9 +10,10 @@ manifest's event, step and preemption counts.
 The expected digests were computed on main after the issue-17 physics merge (per-head decode
 attention, gemm_m_half 96, fp8_gemm_ratio 0.77); the speed work had been checked identical
 against main 8e46514 before that. Recomputed for issue 30's `req_class`/`tenant` request
-columns (planned labels; with those two columns dropped every digest was the old one). They change when
-the *physics* changes on purpose (sim/cost.py, hardware.py, a policy): then recompute them with
-`PYTHONPATH=src python -m tests.sim.test_records_hash` and say why in the commit.
+columns (planned labels; with those two columns dropped every digest was the old one). They
+change when the *physics* changes on purpose (sim/cost.py, hardware.py, a policy): then
+recompute them with `PYTHONPATH=src python -m tests.sim.test_records_hash` and say why in the
+commit.
 """
 
 from __future__ import annotations
