@@ -41,6 +41,7 @@ from phaselens.driver.state import LiveView, StopHook
 from phaselens.execute import HttpTarget, Options, RunInfo, SimTarget, execute
 from phaselens.rundir.load import load_run
 from phaselens.types import Schedule
+from phaselens.workload.classify import class_manifest
 from phaselens.workload.plan import build_schedule
 from phaselens.workload.spec import WorkloadSpec
 
@@ -212,7 +213,10 @@ def run_probe(
         name,
         spec.model_dump(mode="json"),
         dict(ps.slo),
-        {"capacity_probe": {"load_scale": scale, "rate_rps": rate, "warmup_s": ps.warmup_s}},
+        {
+            "capacity_probe": {"load_scale": scale, "rate_rps": rate, "warmup_s": ps.warmup_s},
+            **class_manifest(spec, ps.slo),  # each class's SLO over the capacity's own
+        },
     )
     t_start = time.monotonic()
     outcome = execute(schedule, target, options, out_dir, info)
