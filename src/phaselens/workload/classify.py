@@ -87,9 +87,7 @@ def class_slos(
     return out
 
 
-def class_manifest(
-    spec: WorkloadSpec, base_slo: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+def class_manifest(spec: WorkloadSpec, base_slo: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What a run's manifest records of the spec's classes (docs/run-format.md): `classes`
     (name → priority, tenant, models, input_tokens, slo) and `class_slo` (`class_slos`); empty
     for a spec without classes, so older manifests read unchanged."""
