@@ -26,9 +26,11 @@ from .helpers import rec
 
 RUN_SLO = {"ttft_ms": {"p90": 150.0}}
 CLASS_SLO = {"short": {"ttft_ms": {"p90": 25.0}}}
+CLASSES = {"short": {"priority": 0}, "long": {"priority": 1}}  # as the manifest names them
 
 
 def _write(root: Path, records: list[RequestRecord], manifest: dict[str, Any]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
     w = RunWriter(root, {"kind": "driver", "name": "t", **manifest})
     for r in records:
         w.add_record(r)
@@ -53,7 +55,7 @@ def _records() -> list[RequestRecord]:
 
 @pytest.fixture
 def summary(tmp_path: Path) -> dict[str, Any]:
-    p = _write(tmp_path, _records(), {"slo": RUN_SLO, "class_slo": CLASS_SLO})
+    p = _write(tmp_path, _records(), {"slo": RUN_SLO, "classes": CLASSES, "class_slo": CLASS_SLO})
     return analyze(load_run(p))
 
 
@@ -122,7 +124,7 @@ def test_fairness_over_tenants_by_hand(summary: dict[str, Any]) -> None:
 
 def test_fairness_over_classes_when_no_tenant(tmp_path: Path) -> None:
     recs = [dataclasses.replace(r, tenant="") for r in _records()]
-    s = analyze(load_run(_write(tmp_path, recs, {"slo": RUN_SLO})))
+    s = analyze(load_run(_write(tmp_path, recs, {"slo": RUN_SLO, "classes": CLASSES})))
     assert "tenants" not in s
     assert s["fairness"]["over"] == "classes"
     assert s["fairness"]["jain"] == pytest.approx(25 / 26)
@@ -130,9 +132,13 @@ def test_fairness_over_classes_when_no_tenant(tmp_path: Path) -> None:
     assert s["classes"]["short"]["slo"]["attainment"]["all"] == pytest.approx(100.0)
 
 
-def test_one_class_run_reads_as_before(tmp_path: Path) -> None:
+def test_runs_without_named_classes_read_as_before(tmp_path: Path) -> None:
     recs = [rec(i, i * 100, chunks_ms=[i * 100 + 20, i * 100 + 25]) for i in range(5)]
-    s = analyze(load_run(_write(tmp_path, recs, {"slo": RUN_SLO})))
+    s = analyze(load_run(_write(tmp_path / "one", recs, {"slo": RUN_SLO})))
+    assert not {"classes", "tenants", "fairness"} & set(s)
+    # two models, no classes in the spec: each model is its class, and `models` says it all
+    two = [dataclasses.replace(r, model="ab"[r.id % 2]) for r in recs]
+    s = analyze(load_run(_write(tmp_path / "two", two, {"slo": RUN_SLO})))
     assert not {"classes", "tenants", "fairness"} & set(s)
 
 
@@ -140,3 +146,17 @@ def test_jain_by_hand() -> None:
     assert jain([1.0, 1.0, 1.0]) == pytest.approx(1.0)
     assert jain([1.0, 0.0]) == pytest.approx(0.5)  # one member got everything: 1/n
     assert jain([]) is None and jain([0.0, 0.0]) is None
+
+
+def test_terminal_view_lines_per_class(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+
+    from phaselens.report.terminal import render
+
+    con = Console(record=True, width=240)
+    render(summary, con)
+    text = con.export_text()
+    assert "Classes (ms; each against its own SLO" in text
+    short = next(line for line in text.splitlines() if line.lstrip("│ ").startswith("short"))
+    assert "4/4" in short and "37.0" in short and "50.0 [50.0, 50.0]" in short
+    assert "fairness across tenants: Jain 0.962" in text

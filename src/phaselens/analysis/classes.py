@@ -48,16 +48,30 @@ class Groups:
 
     classes: dict[str, I64]
     tenants: dict[str, I64]
+    named: bool  # the spec named classes (manifest `classes`), not only models
+
+    @property
+    def has_tenants(self) -> bool:
+        return any(k != "" for k in self.tenants)
 
     @property
     def shown(self) -> bool:
-        """More than one class, or any tenant: else the run reads exactly as before classes."""
-        return len(self.classes) > 1 or any(k != "" for k in self.tenants)
+        """Classes named in the spec (and more than one), or any tenant: else the run reads
+        exactly as before classes (a run of several models has its `models` block)."""
+        return (self.named and len(self.classes) > 1) or self.has_tenants
 
 
-def groups(rt: RequestTable) -> Groups:
+def named_classes(manifest: Mapping[str, Any]) -> bool:
+    """Whether the run's spec named flow-control classes (its manifest's `classes`, or the
+    spec's own list in a manifest written before that key)."""
+    spec = manifest.get("spec")
+    in_spec = isinstance(spec, Mapping) and bool(spec.get("classes"))
+    return bool(manifest.get("classes")) or in_spec
+
+
+def groups(rt: RequestTable, manifest: Mapping[str, Any]) -> Groups:
     f = rt.frame
-    return Groups(group_rows(f, "req_class"), group_rows(f, "tenant"))
+    return Groups(group_rows(f, "req_class"), group_rows(f, "tenant"), named_classes(manifest))
 
 
 def class_slo(manifest: Mapping[str, Any], name: str) -> tuple[Mapping[str, Any] | None, str]:
@@ -195,7 +209,7 @@ def class_results(
     per group the counts (planned, ok, shed, failed), TTFT/TPOT/ITL/E2E p50/p90/p99 with 95%
     intervals, queue time where the run has it, and SLO attainment and goodput against the
     group's SLO (a class's own, else the run's) with intervals (docs/metrics.md)."""
-    g = groups(rt)
+    g = groups(rt, manifest)
     if not g.shown:
         return None
     bt = _boot(rt)
@@ -213,7 +227,7 @@ def class_results(
         "classes": classes,
         "intervals": {"level": LEVEL, "n_boot": N_BOOT, "block_s": fnum(bt.blocks.block_s)},
     }
-    if any(k != "" for k in g.tenants):
+    if g.has_tenants:
         run_slo = manifest.get("slo") if isinstance(manifest.get("slo"), Mapping) else None
         out["tenants"] = {
             name: group_result(rt, rows, ("tenant", name), run_slo, bt, queue)

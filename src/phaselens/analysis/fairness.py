@@ -66,14 +66,14 @@ def _member_table(frame: pl.DataFrame, col: str) -> pl.DataFrame:
     )
 
 
-def fairness(rt: RequestTable) -> dict[str, Any] | None:
+def fairness(rt: RequestTable, classes: bool = True) -> dict[str, Any] | None:
     """The summary's `fairness` block: over tenants when any is set, else over classes when
-    there are several; None for a run with one class and no tenant."""
+    there are several (and `classes`: the spec named them); None otherwise."""
     f = rt.frame
     tenants = f["tenant"].unique().to_list()
     if any(t != "" for t in tenants):
         col, over = "tenant", "tenants"
-    elif f["req_class"].n_unique() > 1:
+    elif classes and f["req_class"].n_unique() > 1:
         col, over = "req_class", "classes"
     else:
         return None

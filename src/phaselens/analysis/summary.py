@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from phaselens.analysis.breakdown import breakdown
-from phaselens.analysis.classes import class_results
+from phaselens.analysis.classes import class_results, named_classes
 from phaselens.analysis.cost import cost
 from phaselens.analysis.fairness import fairness
 from phaselens.analysis.findings import Analysis, diagnose
@@ -117,7 +117,7 @@ def compute(run: Run, gpu_cost_per_hour: float | None = None) -> tuple[Analysis,
     per_class = class_results(m, rt, run.phases)
     if per_class is not None:  # several classes or any tenant (issue 30): else as before
         out.update(per_class)
-        out["fairness"] = fairness(rt)
+        out["fairness"] = fairness(rt, named_classes(m))
     sessions = session_block(run.requests, rt)
     if sessions is not None:
         out["sessions"] = sessions
