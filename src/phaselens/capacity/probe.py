@@ -20,6 +20,7 @@ import polars as pl
 
 from phaselens.analysis.latency import describe_metric, request_table, slo_block, throughput
 from phaselens.analysis.stats import fnum
+from phaselens.capacity.classes import judge_classes
 from phaselens.capacity.scale import base_rate, model_rate, scaled_spec
 from phaselens.capacity.transient import mser_cut
 from phaselens.capacity.verdict import (
@@ -58,6 +59,8 @@ class ProbeSettings:
     seed: int
     telemetry: str = "auto"
     driver: DriverOptions | None = None  # None: defaults, a request timeout of probe_s + 60 s
+    # flow-control classes the spec names → the SLO each is judged by (capacity/classes.py)
+    class_slo: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +95,7 @@ class ProbeResult:
     judged_requests: int | None = None  # requests the verdict was taken over (after the cut)
     role: str = "search"  # "stability": asked as the 1.1x stability probe (nextprobe.SearchState)
     superseded: bool = False  # an uncertain light probe re-measured longer: listed, not counted
+    classes: Mapping[str, Any] = field(default_factory=dict)  # per class: its own verdict
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -124,6 +128,7 @@ class ProbeResult:
             "judged_requests": self.judged_requests,
             "role": self.role,
             "superseded": self.superseded,
+            **({"classes": dict(self.classes)} if self.classes else {}),
         }
 
 
@@ -376,6 +381,7 @@ def judge(
         goodput_ci_rps=gci,
         truncation=cut,
         judged_requests=n,
+        classes=judge_classes(rt, ps.class_slo) if ps.class_slo else {},
     )
 
 
