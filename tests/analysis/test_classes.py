@@ -160,3 +160,17 @@ def test_terminal_view_lines_per_class(summary: dict[str, Any]) -> None:
     short = next(line for line in text.splitlines() if line.lstrip("│ ").startswith("short"))
     assert "4/4" in short and "37.0" in short and "50.0 [50.0, 50.0]" in short
     assert "fairness across tenants: Jain 0.962" in text
+
+
+def test_html_report_has_a_classes_section(tmp_path: Path) -> None:
+    from phaselens.report.html import build_context, render_report
+
+    p = _write(tmp_path, _records(), {"slo": RUN_SLO, "classes": CLASSES, "class_slo": CLASS_SLO})
+    run = load_run(p)
+    ctx = build_context(run, analyze(run))
+    assert "classes" in dict(ctx["figures"])
+    rows = ctx["class_rows"]["rows"]
+    assert rows[0][0] == "long" and rows[1][:3] == ["short", "0", "4/4"]
+    assert rows[1][-1] == "broken"  # short's p90 37 ms against its own 25 ms (markup stripped)
+    html = render_report(run)
+    assert '<section id="classes">' in html and "Jain" in html
