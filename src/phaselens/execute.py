@@ -129,7 +129,9 @@ class RunInfo:
 
     @classmethod
     def of(cls, ws: WorkloadSpec) -> RunInfo:
-        return cls(ws.name, ws.model_dump(mode="json"), ws.slo_dict)
+        from phaselens.workload.classify import class_manifest
+
+        return cls(ws.name, ws.model_dump(mode="json"), ws.slo_dict, class_manifest(ws))
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ SAMPLE_TARGET = 1_000_000
 BATCH_ROWS = 10_000
 HIST_LO_MS = 1e-3  # bin 0 holds [0, 1 µs)
 HIST_BINS = 34 * 1024 + 2  # 1 µs .. ~1.7e7 ms in 34 octaves of 1024 bins
-GROUP_DIMS: tuple[str, ...] = ("all", "model", "stage", "priority")
+GROUP_DIMS: tuple[str, ...] = ("all", "model", "stage", "priority", "req_class", "tenant")
 
 
 @dataclass(slots=True)
@@ -148,7 +148,15 @@ class ItlResult:
 
 
 def _codes(requests: pl.DataFrame, col: str) -> tuple[I64, list[str]]:
+    if col not in requests.columns:  # a frame from before flow-control classes
+        col = "model" if col == "req_class" else col
+        if col not in requests.columns:
+            return np.zeros(requests.height, dtype=np.int64), [""]
     vals = requests[col].cast(pl.String).fill_null("")
+    if col == "req_class":  # a row without a class is of its model's (latency.request_table)
+        vals = pl.select(
+            pl.when(vals == "").then(requests["model"]).otherwise(vals).alias(col)
+        ).to_series()
     keys = sorted(vals.unique().to_list())
     code = vals.replace_strict(keys, list(range(len(keys))), return_dtype=pl.Int64)
     return code.to_numpy(), [str(k) for k in keys]

@@ -82,11 +82,19 @@ def request_table(requests: pl.DataFrame) -> RequestTable:
     # the last chunk's arrival; without per-chunk times, the end of the response
     last_tok = pl.coalesce(pl.col("token_ns").list.last(), pl.col("end_ns"))
     ok = pl.col("status") == "ok"
+    # flow control (issue 30): a row's class (its model's name when it has none) and tenant
+    cls = pl.col("req_class") if "req_class" in r.columns else pl.lit(None, pl.String)
+    tenant = pl.col("tenant") if "tenant" in r.columns else pl.lit(None, pl.String)
     frame = r.select(
         "id",
         "model",
         "stage",
         "priority",
+        pl.when(cls.is_null() | (cls == ""))
+        .then(pl.col("model"))
+        .otherwise(cls)
+        .alias("req_class"),
+        tenant.fill_null("").alias("tenant"),
         "status",
         "scheduled_ns",
         "sent_ns",

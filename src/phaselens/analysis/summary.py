@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from phaselens.analysis.breakdown import breakdown
+from phaselens.analysis.classes import class_results, named_classes
 from phaselens.analysis.cost import cost
+from phaselens.analysis.fairness import fairness
 from phaselens.analysis.findings import Analysis, diagnose
 from phaselens.analysis.fluctuation import fluctuation
 from phaselens.analysis.latency import (
@@ -112,6 +114,10 @@ def compute(run: Run, gpu_cost_per_hour: float | None = None) -> tuple[Analysis,
         "findings": [finding_dict(f) for f in findings],
         "not_evaluated": missing,
     }
+    per_class = class_results(m, rt, run.phases)
+    if per_class is not None:  # several classes or any tenant (issue 30): else as before
+        out.update(per_class)
+        out["fairness"] = fairness(rt, named_classes(m))
     sessions = session_block(run.requests, rt)
     if sessions is not None:
         out["sessions"] = sessions

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from phaselens.capacity.classes import class_slo_map
 from phaselens.capacity.probe import ProbeSettings
 from phaselens.driver.options import DriverOptions
 from phaselens.errors import InputError
@@ -68,4 +69,6 @@ def settings(ws: WorkloadSpec, cfg: SearchConfig) -> ProbeSettings:
             f"--budget-s: {cfg.budget_s:g} s does not cover one probe of {probe_s:g} s"
         )
     seed = cfg.seed if cfg.seed is not None else ws.seed
-    return ProbeSettings(probe_s, warm, slo, seed, cfg.telemetry, cfg.driver)
+    return ProbeSettings(
+        probe_s, warm, slo, seed, cfg.telemetry, cfg.driver, class_slo_map(ws, slo)
+    )

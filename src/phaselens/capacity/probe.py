@@ -20,6 +20,7 @@ import polars as pl
 
 from phaselens.analysis.latency import describe_metric, request_table, slo_block, throughput
 from phaselens.analysis.stats import fnum
+from phaselens.capacity.classes import judge_classes
 from phaselens.capacity.scale import base_rate, model_rate, scaled_spec
 from phaselens.capacity.transient import mser_cut
 from phaselens.capacity.verdict import (
@@ -41,6 +42,7 @@ from phaselens.driver.state import LiveView, StopHook
 from phaselens.execute import HttpTarget, Options, RunInfo, SimTarget, execute
 from phaselens.rundir.load import load_run
 from phaselens.types import Schedule
+from phaselens.workload.classify import class_manifest
 from phaselens.workload.plan import build_schedule
 from phaselens.workload.spec import WorkloadSpec
 
@@ -57,6 +59,8 @@ class ProbeSettings:
     seed: int
     telemetry: str = "auto"
     driver: DriverOptions | None = None  # None: defaults, a request timeout of probe_s + 60 s
+    # flow-control classes the spec names → the SLO each is judged by (capacity/classes.py)
+    class_slo: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +95,7 @@ class ProbeResult:
     judged_requests: int | None = None  # requests the verdict was taken over (after the cut)
     role: str = "search"  # "stability": asked as the 1.1x stability probe (nextprobe.SearchState)
     superseded: bool = False  # an uncertain light probe re-measured longer: listed, not counted
+    classes: Mapping[str, Any] = field(default_factory=dict)  # per class: its own verdict
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -123,6 +128,7 @@ class ProbeResult:
             "judged_requests": self.judged_requests,
             "role": self.role,
             "superseded": self.superseded,
+            **({"classes": dict(self.classes)} if self.classes else {}),
         }
 
 
@@ -212,7 +218,10 @@ def run_probe(
         name,
         spec.model_dump(mode="json"),
         dict(ps.slo),
-        {"capacity_probe": {"load_scale": scale, "rate_rps": rate, "warmup_s": ps.warmup_s}},
+        {
+            "capacity_probe": {"load_scale": scale, "rate_rps": rate, "warmup_s": ps.warmup_s},
+            **class_manifest(spec, ps.slo),  # each class's SLO over the capacity's own
+        },
     )
     t_start = time.monotonic()
     outcome = execute(schedule, target, options, out_dir, info)
@@ -372,6 +381,7 @@ def judge(
         goodput_ci_rps=gci,
         truncation=cut,
         judged_requests=n,
+        classes=judge_classes(rt, ps.class_slo) if ps.class_slo else {},
     )
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from phaselens.analysis.stats import fnum
+from phaselens.capacity.classes import class_capacity
 from phaselens.capacity.probe import ProbeResult, ProbeSettings
 from phaselens.workload.spec import WorkloadSpec
 
@@ -127,6 +128,7 @@ class CapacityResult:
     serial: Mapping[str, Any] | None = None  # the capacity's targets for n_eff values
     bracket: tuple[float | None, float | None] = (None, None)  # [capacity, upper edge] measured
     blind_band: Mapping[str, Any] | None = None  # what widens the interval's lower end
+    per_class: Mapping[str, Any] | None = None  # a capacity per flow-control class (classes.py)
 
     def to_json(self) -> dict[str, Any]:
         counts = {s: len(ps) for s, ps in by_scale(counted(self.probes)).items()}
@@ -160,6 +162,7 @@ class CapacityResult:
             "notes": list(self.notes),
             "settings": dict(self.settings),
             "target": self.target,
+            **({"per_class": dict(self.per_class)} if self.per_class else {}),
         }
 
 
@@ -323,6 +326,10 @@ def build_result(
         target=target,
         saturation=pred.get("saturation"),
         serial=serial_check(at_lo),
+        per_class=class_capacity(
+            [(p.load_scale, p.rate_rps, p.classes) for p in counted(probes) if p.classes]
+        )
+        or None,
     )
 
 

@@ -218,9 +218,11 @@ def judge_target(
     thr: float,
     rows: I64 | None = None,
     model: str = "*",
+    group: tuple[str, str] | None = None,
 ) -> TargetVerdict:
-    """The point (describe_metric) and its interval, and the verdict against `thr`."""
-    group = ("model", model) if model != "*" else None
+    """The point (describe_metric) and its interval, and the verdict against `thr`. `model`
+    labels the rows (a model's name, or a class's with `group` = ("req_class", name))."""
+    group = group or (("model", model) if model != "*" else None)
     obs = describe_metric(rt, metric, rows, group).get(stat)
     vals, w = _metric_values(rt, metric, rows)
     q = pkey_to_q(stat)

@@ -71,6 +71,11 @@ def summary_lines(res: CapacityResult, path: Path) -> list[str]:
             f"  {m}: {_p(v['capacity_rps'])} req/s [{_p(iv[0])}, {_p(iv[1])}], "
             f"{_p(v['output_tokens_per_s'])} output tok/s"
         )
+    for c, v in (res.per_class or {}).items():
+        out.append(
+            f"  class {c}: its own SLO holds up to {_p(v['capacity_rps'])} req/s "
+            f"(first miss at {_p(v['upper_edge_rps'])} req/s)"
+        )
     b = res.binding
     if b:
         iv = b["interval_ms"]

@@ -540,7 +540,8 @@ def demo(
         f"{schedule.duration_ns / 1e9:.0f} s, models {', '.join(schedule.models)}, on target "
         f"{target} ..."
     )
-    info = dataclasses.replace(RunInfo.of(ws), extra=extra)
+    base = RunInfo.of(ws)
+    info = dataclasses.replace(base, extra={**base.extra, **extra})
     path = execute(schedule, SimTarget(target), out=out, info=info).path
     report, summary = report_from_run(load_run(path), path / "report.html")
     render(summary)

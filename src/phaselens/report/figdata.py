@@ -186,16 +186,19 @@ CDF_METRICS = (
 )
 
 
-def latency_values(rt: RequestTable, cap: int = 200_000) -> dict[str, dict[str, F64]]:
-    """Per metric, per model: the values behind the CDFs (ITL per token, weights expanded).
+def latency_values(
+    rt: RequestTable, cap: int = 200_000, by: str = "model"
+) -> dict[str, dict[str, F64]]:
+    """Per metric, per model (or per `by`, e.g. `req_class`): the values behind the CDFs (ITL
+    per token, weights expanded).
 
     ITL is subsampled to `cap` tokens per model (seeded) — a 400-point CDF does not change.
     """
     out: dict[str, dict[str, F64]] = {k: {} for k, _ in CDF_METRICS}
     ok = rt.frame.with_row_index("_row").filter(pl.col("ok"))
-    model_of_row = rt.frame["model"].to_numpy()
+    model_of_row = rt.frame[by].to_numpy()
     rng = np.random.default_rng(0)
-    for (m,), part in ok.partition_by("model", as_dict=True).items():
+    for (m,), part in ok.partition_by(by, as_dict=True).items():
         for k in ("ttft_ms", "tpot_ms", "e2e_ms"):
             out[k][str(m)] = part[k].drop_nulls().to_numpy().astype(np.float64)
     if rt.itl_ms.shape[0]:

@@ -16,6 +16,7 @@ from phaselens.analysis.latency import RequestTable, request_table
 from phaselens.analysis.phases import Timeline, build_timeline
 from phaselens.analysis.summary import compute
 from phaselens.report import sections as sec
+from phaselens.report.fig_classes import class_cdf_figure, class_rows
 from phaselens.report.fig_finding import window_figure
 from phaselens.report.fig_inside import class_roofline_figure, share_figure, strip_figure
 from phaselens.report.fig_latency import cdf_figure
@@ -64,6 +65,9 @@ def build_context(
         color_by_group={m: model_color(i) for i, m in enumerate(tl.models)},
     )
     figures.append(("cdf", fig_json(cdf)))
+    classes = analysis.get("classes")
+    if isinstance(classes, Mapping) and classes:  # flow-control classes (issue 30)
+        figures.append(("classes", fig_json(class_cdf_figure(rt, classes, run.manifest))))
     phases = analysis.get("phases")
     by_label = sec.phase_by_label(phases)
     has_util = bool(tl.util)
@@ -135,6 +139,7 @@ def build_context(
         "stage_rows": sec.stage_rows(analysis.get("stages")),
         "sessions": analysis.get("sessions"),
         "session_rows": sec.session_rows(analysis.get("sessions")),
+        "class_rows": class_rows(analysis),
         "inside": inside_rows(inside) if isinstance(inside, Mapping) else None,
         "slo_rows": sec.slo_rows(analysis.get("slo")),
         "not_evaluated": [sec.not_evaluated(x) for x in (analysis.get("not_evaluated") or [])],

@@ -14,17 +14,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from phaselens.report.terminal_classes import _f, class_tables
 from phaselens.report.timeline_text import timeline_table
 
 _SEV_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
-
-
-def _f(x: Any, nd: int = 1, unit: str = "") -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:,.{nd}f}{unit}"
-    return f"{x}{unit}"
 
 
 def _latency_table(lat: Mapping[str, Any], title: str) -> Table:
@@ -153,6 +146,8 @@ def render(s: Mapping[str, Any], console: Console | None = None) -> None:
                 "-" if met is None else ("met" if met else "[red]broken[/red]"),
             )
         con.print(t)
+    for item in class_tables(s):
+        con.print(item)
     if s.get("sessions"):
         con.print(_session_table(s["sessions"]))
     ph = s.get("phases") or {}

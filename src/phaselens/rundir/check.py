@@ -148,6 +148,8 @@ MANIFEST_SPEC = _Obj(
             }
         ),
         "slo": _Map(_any),  # checked by _check_slo (a number or {stat: number})
+        "classes": _Map(_Map(_any)),  # flow-control classes (issue 30): name -> their rules
+        "class_slo": _Map(_Map(_any)),  # name -> an slo block, checked by _check_slo
         "stages": _List(
             _Obj(
                 {
@@ -273,6 +275,8 @@ def parse_manifest(path: Path) -> dict[str, Any]:
         )
     _check(MANIFEST_SPEC, data, "", mf)
     _check_slo(data.get("slo") or {}, mf)
+    for cls_slo in (data.get("class_slo") or {}).values():
+        _check_slo(cls_slo, mf)
     return data
 
 

@@ -8,6 +8,8 @@ plans the same schedule as before.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -71,12 +73,36 @@ def assign_classes(spec: WorkloadSpec, schedule: Schedule) -> Schedule:
     )
 
 
-def class_slos(spec: WorkloadSpec) -> dict[str, dict[str, dict[str, float]]]:
-    """Each named class's SLO: the spec's, with the class's own metrics replacing it metric by
-    metric (what manifests store as `class_slo`; classes without their own SLO are left out)."""
-    base = spec.slo.as_dict()
+def class_slos(
+    spec: WorkloadSpec, base_slo: Mapping[str, Any] | None = None
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Each named class's SLO: the spec's (or `base_slo`, e.g. capacity's `--slo`), with the
+    class's own metrics replacing it metric by metric (what manifests store as `class_slo`;
+    classes without their own SLO are left out)."""
+    base = spec.slo.as_dict() if base_slo is None else {k: dict(v) for k, v in base_slo.items()}
     out: dict[str, dict[str, dict[str, float]]] = {}
     for c in spec.classes:
         if c.slo is not None:
             out[c.name] = {**base, **SLOSpec.as_dict(c.slo)}
     return out
+
+
+def class_manifest(spec: WorkloadSpec, base_slo: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What a run's manifest records of the spec's classes (docs/run-format.md): `classes`
+    (name → priority, tenant, models, input_tokens, slo) and `class_slo` (`class_slos`); empty
+    for a spec without classes, so older manifests read unchanged."""
+    if not spec.classes:
+        return {}
+    return {
+        "classes": {
+            c.name: {
+                "priority": c.priority,
+                "tenant": c.tenant,
+                "models": None if c.models is None else list(c.models),
+                "input_tokens": {"ge": c.input_tokens.ge, "lt": c.input_tokens.lt},
+                "slo": None if c.slo is None else c.slo.as_dict(),
+            }
+            for c in spec.classes
+        },
+        "class_slo": class_slos(spec, base_slo),
+    }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from phaselens.analysis.findings.base import Analysis, Missing, Rule
+from phaselens.analysis.findings.hol import head_of_line
 from phaselens.analysis.findings.host import host_gap
 from phaselens.analysis.findings.inside import (
     exposed_comm,
@@ -28,6 +29,7 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("burst-driven", burst_driven),
     ("long-tail-drag", long_tail_drag),
     ("prefill-interference", prefill_interference),
+    ("head-of-line-blocking", head_of_line),
     ("kv-pressure", kv_pressure),
     ("host-gap", host_gap),
     ("host-bound-steps", host_bound_steps),
