@@ -435,3 +435,12 @@ def test_a_trickling_server_cannot_hold_the_preflight(
         f"phaselens: warning: preflight: a server did not finish answering within "
         f"{PREFLIGHT_DEADLINE_S:g} s (all probes together); going on without its answer"
     ) in err.splitlines()
+
+
+def test_the_progress_line_counts_shed_apart_from_errors() -> None:
+    from phaselens.driver.progress import ProgressLine
+    from phaselens.driver.state import LiveStats
+
+    st = LiveStats(sent=5, done=5, errors=1, shed=3)
+    line = ProgressLine(lambda: st, 10.0, 5, 0).line(now_ns=2_000_000_000).plain
+    assert "sent 5/5" in line and "1 errors  3 shed" in line
