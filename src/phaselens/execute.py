@@ -64,6 +64,9 @@ OPTION_FLAGS: Mapping[str, str] = {
     "stop_when": "stop_when",
     "profile": "--profile",
     "profile_dir": "--profile-dir",
+    "priority_convention": "--priority-convention",
+    "priority_signs": "--priority-convention",  # (resolved from it by the driver's preflight)
+    "retry_after": "--retry-after",
 }
 _RUN_FIELDS = (
     "workers",

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
+from aiohttp import web
 from tests.builders import schedule
 from tests.fakes import FAKESERVER
 
@@ -69,3 +72,35 @@ def make_schedule(
         seed=1,
         duration_ns=end,
     )
+
+
+@contextmanager
+def app_server(build: Callable[[web.Application], None]) -> Iterator[str]:
+    """An aiohttp app (`build` adds its routes) on 127.0.0.1 in a thread; yields its URL."""
+    ready = threading.Event()
+    box: dict[str, object] = {}
+
+    async def main() -> None:
+        app = web.Application()
+        build(app)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        box["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        stop = box["stop"] = asyncio.Event()
+        box["loop"] = asyncio.get_running_loop()
+        ready.set()
+        await stop.wait()
+        await runner.cleanup()
+
+    t = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    t.start()
+    assert ready.wait(10)
+    try:
+        yield f"http://127.0.0.1:{box['port']}"
+    finally:
+        loop, stop = box["loop"], box["stop"]
+        assert isinstance(loop, asyncio.AbstractEventLoop) and isinstance(stop, asyncio.Event)
+        loop.call_soon_threadsafe(stop.set)
+        t.join(10)

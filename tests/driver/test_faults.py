@@ -25,8 +25,8 @@ EXPECT: dict[str, tuple[str, int | None, str, int]] = {
     "noend": ("ok", 200, "", 4),
     "500body": ("http_error", 500, "HTTP 500 Internal Server Error: fault 500body", 0),
     "500": ("http_error", 500, "HTTP 500 Internal Server Error", 0),
-    "429body": ("http_error", 429, "HTTP 429 Too Many Requests: fault 429body", 0),
-    "429": ("http_error", 429, "HTTP 429 Too Many Requests", 0),
+    "429body": ("shed", 429, "HTTP 429 Too Many Requests: fault 429body", 0),  # issue 30
+    "429": ("shed", 429, "HTTP 429 Too Many Requests", 0),
     "reset": ("disconnected", 200, "connection lost mid-body: ConnectionResetError", 2),
     "stall": ("timeout", 200, "timeout: no data for --idle-timeout 1 s", 2),
     "malformed": ("ok", 200, "", 4),

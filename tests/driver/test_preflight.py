@@ -4,9 +4,7 @@ manifest; a server without those endpoints (or a slow one) never fails the run."
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,7 +17,7 @@ from phaselens.driver.options import DriverOptions
 from phaselens.driver.preflight import context_notes, server_context
 from phaselens.execute import HttpTarget, Options, execute
 
-from .conftest import fake_server, make_schedule
+from .conftest import app_server, fake_server, make_schedule
 
 # Shapes as the servers print them (abridged to the fields around the one we read).
 LLAMA_PROPS = {
@@ -71,41 +69,21 @@ def info_server(
 ) -> Iterator[tuple[str, list[dict[str, str]]]]:
     """A tiny aiohttp server on 127.0.0.1 in a thread; yields its URL and the request log."""
     seen: list[dict[str, str]] = []
-    ready = threading.Event()
-    box: dict[str, Any] = {}
 
-    async def main() -> None:
-        app = web.Application()
+    def wrap(fn: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
+        async def h(request: web.Request) -> web.StreamResponse:
+            seen.append({"path": request.path_qs, **dict(request.headers)})
+            resp: web.StreamResponse = await fn(request)
+            return resp
 
-        def wrap(fn: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
-            async def h(request: web.Request) -> web.StreamResponse:
-                seen.append({"path": request.path_qs, **dict(request.headers)})
-                resp: web.StreamResponse = await fn(request)
-                return resp
+        return h
 
-            return h
-
+    def build(app: web.Application) -> None:
         for path, fn in routes.items():
             app.router.add_get(path, wrap(fn))
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        box["port"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        box["stop"] = asyncio.Event()
-        box["loop"] = asyncio.get_running_loop()
-        ready.set()
-        await box["stop"].wait()
-        await runner.cleanup()
 
-    t = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
-    t.start()
-    assert ready.wait(10)
-    try:
-        yield f"http://127.0.0.1:{box['port']}", seen
-    finally:
-        box["loop"].call_soon_threadsafe(box["stop"].set)
-        t.join(10)
+    with app_server(build) as url:
+        yield url, seen
 
 
 def _json(obj: Any) -> Callable[[web.Request], Any]:

@@ -38,6 +38,7 @@ from phaselens.capacity.verdict import (
     wilson_interval,
 )
 from phaselens.driver.options import DriverOptions
+from phaselens.driver.shed import refusal
 from phaselens.driver.state import LiveView, StopHook
 from phaselens.execute import HttpTarget, Options, RunInfo, SimTarget, execute
 from phaselens.rundir.load import load_run
@@ -96,6 +97,7 @@ class ProbeResult:
     role: str = "search"  # "stability": asked as the 1.1x stability probe (nextprobe.SearchState)
     superseded: bool = False  # an uncertain light probe re-measured longer: listed, not counted
     classes: Mapping[str, Any] = field(default_factory=dict)  # per class: its own verdict
+    refused: str | None = None  # every request refused or shed: nothing measured (`refusal`)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -240,7 +242,7 @@ def run_probe(
         if hit is not None:
             stopped = f"{hit[1]} (rule applied to the simulated records at {hit[0]} s)"
             seconds = float(hit[0])
-    return judge(
+    res = judge(
         req,
         ps,
         scale,
@@ -254,6 +256,8 @@ def run_probe(
         interrupted=interrupted,
         client_lag_ms=client_lag(run.manifest),
     )
+    refused = refusal(req["status"].to_list(), req["http_status"].to_list())
+    return replace(res, refused=refused) if refused else res
 
 
 def schedule_counts(schedule: Schedule) -> dict[str, int]:

@@ -107,6 +107,13 @@ def find_capacity(
         gone = None
         if lo is None and st == "complete" and search.probes:
             gone = unreachable(search.probes, search.floor, ps.slo, ps.warmup_s)
+        if st == "complete" and search.probes and search.probes[-1].refused:
+            last = search.probes[-1]
+            gone = {
+                "message": f"the search stopped at {last.rate_rps:.3g} req/s: {last.refused}",
+                "lowest_rate_rps": last.rate_rps,
+                "floors": [],
+            }
         res = build_result(
             ws,
             ps,
@@ -150,6 +157,9 @@ def find_capacity(
             on_probe(p)
         if p.interrupted:
             status = "interrupted"
+            return False
+        if p.refused:  # a server that is not there (or sheds everything): lower loads won't help
+            status = "refused"
             return False
         return True
 
@@ -212,6 +222,9 @@ def find_capacity(
                 status = "complete"
     except KeyboardInterrupt:
         status = "interrupted"
+    if status == "refused":  # one line (the CLI prints it as the answer): nothing measured
+        notes.append("the search stopped after its first probe whose every request was refused")
+        return save("complete")
     tail = tail_decided(search.probes)
     if tail:
         notes.append(tail)

@@ -218,7 +218,8 @@ _OPTION_OF = {
     "no_optional": "optional_fields", "no_optional_for": "plain_models",
     "tokenizer": "tokenizer", "loop": "event_loop", "telemetry": "telemetry",
     "telemetry_interval": "telemetry_interval_s", "profile": "profile",
-    "profile_dir": "profile_dir",
+    "profile_dir": "profile_dir", "priority_convention": "priority_convention",
+    "retry_after": "retry_after",
 }  # fmt: skip
 
 
@@ -311,6 +312,21 @@ def run(
         Optional[list[str]],  # noqa: UP045
         typer.Option("--no-optional-fields-for", help="The same for one model's requests."),
     ] = None,
+    priority_convention: Annotated[
+        str,
+        typer.Option(
+            "--priority-convention",
+            help="Priority on the wire: auto (by engine), lower-first, higher-first, off.",
+        ),
+    ] = "auto",
+    retry_after: Annotated[
+        int,
+        typer.Option(
+            "--retry-after",
+            min=0,
+            help="Re-send a 429/503 at most N times, when the server's Retry-After says.",
+        ),
+    ] = 0,
     tokenizer: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option("--tokenizer", help="Local tokenizer.json for exact prompt lengths."),
@@ -423,6 +439,8 @@ def run(
         idle_timeout_s=idle_timeout,
         optional_fields=not no_optional,
         plain_models=tuple(no_optional_for or ()),
+        priority_convention=priority_convention,
+        retry_after=retry_after,
         event_loop=loop,
         tokenizer=tokenizer,
         prompt_seed=ws.seed,

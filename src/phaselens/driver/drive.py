@@ -23,7 +23,9 @@ from phaselens.driver.eventloop import relay_stop, resolve_loop, run_loop
 from phaselens.driver.fleet import WorkerPool, node_checks, owners, unrecorded
 from phaselens.driver.options import DriverOptions, check_targets
 from phaselens.driver.packed import scrub_batch
-from phaselens.driver.preflight import context_preflight
+from phaselens.driver.preflight import context_preflight, probe_headers
+from phaselens.driver.priority import final_entry, plan_priority
+from phaselens.driver.probe_http import PREFLIGHT_DEADLINE_S, Deadline
 from phaselens.driver.profiling import (
     ProfileSetup,
     finish_windows,
@@ -66,6 +68,7 @@ class DrivePlan:
     secrets: Secrets
     manifest: dict[str, Any]  # the driver's own manifest entries (targets, driver, preflight)
     profile: ProfileSetup | None = None  # --profile: the windows and each server's engine
+    options: DriverOptions | None = None  # the options as resolved (each model's priority sign)
 
 
 def plan_drive(
@@ -113,8 +116,18 @@ def plan_drive(
             "tokenizer": options.tokenizer,
         },
     }
-    if preflight:
-        manifest.update(context_preflight(schedule, targets, options))
+    deadline = Deadline(PREFLIGHT_DEADLINE_S) if preflight else None
+    if deadline is not None:
+        manifest.update(context_preflight(schedule, targets, options, deadline))
+    signs, manifest["driver"]["priority"] = plan_priority(
+        schedule,
+        targets,
+        options.priority_convention,
+        lambda base: probe_headers(base, options.headers, options.api_key),
+        deadline,
+    )
+    manifest["driver"]["retry_after"] = options.retry_after
+    options = dataclasses.replace(options, priority_signs=signs)
     if _telemetry_on(telemetry):
         parse_telemetry(telemetry, sorted(set(targets.values())))  # bad spec: fail before the run
     setup = None
@@ -123,7 +136,7 @@ def plan_drive(
         manifest["profile"] = manifest_entry(setup)
     elif profile_dir is not None:
         raise InputError("--profile-dir: give --profile WINDOWS too (docs/timeline.md)")
-    return DrivePlan(loop_kind, prompts, secrets, scrub_json(manifest, secrets), setup)
+    return DrivePlan(loop_kind, prompts, secrets, scrub_json(manifest, secrets), setup, options)
 
 
 def target_label(targets: Mapping[str, str]) -> str:
@@ -158,6 +171,7 @@ def drive(
     `pool`: where the workers run (default: `--workers` processes on this host; `raypool`).
     """
     loop_kind, prompts, secrets = plan.loop_kind, plan.prompts, plan.secrets
+    options = plan.options or options
     wt = WriterThread(writer)
     stats = LiveStats()
     stop = threading.Event()
@@ -334,7 +348,10 @@ def drive(
     wt.join()
     send = np.concatenate([s.send_lags_ns for s in summaries]) if summaries else np.zeros(0)
     loop = np.concatenate([s.loop_lags_ns for s in summaries]) if summaries else np.zeros(0)
-    v = verdict(send, loop, workers, wt.scale, same_host(targets.values()))
+    shed_only = all(  # every request that did not succeed was shed: the server's answer
+        st in ("ok", "shed") for s in summaries for st, n in s.by_status.items() if n
+    ) and any(s.by_status.get("shed") for s in summaries)
+    v = verdict(send, loop, workers, wt.scale, same_host(targets.values()), shed_only=shed_only)
     reasons, warns, nodes = list(v.invalid_reasons), list(v.warnings), None
     if pool is not None:  # each node judged on its own: a reason names its node
         more, wmore, nodes = node_checks(results, wt.scale, same_host(targets.values()))
@@ -377,6 +394,14 @@ def drive(
         },
         workers=worker_info,
         optional_fields_rejected_by=dropped,
+        priority_on_wire=scrub_json(
+            final_entry(
+                plan.manifest.get("driver", {}).get("priority", {}),
+                {redact_url(u): w for s in summaries for u, w in s.priority_dropped},
+            ),
+            secrets,
+        ),
+        shed_resends=sum(s.resends for s in summaries),
         error=failure or wt.error or None,
         ended_perf_ns=time.perf_counter_ns() - t0 if t0 else None,
         **({"stopped_early": stopped[0]} if stopped else {}),
@@ -410,7 +435,7 @@ def _watch(
         el = (time.perf_counter_ns() - t0) / 1e9
         due = int(np.searchsorted(schedule.t_ns, int(el * 1e9), side="right"))
         s = stats
-        view = LiveView(el, len(schedule), due, s.sent, s.inflight, s.done, s.errors)
+        view = LiveView(el, len(schedule), due, s.sent, s.inflight, s.done, s.errors, s.shed)
         reason = hook(view)
         if reason:
             stopped.append(reason)

@@ -13,6 +13,8 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from phaselens.driver.openai import StreamParser, error_text
+from phaselens.driver.priority import names_priority
+from phaselens.driver.shed import SHED_STATUSES, resend_wait_ns
 from phaselens.driver.state import Flight, RunState
 from phaselens.driver.transport import (
     DRAIN,
@@ -84,6 +86,8 @@ def send_now(d: RunState, i: int, body: bytes, optional: bool) -> Started | None
     m = int(d.s.model_idx[i])
     if optional != d.optional(i, d.urls[m]):
         return None
+    if d.prio_planned(i) and d.prio_value(i) is None:
+        return None  # the body was built with a priority its target has since refused
     ready = time.perf_counter_ns()
     sent = transport.write_idle(d.targets[m], d.wire(i, body))
     if sent is None:
@@ -130,7 +134,8 @@ async def run_one(
             d.send_lags.append(ready - t0 - scheduled)
             optional = d.optional(i, url)
             parser = d.parser(i, optional)
-            if prompt_body is None or built_optional != optional:
+            stale = d.prio_planned(i) and d.prio_value(i) is None  # (built with it: dropped)
+            if prompt_body is None or built_optional != optional or stale:
                 body = d.body(i, optional)
             else:
                 body = prompt_body
@@ -143,37 +148,71 @@ async def run_one(
             d.stats.sent += 1
             d.stats.inflight += 1
             try:
-                for attempt in (0, 1):
+                first, opt_retried, prio_retried, resends, pause = True, False, False, 0, 0
+                while True:
+                    if pause:
+                        await asyncio.sleep(pause / 1e9)
+                        pause = 0
                     conn, head = await transport.exchange(
                         d.targets[m],
                         d.wire(i, body),
-                        (started.conn, started.head) if started and not attempt else None,
+                        (started.conn, started.head) if started and first else None,
                     )
+                    first = False
                     try:
                         http_status = head.status
                         ctype = head.headers.get("content-type", "?")
                         if head.status >= 300:
                             eb = _ErrorBody()
                             await conn.read_body(eb)
-                            if head.status in (400, 422) and attempt == 0 and optional:
-                                body = d.body(i, False)
-                                optional = False
-                                parser = d.parser(i, False)
-                                continue  # retry once without the optional fields
+                            ebody = eb.bytes()
+                            if head.status in (400, 422):
+                                # the priority field and the optional fields are dropped apart:
+                                # an answer naming `priority` drops only it (once per target)
+                                if (
+                                    not prio_retried
+                                    and d.prio_value(i) is not None
+                                    and names_priority(ebody)
+                                ):
+                                    prio_retried = True
+                                    d.drop_priority(
+                                        url, error_text(head.status, head.reason, ebody)
+                                    )
+                                    body = d.body(i, optional)
+                                    continue
+                                if optional and not opt_retried:
+                                    opt_retried, optional = True, False
+                                    body = d.body(i, False)
+                                    parser = d.parser(i, False)
+                                    continue  # retry once without the optional fields
+                            if head.status in SHED_STATUSES:
+                                wait = resend_wait_ns(
+                                    head.headers,
+                                    resends,
+                                    d.o.retry_after,
+                                    clock() - t0,
+                                    d.run_end_ns,
+                                )
+                                if wait is not None:  # the server asked for a later re-send
+                                    resends += 1
+                                    d.resends += 1
+                                    pause = wait
+                                    continue  # (the connection is given back first)
+                            shed = head.status in SHED_STATUSES
                             d.emit(
                                 d.record(
                                     i,
                                     scheduled,
-                                    "http_error",
+                                    "shed" if shed else "http_error",
                                     sent_ns=sent,
                                     end_ns=clock() - t0,
                                     http_status=head.status,
-                                    error=error_text(head.status, head.reason, eb.bytes()),
+                                    error=error_text(head.status, head.reason, ebody),
                                 ),
                                 i,
                             )
                             return
-                        if attempt == 1:
+                        if opt_retried:
                             d.no_optional.add(url)  # remember: this target rejects them
                             d.rejected.add(url)
                         conn.last_ns = clock()

@@ -18,6 +18,7 @@ from phaselens.inputs.urls import check_url
 from phaselens.types import Schedule
 
 PACINGS = ("auto", "timerfd", "spin")
+PRIORITY_CONVENTIONS = ("auto", "lower-first", "higher-first", "off")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,12 @@ class DriverOptions:
     max_event_bytes: int = 64 << 20
     event_loop: str = "auto"  # auto (uvloop when installed) | asyncio | uvloop
     session_headers: Mapping[str, str] = field(default_factory=dict)  # model -> header name
+    # --priority-convention (driver/priority.py): auto | lower-first | higher-first | off
+    priority_convention: str = "auto"
+    # per model, the sign its priority is sent with (+1, -1, 0: not sent), set by plan_drive
+    # from the convention and each target's engine; None: from the convention alone
+    priority_signs: Mapping[str, int] | None = None
+    retry_after: int = 0  # --retry-after N: re-sends of a shed (429/503) request, at most
 
     def validate(self) -> None:
         """Reject impossible values with one clear line (the CLI exits 2)."""
@@ -58,6 +65,13 @@ class DriverOptions:
             bad = check_header(hk, hv)
             if bad is not None:
                 raise InputError(f"--header: {bad}")
+        if self.priority_convention not in PRIORITY_CONVENTIONS:
+            raise InputError(
+                "--priority-convention: expected one of "
+                f"{', '.join(PRIORITY_CONVENTIONS)}, got {self.priority_convention!r}"
+            )
+        if self.retry_after < 0:
+            raise InputError(f"--retry-after: expected an integer >= 0, got {self.retry_after}")
         if self.endpoint not in ENDPOINTS:
             raise InputError(f"--endpoint: expected completions or chat, got {self.endpoint!r}")
 

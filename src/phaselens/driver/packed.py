@@ -37,8 +37,9 @@ class Packed:
     cols: RequestColumns
     scale: LatencyScale
     failures: list[str]
-    errors: int  # records whose status is not ok (the live counts)
+    errors: int  # records whose status is neither ok nor shed (the live counts)
     output_tokens: int
+    shed: int = 0  # records the server shed (429/503)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -71,7 +72,7 @@ def pack(records: Sequence[RequestRecord]) -> Packed:
     cols = RequestColumns()
     scale = LatencyScale()
     failures: list[str] = []
-    errors = tokens = 0
+    errors = tokens = shed = 0
     seen: set[int] = set()
     for r in records:
         if r.id in seen:
@@ -91,10 +92,11 @@ def pack(records: Sequence[RequestRecord]) -> Packed:
         ids.append(r.id)
         lines.append(request_line(r, token_ns))
         cols.append_checked(r, token_ns)
-        errors += r.status != "ok"
+        shed += r.status == "shed"
+        errors += r.status not in ("ok", "shed")
         tokens += r.output_tokens
     scale.flush()
-    return Packed(ids, lines, cols, scale, failures, errors, tokens)
+    return Packed(ids, lines, cols, scale, failures, errors, tokens, shed)
 
 
 def unpack(p: Packed) -> list[RequestRecord]:

@@ -4,15 +4,14 @@ Why: a request longer than the server's context comes back as an HTTP 400, and a
 says little more than "30 HTTP 400s". The context is knowable before sending: llama.cpp's
 `GET /props` (`default_generation_settings.n_ctx`, the context of one slot; or a top-level
 `n_ctx`), vLLM's `GET /v1/models` (`data[].max_model_len`, per served model). Best-effort:
-a short timeout, any failure means "unknown", and the run never fails because of it.
+every probe of a run together ends within `PREFLIGHT_DEADLINE_S` (probe_http.py: a server
+that trickles its answer cannot hold the run), any failure means "unknown", and the run never
+fails because of it.
 """
 
 from __future__ import annotations
 
-import json
 import sys
-import time
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,11 +20,10 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from phaselens.driver.options import DriverOptions
+from phaselens.driver.probe_http import PREFLIGHT_DEADLINE_S, Deadline, get_json
 from phaselens.inputs.redact import basic_auth, redact_url
 from phaselens.types import Schedule
 
-PROBE_TIMEOUT_S = 2.0  # per target, both probes together
-_MAX_BODY = 4 << 20  # a /props or /v1/models answer larger than this is not read
 _MAX_CONTEXT = 1 << 40  # a context beyond this is not a number we believe
 
 
@@ -56,7 +54,7 @@ class ContextNote:
         )
 
 
-def _root(base: str) -> tuple[str, str]:
+def server_root(base: str) -> tuple[str, str]:
     """The server's root URL without userinfo (its OpenAI path removed), and its query."""
     p = urlsplit(base)
     path = p.path.rstrip("/")
@@ -67,32 +65,6 @@ def _root(base: str) -> tuple[str, str]:
     path = path.removesuffix("/v1").rstrip("/")
     host = p.netloc.rpartition("@")[2]
     return f"{p.scheme}://{host}{path}", (f"?{p.query}" if p.query else "")
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is not followed: the credentials must not travel to another address."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-# No proxies (as the driver's own client: straight to the target), no redirects.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
-
-
-def _get_json(url: str, headers: Mapping[str, str], timeout_s: float) -> Any:
-    """The JSON at `url`, or None for any failure (missing endpoint, not JSON, too slow)."""
-    if timeout_s <= 0:
-        return None
-    try:
-        req = urllib.request.Request(url, headers=dict(headers))
-        with _OPENER.open(req, timeout=timeout_s) as resp:
-            body = resp.read(_MAX_BODY + 1)
-        if len(body) > _MAX_BODY:
-            return None
-        return json.loads(body)
-    except Exception:  # best-effort: the run goes on without the answer
-        return None
 
 
 def _tokens(v: Any) -> int | None:
@@ -122,22 +94,21 @@ def _from_models(obj: Any, served: str) -> int | None:
 
 
 def server_context(
-    base: str, served: str, headers: Mapping[str, str], timeout_s: float = PROBE_TIMEOUT_S
+    base: str, served: str, headers: Mapping[str, str], deadline: Deadline | None = None
 ) -> ContextLimit | None:
     """The context of the server at `base` for model `served`, or None when unknowable."""
-    deadline = time.monotonic() + timeout_s
-    root, query = _root(base)
-    n = _from_props(_get_json(f"{root}/props{query}", headers, timeout_s))
+    deadline = deadline or Deadline(PREFLIGHT_DEADLINE_S)
+    root, query = server_root(base)
+    n = _from_props(get_json(f"{root}/props{query}", headers, deadline))
     if n is not None:
         return ContextLimit(n, "llama.cpp /props n_ctx")
-    left = deadline - time.monotonic()
-    n = _from_models(_get_json(f"{root}/v1/models{query}", headers, left), served)
+    n = _from_models(get_json(f"{root}/v1/models{query}", headers, deadline), served)
     if n is not None:
         return ContextLimit(n, "/v1/models max_model_len")
     return None
 
 
-def _probe_headers(base: str, headers: Mapping[str, str], api_key: str | None) -> dict[str, str]:
+def probe_headers(base: str, headers: Mapping[str, str], api_key: str | None) -> dict[str, str]:
     """What the requests will carry: the user's headers and the same Authorization."""
     out = {k: v for k, v in headers.items() if k.lower() not in ("host", "content-length")}
     auth = f"Bearer {api_key}" if api_key else basic_auth(base)
@@ -154,7 +125,7 @@ def context_notes(
     model_map: Mapping[str, str],
     headers: Mapping[str, str],
     api_key: str | None,
-    timeout_s: float = PROBE_TIMEOUT_S,
+    deadline: Deadline | None = None,
 ) -> list[ContextNote]:
     """One note per (target, model) whose server's context is known (`over` may be 0)."""
     total = np.asarray(schedule.input_tokens, dtype=np.float64) + np.asarray(
@@ -162,6 +133,7 @@ def context_notes(
     )
     notes: list[ContextNote] = []
     cache: dict[tuple[str, str], ContextLimit | None] = {}
+    deadline = deadline or Deadline(PREFLIGHT_DEADLINE_S)
     for k, model in enumerate(schedule.models):
         base = targets.get(model, targets.get("*"))
         mask = np.asarray(schedule.model_idx) == k
@@ -172,7 +144,7 @@ def context_notes(
         key = (base, served)
         if key not in cache:
             cache[key] = server_context(
-                base, served, _probe_headers(base, headers, api_key), timeout_s
+                base, served, probe_headers(base, headers, api_key), deadline
             )
         limit = cache[key]
         if limit is None:
@@ -183,11 +155,24 @@ def context_notes(
 
 
 def context_preflight(
-    schedule: Schedule, targets: Mapping[str, str], options: DriverOptions
+    schedule: Schedule,
+    targets: Mapping[str, str],
+    options: DriverOptions,
+    deadline: Deadline | None = None,
 ) -> dict[str, Any]:
     """Manifest fields on the servers' context lengths; a warning line per target and model
-    whose planned requests exceed it (best-effort: see preflight.py)."""
-    notes = context_notes(schedule, targets, options.model_map, options.headers, options.api_key)
+    whose planned requests exceed it (best-effort: see preflight.py). One line when the
+    deadline cut a probe short (the run goes on without that answer)."""
+    deadline = deadline or Deadline(PREFLIGHT_DEADLINE_S)
+    notes = context_notes(
+        schedule, targets, options.model_map, options.headers, options.api_key, deadline
+    )
+    if deadline.hit:
+        print(
+            f"phaselens: warning: preflight: a server did not finish answering within "
+            f"{deadline.seconds:g} s (all probes together); going on without its answer",
+            file=sys.stderr,
+        )
     if not notes:
         return {}
     # Without a tokenizer the synthesized prompt's real token count is the server's to say:

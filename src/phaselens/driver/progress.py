@@ -1,4 +1,4 @@
-"""The live progress line: elapsed/planned, sent, in flight, done, errors, req/s, output tok/s.
+"""The live progress line: elapsed/planned, sent, in flight, done, errors, shed, req/s, tok/s.
 
 Why a thread: rendering must not run on the event loop that stamps chunk arrivals. The line
 reads plain integer counters (a torn read costs one stale number, never a wrong record).
@@ -52,6 +52,8 @@ class ProgressLine:
         rps = (s.done - d_a) / dt if dt > 0 else 0.0
         tps = (s.output_tokens - o_a) / dt if dt > 0 else 0.0
         err = f"[red]{s.errors} errors[/red]" if s.errors else "0 errors"
+        if s.shed:  # the server's refusals (429/503), apart from the errors
+            err += f"  [yellow]{s.shed} shed[/yellow]"
         return Text.from_markup(
             f"{el:6.1f}/{self._planned_s:.1f} s  sent {s.sent}/{self._total}  "
             f"in flight {s.inflight}  done {s.done}  {err}  {rps:.1f} req/s  {tps:.0f} tok/s"

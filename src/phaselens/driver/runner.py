@@ -43,6 +43,8 @@ class RunSummary:
     token_methods: Mapping[str, int]  # streams counted by `usage` / `chunks`
     dropped_optional: tuple[str, ...]  # target URLs that rejected the optional fields
     interrupted: bool
+    priority_dropped: tuple[tuple[str, str], ...] = ()  # (target URL, its answer)
+    resends: int = 0  # re-sends of shed requests (--retry-after)
 
 
 CLIENT_PERIOD_S = 0.5
@@ -199,4 +201,6 @@ async def run_schedule(
         token_methods=dict(d.methods),
         dropped_optional=tuple(sorted(d.rejected)),
         interrupted=d.stop.is_set(),
+        priority_dropped=tuple(sorted(d.no_priority.items())),
+        resends=d.resends,
     )

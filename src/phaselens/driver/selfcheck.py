@@ -259,11 +259,15 @@ def verdict(
     scale: LatencyScale | None = None,
     local: bool = False,
     cpus: int | None = None,
+    shed_only: bool = False,
 ) -> Verdict:
     """Decide validity from the send lags (one per sent request) and the loop lags.
 
     Without a `scale` (no request succeeded: nothing measured to compare with) a p99 over its
-    floor is INVALID, as it cannot be shown harmless. `cpus` defaults to os.cpu_count().
+    floor is INVALID, as it cannot be shown harmless — unless `shed_only`: every request that
+    failed was shed (429/503), the server's answer to the load, not the client's failure; then
+    there is no latency the lag could distort and it is a warning. `cpus` defaults to
+    os.cpu_count().
     """
     send_p99 = _p99(send_lags_ns)
     loop_p99 = _p99(loop_lags_ns)
@@ -290,7 +294,9 @@ def verdict(
         if p99 <= floor:
             continue
         head = f"client-bound: {what} p99 {p99 / 1e6:.2f} ms > {floor / 1e6:g} ms{why}"
-        if ref is None:
+        if ref is None and shed_only:
+            warns.append(f"{head}; no request succeeded (all shed): no latency it distorts")
+        elif ref is None:
             reasons.append(f"{head}; {tip}")
         elif p99 > MAX_LAG_SHARE * ref:
             reasons.append(

@@ -208,9 +208,11 @@ class Intake:
             stats.done += len(done)
             if isinstance(done, Packed):
                 stats.errors += done.errors
+                stats.shed += done.shed
                 stats.output_tokens += done.output_tokens
             else:
-                stats.errors += sum(r.status != "ok" for r in done)
+                stats.shed += sum(r.status == "shed" for r in done)
+                stats.errors += sum(r.status not in ("ok", "shed") for r in done)
                 stats.output_tokens += sum(r.output_tokens for r in done)
         elif kind == "tel":
             self.on_samples(msg[2])

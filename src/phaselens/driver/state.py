@@ -24,9 +24,11 @@ from phaselens.driver.history import (
 )
 from phaselens.driver.openai import StreamParser, build_body
 from phaselens.driver.options import DriverOptions, check_targets, route
+from phaselens.driver.priority import default_signs, say_dropped
 from phaselens.driver.prompts import PromptMaker
 from phaselens.driver.request import fixed_head, wire
 from phaselens.driver.transport import Endpoint, Response, Transport
+from phaselens.inputs.redact import redact_url
 from phaselens.types import Message, RequestRecord, Schedule, Status
 
 RecordSink = Callable[[RequestRecord], None]
@@ -41,6 +43,7 @@ class LiveStats:
     done: int = 0
     errors: int = 0
     output_tokens: int = 0
+    shed: int = 0  # answered 429/503: the server's refusal, counted apart from errors
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,7 @@ class LiveView:
     inflight: int
     done: int
     errors: int
+    shed: int = 0
 
 
 StopHook = Callable[[LiveView], "str | None"]
@@ -105,6 +109,13 @@ class RunState:
         self.plain_idx = {k for k, m in enumerate(schedule.models) if m in options.plain_models}
         self.no_optional: set[str] = set() if options.optional_fields else set(self.urls)
         self.rejected: set[str] = set()  # targets that answered 400/422 to the optional fields
+        signs = options.priority_signs
+        if signs is None:
+            signs = default_signs(schedule, options.priority_convention)
+        self.prio_sign = [int(signs.get(m, 0)) for m in schedule.models]
+        self.no_priority: dict[str, str] = {}  # target URL -> why it refused the priority
+        self.resends = 0  # re-sends of shed requests (--retry-after)
+        self.run_end_ns = int(schedule.t_ns[-1]) if len(schedule) else 0
         self.flights: set[Flight] = set()
         self.recorded = np.zeros(len(schedule), dtype=bool)
         self.send_lags: list[int] = []
@@ -161,6 +172,24 @@ class RunState:
         """Send the optional fields with request i? (per model, and per target's answers)"""
         return url not in self.no_optional and int(self.s.model_idx[i]) not in self.plain_idx
 
+    def prio_planned(self, i: int) -> bool:
+        """Is request i's priority meant for the wire (before any target refused it)?"""
+        return self.prio_sign[int(self.s.model_idx[i])] != 0
+
+    def prio_value(self, i: int) -> int | None:
+        """The priority request i carries on the wire now, in its target's convention."""
+        m = int(self.s.model_idx[i])
+        sign = self.prio_sign[m]
+        if not sign or self.urls[m] in self.no_priority:
+            return None
+        return sign * int(self.s.priority[i])
+
+    def drop_priority(self, url: str, why: str) -> None:
+        """Target `url` refused the priority field: say so once, never send it there again."""
+        if url not in self.no_priority:
+            self.no_priority[url] = why
+            say_dropped(redact_url(url), why)
+
     def rid(self, row: int) -> int:
         """The request id of a schedule row (a shard keeps its original ids)."""
         ids = self.s.ids
@@ -168,6 +197,10 @@ class RunState:
 
     def body(self, i: int, optional: bool) -> bytes:
         p = self.s.prompts
+        extra = self.o.extra_body
+        prio = self.prio_value(i)
+        if prio is not None:  # (the user's extra_body wins)
+            extra = {"priority": prio, **extra}
         msgs: tuple[Message, ...] | None = None
         if p is not None and p.row[i] >= 0:  # real text (a dataset row or a logged request)
             msgs = p.messages(i)
@@ -184,7 +217,7 @@ class RunState:
                 "",
                 int(self.s.output_tokens[i]),
                 optional=optional,
-                extra=self.o.extra_body,
+                extra=extra,
                 messages=msgs,
             )
         req = self.s[i]
@@ -194,7 +227,7 @@ class RunState:
             self.prompts.prompt(req),
             req.output_tokens,
             optional=optional,
-            extra=self.o.extra_body,
+            extra=extra,
         )
 
     def synthetic_history(self, i: int) -> tuple[Message, ...]:
@@ -238,7 +271,9 @@ class RunState:
         st = self.stats
         st.done += 1
         st.output_tokens += rec.output_tokens
-        if rec.status != "ok":
+        if rec.status == "shed":
+            st.shed += 1
+        elif rec.status != "ok":
             st.errors += 1
         self.sink(rec)
 

@@ -1,0 +1,96 @@
+"""One GET of a server's JSON before a run (context, engine), bounded by a TOTAL deadline.
+
+Why apart: a per-read timeout does not bound a GET. A server that trickles its answer (one byte
+every 100 ms on `GET /props`, or a header line that never ends) answers every read in time and
+held `phaselens run` for 75 s before this module. Here the whole GET, connect to last byte, ends
+by its deadline: a timer shuts the socket down at the deadline (which wakes a blocked read), and
+the body is read in pieces, each checked against the deadline. No proxies, no redirects (the
+credentials must not travel to another address), as the driver's own client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+PREFLIGHT_DEADLINE_S = 5.0  # every preflight probe of a run together (docs/driver.md)
+READ_TIMEOUT_S = 2.0  # one read's silence
+MAX_BODY = 4 << 20  # a probe answer larger than this is not read
+
+
+class Deadline:
+    """The instant (time.monotonic) by which every probe sharing it must have ended."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+        self.hit = False  # a probe was cut short by it
+
+    def left(self) -> float:
+        return self.at - time.monotonic()
+
+
+def get_json(url: str, headers: Mapping[str, str], deadline: Deadline) -> Any:
+    """The JSON at `url`, or None for any failure (missing endpoint, not JSON, too slow, too
+    big, past the deadline)."""
+    left = deadline.left()
+    if left <= 0:
+        deadline.hit = True
+        return None
+    p = urlsplit(url)
+    host, port = p.hostname or "", p.port
+    timeout = min(READ_TIMEOUT_S, left)
+    conn: http.client.HTTPConnection
+    if p.scheme == "https":
+        conn = http.client.HTTPSConnection(
+            host, port, timeout=timeout, context=ssl.create_default_context()
+        )
+    else:
+        conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    cut = threading.Event()
+
+    def at_deadline() -> None:
+        cut.set()
+        sock = conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(left, at_deadline)
+    timer.daemon = True
+    timer.start()
+    try:
+        path = (p.path or "/") + (f"?{p.query}" if p.query else "")
+        conn.request("GET", path, headers=dict(headers))
+        resp = conn.getresponse()
+        if resp.status != 200:
+            return None
+        chunks: list[bytes] = []
+        n = 0
+        while True:
+            if deadline.left() <= 0:
+                cut.set()
+                return None
+            piece = resp.read1(65536)
+            if not piece:
+                break
+            chunks.append(piece)
+            n += len(piece)
+            if n > MAX_BODY:
+                return None
+        return json.loads(b"".join(chunks))
+    except Exception:  # best-effort: the run goes on without the answer
+        return None
+    finally:
+        timer.cancel()
+        if cut.is_set():
+            deadline.hit = True
+        conn.close()
