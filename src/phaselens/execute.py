@@ -132,7 +132,7 @@ class RunInfo:
 
     @classmethod
     def of(cls, ws: WorkloadSpec) -> RunInfo:
-        from phaselens.workload.classify import class_manifest
+        from phaselens.workload.classify import class_manifest  # (see TYPE_CHECKING above)
 
         return cls(ws.name, ws.model_dump(mode="json"), ws.slo_dict, class_manifest(ws))
 

@@ -464,7 +464,9 @@ def run(
         gpu = telemetry == "auto" or "gpu" in telemetry
         live = sidecar(tgt.urls, listen, gpu=gpu)
     with live:
-        res = execute(schedule, tgt, options, out, dataclasses.replace(info, extra=extra))
+        res = execute(
+            schedule, tgt, options, out, dataclasses.replace(info, extra={**info.extra, **extra})
+        )
     if isinstance(tgt, SimTarget):
         typer.echo(str(res.path))
         _headline_line(res.path)
