@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 # the simulator's modules compiled by mypyc (setup.py; docs/simulator.md): rebuilt when they change
 NATIVE_STAMP := $(VENV)/.native-stamp
 
-.PHONY: install native demo test lint typecheck unit e2e engines browser prometheus bench clean fuzz
+.PHONY: install native demo test lint typecheck unit e2e engines browser prometheus gateway bench clean fuzz
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -52,10 +52,15 @@ browser:
 prometheus:
 	bash scripts/install_prometheus.sh
 
-e2e: engines prometheus
+# Debian's nginx as a real gateway with a queue cap (limit_conn answers 503) in front of vLLM, for
+# the flow-control tests (tests/e2e/test_flowcontrol_vllm.py): every 503 must be a `shed` record.
+gateway:
+	bash benchmarks/install_peers.sh nginx
+
+e2e: engines prometheus gateway
 	$(PY) -m pytest -m e2e
 
-test: lint typecheck engines browser prometheus
+test: lint typecheck engines browser prometheus gateway
 	$(PY) -m pytest
 
 # The fuzzing suite at length: bad specs, deployments, traces, calibrations, options and damaged

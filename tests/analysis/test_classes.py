@@ -156,9 +156,13 @@ def test_terminal_view_lines_per_class(summary: dict[str, Any]) -> None:
     con = Console(record=True, width=240)
     render(summary, con)
     text = con.export_text()
-    assert "Classes (ms; each against its own SLO" in text
-    short = next(line for line in text.splitlines() if line.lstrip("│ ").startswith("short"))
-    assert "4/4" in short and "37.0" in short and "50.0 [50.0, 50.0]" in short
+    assert "Classes: each against its own SLO" in text and "Classes: latency (ms)" in text
+    # the two tables' rows of the short class: outcome (4/4 ok, attainment 50% of its own SLO),
+    # then latency (TTFT p90 37.0 ms)
+    outcome, latency = [ln for ln in text.splitlines() if ln.lstrip("│ ").startswith("short")]
+    assert "4/4" in outcome and "50.0 [50.0, 50.0]" in outcome and "37.0" in latency
+    # the headline says so beside the run's verdict (long misses the run's SLO in this run too)
+    assert "class SLO broken: long, short" in text
     assert "fairness across tenants: Jain 0.962" in text
 
 

@@ -14,7 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from phaselens.report.terminal_classes import _f, class_tables
+from phaselens.report.terminal_classes import _f, broken_classes, class_tables
 from phaselens.report.timeline_text import timeline_table
 
 _SEV_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
@@ -88,6 +88,9 @@ def render(s: Mapping[str, Any], console: Console | None = None) -> None:
             f"{_f((slo.get('attainment') or {}).get('all'), 1, '%')}, goodput "
             f"{_f(slo.get('goodput_rps'), 2)} req/s"
         )
+    broken = broken_classes(s)
+    if broken:
+        head.append(f"\nclass SLO broken: {', '.join(broken)} (each judged by its own SLO)")
     cost = s.get("cost") or {}
     if cost.get("usd") is not None:
         head.append(
