@@ -48,6 +48,10 @@ class ShareIn(_Strict):
     priority: Int32 = 0  # time_slice: a lower value gets the GPU first; equal values take turns
 
 
+MAX_CLASSES = 100  # classes one queue names
+MAX_QUEUES = 16  # class queues of one engine
+
+
 class PolicyIn(_Strict):
     type: Literal["continuous", "dynamic", "static"] = "continuous"
     max_num_seqs: Count = 256
@@ -63,6 +67,21 @@ class PolicyIn(_Strict):
     max_batch_size: Count = 64  # dynamic
     batch_size: Count = 8  # static
     kv_full: Literal["preempt", "queue"] = "preempt"  # a full KV cache: recompute, or wait
+    # flow control (docs/simulator.md, "Flow control"): a queue cap that sheds, admission held
+    # above a KV-usage threshold for priorities worse than a cut, separate queues per class
+    max_waiting: Annotated[int, Field(ge=0, le=10_000_000)] | None = None
+    admit_kv_threshold: Fraction | None = None
+    admit_kv_priority: Int32 = 0
+    queues: list[QueueIn] = Field(default_factory=list, max_length=MAX_QUEUES)
+
+
+class QueueIn(_Strict):
+    """One class queue of `policy.queues`: its classes (none: every class no other queue
+    names), its share of each step's token budget, and an optional cap that sheds."""
+
+    classes: list[Name] = Field(default_factory=list, max_length=MAX_CLASSES)
+    share: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
+    max_waiting: Annotated[int, Field(ge=0, le=10_000_000)] | None = None
 
 
 class QuantIn(_Strict):
