@@ -300,3 +300,29 @@ def test_features_off_keep_the_default_policy() -> None:
     assert (pol.max_waiting, pol.admit_kv_threshold, pol.queues) == (None, None, ())
     st = engine()
     assert not st.capped and st.queues is None and st.adm is st.waiting
+
+
+def test_fast_forward_gives_the_step_by_step_records() -> None:
+    """With a cap, the KV gate and class queues on, the run-ahead (which queues or sheds the
+    arrivals itself) equals stepping one step at a time."""
+    rng = np.random.default_rng(5)
+    n = 150
+    sched = make_schedule(
+        np.sort(rng.uniform(0, 3.0, n)),
+        rng.integers(10, 3000, n),
+        rng.integers(1, 300, n),
+        priority=rng.integers(0, 2, n),
+    )
+    sched = replace(
+        sched, classes=("a", "b"), class_idx=(sched.input_tokens < 800).astype(np.int32)
+    )
+    pol = {
+        "scheduling": "priority",
+        "max_waiting": 12,
+        "admit_kv_threshold": 0.5,
+        "queues": [{"classes": ["b"], "share": 0.7}, {"share": 0.3}],
+    }
+    dep = tight_engine(20000, pol)
+    slow, fast = simulate(sched, dep, fast_forward=False), simulate(sched, dep)
+    assert slow.requests.equals(fast.requests) and slow.steps.equals(fast.steps)
+    assert 0 < fast.manifest_extra["sim"]["shed"] == slow.manifest_extra["sim"]["shed"]

@@ -245,11 +245,10 @@ class Cluster:
         nth = k
         if self.sessions is not None:  # arrival order: a later turn's row index is not
             nth = self.arrivals = self.arrivals + 1
-        qof = self.queue_of[i]
-        seq = Seq(
-            k, p, o, (key0, nth), self.grp[k], self.pre[k], pr, qof[self.cls[k]] if qof else 0
-        )
+        seq = Seq(k, p, o, (key0, nth), self.grp[k], self.pre[k], pr)
         st = self.engines[i]
+        if st.queues is not None:
+            seq.queue = self.queue_of[i][self.cls[k]]
         if st.capped:
             why = refusal(st, seq)
             if why:
