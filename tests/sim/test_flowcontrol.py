@@ -292,7 +292,7 @@ def test_flow_control_fields_are_checked() -> None:
     with pytest.raises(InputError, match="class 'a' is in two queues"):
         one_engine(queues=[{"classes": ["a"]}, {"classes": ["a", "b"]}])
     with pytest.raises(InputError, match="max_waiting"):
-        one_engine(max_waiting=-1)
+        one_engine(max_waiting=0)
 
 
 def test_features_off_keep_the_default_policy() -> None:

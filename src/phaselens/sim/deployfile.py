@@ -69,7 +69,7 @@ class PolicyIn(_Strict):
     kv_full: Literal["preempt", "queue"] = "preempt"  # a full KV cache: recompute, or wait
     # flow control (docs/simulator.md, "Flow control"): a queue cap that sheds, admission held
     # above a KV-usage threshold for priorities worse than a cut, separate queues per class
-    max_waiting: Annotated[int, Field(ge=0, le=10_000_000)] | None = None
+    max_waiting: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
     admit_kv_threshold: Fraction | None = None
     admit_kv_priority: Int32 = 0
     queues: list[QueueIn] = Field(default_factory=list, max_length=MAX_QUEUES)
@@ -81,7 +81,7 @@ class QueueIn(_Strict):
 
     classes: list[Name] = Field(default_factory=list, max_length=MAX_CLASSES)
     share: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
-    max_waiting: Annotated[int, Field(ge=0, le=10_000_000)] | None = None
+    max_waiting: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
 
 
 def field_value(knob: str, v: Any) -> Any:

@@ -170,7 +170,7 @@ def _expect(knob: Knob) -> str:
         "split": f"off or P:D (GPUs in the prefill and decode pools, 1 to {MAX_GPUS} each, "
         "e.g. 1:1)",
         "burst": f"measured or a coefficient of variation from 0 to {MAX_BURSTINESS:g}",
-        "int_off": "off or an integer >= 0",
+        "int_off": "off or an integer >= 1",
         "frac_off": "off or a fraction in (0, 1]",
         "queues": "off or queues CLASSES:SHARE[:MAX_WAITING] joined by '+', classes by '|', "
         "'*' for the rest (e.g. short:0.5+*:0.5)",
