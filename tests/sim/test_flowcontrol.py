@@ -17,6 +17,7 @@ import pytest
 
 from phaselens.errors import InputError
 from phaselens.sim.client import LoadShape
+from phaselens.sim.cluster import Cluster
 from phaselens.sim.config import ClassQueue, Deployment, Policy
 from phaselens.sim.cost import CostParams, EngineCost
 from phaselens.sim.deploy import parse_deployment
@@ -24,8 +25,10 @@ from phaselens.sim.engine import EngineState
 from phaselens.sim.flowcontrol import class_queues, continue_prefills, split_budget
 from phaselens.sim.hardware import GPUS
 from phaselens.sim.models import MODELS
+from phaselens.sim.records import Records
 from phaselens.sim.run import simulate
-from phaselens.sim.seq import Seq, Sink
+from phaselens.sim.seq import Seq
+from phaselens.sim.sink import ClusterSink
 
 from .helpers import make_schedule, one_engine
 
@@ -33,23 +36,11 @@ H100 = GPUS["H100-SXM"]
 BLOCKS8 = 8 * 16  # KV tokens: 8 blocks
 
 
-class Quiet(Sink):
-    """Reports nothing (the engine-level cases read the engine's own state)."""
-
-    def segment(self, rid: int, eng: int, a: int, b: int) -> None:
-        pass
-
-    def first_token(self, rid: int) -> None:
-        pass
-
-    def prefill_start(self, rid: int) -> None:
-        pass
-
-    def finished(self, rid: int, tokens: int) -> None:
-        pass
-
-    def handoff(self, seq: Seq) -> None:
-        raise AssertionError
+def quiet_sink(n: int = 8) -> ClusterSink:
+    """Where the engine-level cases' engines report (a cluster's sink on records of n requests:
+    a sink class of the test's own could not subclass the compiled `Sink`)."""
+    z = np.zeros(n, dtype=np.int64)
+    return ClusterSink(Cluster(one_engine()), 0, Records(z, z))
 
 
 def tight_engine(kv_tokens: int, policy: dict[str, Any]) -> Deployment:
@@ -64,7 +55,7 @@ def tight_engine(kv_tokens: int, policy: dict[str, Any]) -> Deployment:
 def engine(kv_tokens: int = BLOCKS8, **policy: Any) -> EngineState:
     pol = Policy(prefix_cache=False, **policy)
     cost = EngineCost(MODELS["llama-3-8b"], CostParams(), 1, H100.peak_flops, H100.bandwidth, 1e11)
-    return EngineState(0, pol, cost, kv_tokens, "both", Quiet())
+    return EngineState(0, pol, cost, kv_tokens, "both", quiet_sink())
 
 
 def add(st: EngineState, rid: int, prio: int, prompt: int, out: int, queue: int = 0) -> Seq:
