@@ -10,7 +10,9 @@ manifest's event, step and preemption counts.
 The expected digests were computed on main after the issue-17 physics merge (per-head decode
 attention, gemm_m_half 96, fp8_gemm_ratio 0.77); the speed work had been checked identical
 against main 8e46514 before that. Recomputed for issue 30's `req_class`/`tenant` request
-columns (planned labels; with those two columns dropped every digest was the old one). They
+columns (planned labels; with those two columns dropped every digest was the old one). The
+`fc_*` scenarios (issue 30's flow control: vLLM priority preemption, a queue cap that sheds,
+KV-threshold admission, class queues) were added with it, every older digest unchanged. They
 change when the *physics* changes on purpose (sim/cost.py, hardware.py, a policy): then
 recompute them with `PYTHONPATH=src python -m tests.sim.test_records_hash` and say why in the
 commit.
@@ -41,6 +43,10 @@ EXPECTED = {
     "closed8": "fa9c177c853a6f997ec288403b64bcdc190f8c633710feaca44c02d90f1fb44d",
     "continuous": "e0acd08b60cc7813fc365af961f9593d20f125f331a2b09db7b31e4a272edaeb",
     "dynamic": "647e8a0b714a42c156f2ba587bc806cea34f8d9007c40c5172affa2b2def909d",
+    "fc_kv_gate": "039b24c71ece9ddd4890b14e351b5f3aa4c69869b22189438d51644a6709ca44",
+    "fc_max_waiting": "fd09f5a8dfe05d5ce2aeccb953ed484ecf2496fe98573990143fd79f64de5eb8",
+    "fc_priority_preempt": "3fef12d609428c75422ce570159ffddb0f9cbbd91324c51d57fa47e24c2697c1",
+    "fc_queues": "d89f7e2d15a27e86781b5698fd805fcceae338fe7c1ea3d4925ec16dd8960bbb",
     "inflight4": "7fd96a29dad7167baa339af156ef111ceeb98f2c76ad4e0f810f72b2f972d8a5",
     "overheads": "96c762f525c2c3c7eaf6e372b3515f97a73ee81c8f5afad86bb14b6683aea6f2",
     "pd": "549318534f9db74b7666bd9afd26147dfa706ec8511394fc4dc17dc060327c11",
@@ -152,9 +158,29 @@ def _scenario(name: str) -> tuple[Schedule, Deployment, LoadShape | None]:
     if name == "overheads":
         eng = [_engine("e", ["a"], ["g"], policy={"max_num_seqs": 8})]
         return _sched(11, 300, 3.0), _deploy(eng, H100, OVERHEADS), None
+    if name.startswith("fc_"):
+        return _flow_control(name)
     if name == "closed4_overheads":
         return _sched(12, 200, 1.0), _deploy(one, H100, OVERHEADS), LoadShape(concurrency=4)
     raise KeyError(name)
+
+
+def _flow_control(name: str) -> tuple[Schedule, Deployment, LoadShape | None]:
+    """Issue 30's flow control, one mechanism each, on a tight KV cache with priorities 0-2."""
+    sched = _sched(13, 200, 2.0)
+    pol: dict[str, Any] = {
+        "fc_priority_preempt": {"scheduling": "priority"},
+        "fc_max_waiting": {"max_waiting": 6, "max_num_seqs": 16},
+        "fc_kv_gate": {"admit_kv_threshold": 0.6, "admit_kv_priority": 0},
+        "fc_queues": {
+            "max_num_batched_tokens": 1024,
+            "queues": [{"classes": ["short"], "share": 0.6}, {"share": 0.4, "max_waiting": 20}],
+        },
+    }[name]
+    if name == "fc_queues":
+        short = (sched.input_tokens < 600).astype(np.int32)
+        sched = replace(sched, classes=("long", "short"), class_idx=short)
+    return sched, _deploy([_engine("e", ["a"], ["g"], policy=pol)], [_tight_gpu(15000)]), None
 
 
 def _frame_digest(h: Any, df: pl.DataFrame) -> None:

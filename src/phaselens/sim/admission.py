@@ -10,6 +10,7 @@ request only through `Admitting.admit_head`.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -29,6 +30,7 @@ class Admitting(Protocol):
 
     policy: Policy
     waiting: list[tuple[tuple[int, int], int]]  # heap of (key, rid); its length is the queue
+    adm: list[tuple[tuple[int, int], int]]  # the heap `head`/`admit_head` take from
     waiting_tokens: int
     oldest_wait_ns: dict[int, int]  # rid -> arrival (-1: preempted, released at once)
     running: dict[int, Seq]
@@ -51,12 +53,25 @@ class Admitting(Protocol):
 def admit_continuous(st: EngineState, now_ns: int, budget: int) -> None:
     """vLLM V1: fill the token budget with waiting requests, chunking the last one if allowed.
 
+    Takes from `st.adm` (the whole queue, or one class queue: `flowcontrol.plan_queues`). Above
+    `policy.admit_kv_threshold` of the KV blocks in use, a request of a priority worse than
+    `admit_kv_priority` is passed over (it keeps its place; under `scheduling: priority` every
+    one after it is worse too, so admission stops).
+
     (It reads `Admitting`'s fields, but takes the engine's own class: compiled, its reads and
     calls are then native ones, not lookups by name: -3.5% CPU at 300,000 requests.)"""
     any_prefill = bool(st.cur_chunks)
     max_seqs, chunked = st.max_seqs, st.chunked
-    while st.waiting and budget > 0 and len(st.running) < max_seqs:
+    heap = st.adm
+    gate = st.gate_blocks
+    held: list[tuple[tuple[int, int], int]] = []
+    while heap and budget > 0 and len(st.running) < max_seqs:
         head = st.head()
+        if st.kv.used > gate and head.prio > st.gate_prio:
+            if st.by_priority:
+                break
+            held.append(heapq.heappop(heap))
+            continue
         remaining = head.target - head.computed
         if chunked:
             chunk = st.admit_head(budget)
@@ -68,6 +83,8 @@ def admit_continuous(st: EngineState, now_ns: int, budget: int) -> None:
             break
         any_prefill = True
         budget -= chunk
+    for e in held:
+        heapq.heappush(heap, e)
 
 
 def _release_batch(st: Admitting, now_ns: int, trigger_count: int) -> bool:

@@ -18,6 +18,7 @@ from phaselens.sim.config import Deployment
 from phaselens.sim.cost import EngineCost, StepCost
 from phaselens.sim.device import DeviceState, gpus_free, release_gpus, take_gpus, turn_order
 from phaselens.sim.engine import EngineState
+from phaselens.sim.flowcontrol import class_queues, refusal
 from phaselens.sim.loop import ARRIVE, KV_DONE, NEVER, SEND, STEP_END, TURN, WAKE, EventLoop
 from phaselens.sim.records import NO_TIME, SEGMENT, ClusterResult, Records
 from phaselens.sim.seq import Seq
@@ -237,12 +238,26 @@ class Cluster:
         return self._enqueue(k, i, p, o)
 
     def _enqueue(self, k: int, i: int, p: int, o: int) -> int:
+        """Queue request k at engine i (returned), or shed it there (-1): a queue cap."""
         s = self.sched[i]
-        key0 = self.prio[k] if s == "priority" else p if s == "short_first" else 0
+        pr = self.prio[k]
+        key0 = pr if s == "priority" else p if s == "short_first" else 0
         nth = k
         if self.sessions is not None:  # arrival order: a later turn's row index is not
             nth = self.arrivals = self.arrivals + 1
-        self.engines[i].enqueue(Seq(k, p, o, (key0, nth), self.grp[k], self.pre[k]), self.now)
+        seq = Seq(k, p, o, (key0, nth), self.grp[k], self.pre[k], pr)
+        st = self.engines[i]
+        if st.queues is not None:
+            seq.queue = self.queue_of[i][self.cls[k]]
+        if st.capped:
+            why = refusal(st, seq)
+            if why:
+                st.shed += 1
+                self.rec.shed(k, self.now, why)
+                if self.coupled:
+                    self._done(k)
+                return -1
+        st.enqueue(seq, self.now)
         return i
 
     def _arrive(self, k: int) -> None:
@@ -255,8 +270,10 @@ class Cluster:
         touched: list[int] = []
         for r in rows:
             i = self._enqueue(r, self.eng_l[r], max(1, self.inp[r]), max(1, self.out[r]))
-            if i not in touched:
+            if i >= 0 and i not in touched:
                 touched.append(i)
+        if self.to_send:  # a shed request let another out (closed loop)
+            touched += [j for j in self._release_sends() if j not in touched]
         self._start_engines(touched)
 
     # ---- P/D -----------------------------------------------------------------------------------
@@ -330,6 +347,15 @@ class Cluster:
         self.inp: list[int] = schedule.input_tokens.tolist()
         self.out: list[int] = schedule.output_tokens.tolist()
         self.prio: list[int] = schedule.priority.tolist()
+        self.cls: list[int] = []  # each row's class (read only where `policy.queues` is set)
+        self.queue_of: list[list[int]] = [[] for _ in self.deploy.engines]  # class -> queue
+        if any(e.policy.queues for e in self.deploy.engines):
+            cls_names, cls_idx = schedule.class_rows()
+            self.cls = cls_idx.tolist()
+            self.queue_of = [
+                class_queues(e.policy, cls_names, e.name) if e.policy.queues else []
+                for e in self.deploy.engines
+            ]
         self.grp: list[int] = schedule.prefix_group.tolist()
         self.pre: list[int] = schedule.prefix_tokens.tolist()
         if ses is not None:

@@ -22,6 +22,16 @@ class Gpu:
 
 
 @dataclass(frozen=True, slots=True)
+class ClassQueue:
+    """One of `Policy.queues`: the request classes it holds (none: every class no other queue
+    names), its share of a step's token budget, and its own cap (None: no cap)."""
+
+    classes: tuple[str, ...] = ()
+    share: float = 1.0
+    max_waiting: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     """Batching policy knobs (names follow vLLM where one exists)."""
 
@@ -42,6 +52,24 @@ class Policy:
     # `queue` (TensorRT-LLM's guaranteed-no-evict: a request is admitted only when its whole KV,
     # prompt + max output, fits beside what the running ones may still grow to; no preemption)
     kv_full: str = "preempt"
+    # request-level flow control (docs/simulator.md, "Flow control"; all off by default):
+    # an arriving request finding this many waiting is shed (status shed, HTTP 503)
+    max_waiting: int | None = None
+    # above this fraction of the KV blocks in use, requests of a priority worse (larger) than
+    # `admit_kv_priority` are not admitted (they wait)
+    admit_kv_threshold: float | None = None
+    admit_kv_priority: int = 0
+    # separate waiting queues per request class, each with a share of a step's token budget
+    queues: tuple[ClassQueue, ...] = ()
+
+    def manifest(self) -> dict[str, Any]:
+        """The policy as the manifest writes it (queues as mappings)."""
+        out = {f.name: getattr(self, f.name) for f in fields(Policy)}
+        out["queues"] = [
+            {"classes": list(q.classes), "share": q.share, "max_waiting": q.max_waiting}
+            for q in self.queues
+        ]
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +135,7 @@ class Deployment:
                     "memory_fraction": e.memory_fraction,
                     "priority": e.share_priority,
                 },
-                "policy": {f.name: getattr(e.policy, f.name) for f in fields(Policy)},
+                "policy": e.policy.manifest(),
                 "kv_capacity_tokens": e.kv_capacity_tokens,
                 "weight_bytes": e.model.weight_bytes,
                 "kv_bytes": e.model.kv_bytes,

@@ -22,12 +22,13 @@ from pydantic import ValidationError
 from phaselens.errors import InputError
 from phaselens.inputs.fields import describe
 from phaselens.inputs.yamlio import LineOf, clip, load_yaml_doc
-from phaselens.sim.config import Deployment, Engine, Gpu, Policy
+from phaselens.sim.config import ClassQueue, Deployment, Engine, Gpu, Policy
 from phaselens.sim.cost import CostParams
 from phaselens.sim.deployfile import (
     MIN_KV_TOKENS,
     DeploymentIn,
     GpuIn,
+    PolicyIn,
 )
 from phaselens.sim.gpushare import check_shares, memory_fractions
 from phaselens.sim.hardware import GPUS, GPUSpec
@@ -193,7 +194,7 @@ def _resolve(d: DeploymentIn, source: str) -> Deployment:
     engines: list[Engine] = []
     for i, e in enumerate(d.engines):
         frac, kv_tokens = fractions[i]
-        pol = Policy(**e.policy.model_dump())
+        pol = _policy(e.policy, f"{source}: engines[{i}] ({e.name}).policy")
         need = pol.max_model_len or MIN_KV_TOKENS
         if kv_tokens < need:
             m = models[i]
@@ -279,3 +280,19 @@ def default_deployment(model_names: Sequence[str]) -> Deployment:
             "engines": [engine(i, n, f"gpu{i}") for i, n in enumerate(names)],
         }
         return parse_deployment(separate, "<default deployment>")
+
+
+def _policy(p: PolicyIn, where: str) -> Policy:
+    """The resolved policy; the flow-control fields checked against each other."""
+    fc = p.queues or p.admit_kv_threshold is not None
+    if fc and p.type != "continuous":
+        raise InputError(f"{where}: queues and admit_kv_threshold need type continuous")
+    seen: set[str] = set()
+    for j, q in enumerate(p.queues):
+        dup = seen.intersection(q.classes)
+        if dup:
+            raise InputError(f"{where}.queues[{j}]: class {sorted(dup)[0]!r} is in two queues")
+        seen.update(q.classes)
+    raw = p.model_dump()
+    raw["queues"] = tuple(ClassQueue(tuple(q.classes), q.share, q.max_waiting) for q in p.queues)
+    return Policy(**raw)

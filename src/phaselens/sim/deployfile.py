@@ -6,7 +6,7 @@ Why apart from the parser (`deploy`) and the resolved types (`config`): the GPU-
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,6 +48,10 @@ class ShareIn(_Strict):
     priority: Int32 = 0  # time_slice: a lower value gets the GPU first; equal values take turns
 
 
+MAX_CLASSES = 100  # classes one queue names
+MAX_QUEUES = 16  # class queues of one engine
+
+
 class PolicyIn(_Strict):
     type: Literal["continuous", "dynamic", "static"] = "continuous"
     max_num_seqs: Count = 256
@@ -63,6 +67,52 @@ class PolicyIn(_Strict):
     max_batch_size: Count = 64  # dynamic
     batch_size: Count = 8  # static
     kv_full: Literal["preempt", "queue"] = "preempt"  # a full KV cache: recompute, or wait
+    # flow control (docs/simulator.md, "Flow control"): a queue cap that sheds, admission held
+    # above a KV-usage threshold for priorities worse than a cut, separate queues per class
+    max_waiting: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    admit_kv_threshold: Fraction | None = None
+    admit_kv_priority: Int32 = 0
+    queues: list[QueueIn] = Field(default_factory=list, max_length=MAX_QUEUES)
+
+
+class QueueIn(_Strict):
+    """One class queue of `policy.queues`: its classes (none: every class no other queue
+    names), its share of each step's token budget, and an optional cap that sheds."""
+
+    classes: list[Name] = Field(default_factory=list, max_length=MAX_CLASSES)
+    share: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
+    max_waiting: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+
+
+def field_value(knob: str, v: Any) -> Any:
+    """A what-if knob's value as the deployment file writes it: `off` of a flow-control knob is
+    None (no cap, no threshold) or no queues; `policy.queues` from its text (`queue_spec`)."""
+    if knob.endswith("policy.queues"):
+        return queue_spec(str(v))
+    return None if v == "off" and knob.rpartition(".")[2] in _OFF_FIELDS else v
+
+
+_OFF_FIELDS = ("max_waiting", "admit_kv_threshold")
+
+
+def queue_spec(spec: str) -> list[dict[str, Any]]:
+    """`policy.queues` from its compact text (the what-if knob), `short|chat:0.6+*:0.4:20`:
+    `*` for every class no other queue names, the third part that queue's max_waiting."""
+    if spec == "off":
+        return []
+    out: list[dict[str, Any]] = []
+    for part in spec.split("+"):
+        bits = part.split(":")
+        if len(bits) not in (2, 3) or not bits[0]:
+            raise ValueError(part)
+        q: dict[str, Any] = {
+            "classes": [] if bits[0] == "*" else bits[0].split("|"),
+            "share": float(bits[1]),
+        }
+        if len(bits) == 3:
+            q["max_waiting"] = int(bits[2])
+        out.append(q)
+    return out
 
 
 class QuantIn(_Strict):

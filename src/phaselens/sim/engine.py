@@ -21,6 +21,7 @@ from collections.abc import Callable, MutableSequence
 from phaselens.sim.admission import ADMIT
 from phaselens.sim.config import Policy
 from phaselens.sim.cost import EngineCost, StepCost, idle_ramp, prefill_attn_units
+from phaselens.sim.flowcontrol import QueueSet, continue_prefills, plan_queues, queue_set
 from phaselens.sim.kvpool import KvPool
 from phaselens.sim.prefix import SESSION_GROUPS
 from phaselens.sim.records import STEP_RECORD
@@ -41,6 +42,7 @@ class EngineState:
         self.bs = policy.block_size
         self.kv = KvPool(kv_tokens, policy.block_size, policy.prefix_cache)
         self.waiting: list[tuple[tuple[int, int], int]] = []  # heap of (key, rid)
+        self.adm = self.waiting  # the heap admissions take from (a class queue's: flowcontrol)
         self.waiting_seqs: dict[int, Seq] = {}
         self.waiting_tokens = 0
         self.oldest_wait_ns: dict[int, int] = {}  # rid -> arrival (dynamic/static timeouts)
@@ -74,6 +76,15 @@ class EngineState:
         self.max_seqs = policy.max_num_seqs
         self.bandwidth = cost.bandwidth
         self.queue_kv = policy.kv_full == "queue"  # admit only what can finish unpreempted
+        # request-level flow control (flowcontrol.py; all off by default)
+        self.by_priority = policy.scheduling == "priority"
+        self.max_waiting = -1 if policy.max_waiting is None else policy.max_waiting
+        thr = policy.admit_kv_threshold
+        self.gate_blocks = 1 << 62 if thr is None else int(thr * self.kv.total)
+        self.gate_prio = policy.admit_kv_priority
+        self.queues: QueueSet | None = queue_set(policy)
+        self.capped = self.max_waiting >= 0 or (self.queues is not None and self.queues.capped)
+        self.shed = 0
         # statistics
         self.prefix_hit_tokens = 0
         self.prefix_query_tokens = 0
@@ -90,16 +101,18 @@ class EngineState:
         self.waiting_seqs[seq.rid] = seq
         self.waiting_tokens += seq.target
         self.oldest_wait_ns[seq.rid] = now_ns
+        if self.queues is not None:
+            self.queues.push(seq)
 
     def head(self) -> Seq:
-        """The next request of the waiting queue (not removed)."""
-        return self.waiting_seqs[self.waiting[0][1]]
+        """The next request of the queue admissions take from (not removed)."""
+        return self.waiting_seqs[self.adm[0][1]]
 
     def admit_head(self, budget: int | None) -> int | None:
         """Admit the head of the waiting queue with (part of) its prefill; returns the chunk,
         or None when its KV does not fit (a prefix reference taken is given back). What
         policies admit through."""
-        seq = self.waiting_seqs[self.waiting[0][1]]  # (self.head(), inline)
+        seq = self.waiting_seqs[self.adm[0][1]]  # (self.head(), inline)
         fresh = seq.gen == 0 and seq.epoch == 0
         kv = self.kv
         if seq.group >= 0:  # (no prefix group: no hit)
@@ -119,7 +132,10 @@ class EngineState:
             return None
         if queue_kv:
             kv.commit(seq.rid, whole)
-        rid = heapq.heappop(self.waiting)[1]  # off the waiting queue
+        entry = heapq.heappop(self.adm)  # off the waiting queue
+        rid = entry[1]
+        if self.queues is not None:  # (popped from its class queue: off the whole queue too)
+            self.queues.taken(self, seq, entry)
         del self.waiting_seqs[rid]
         self.waiting_tokens -= seq.target
         del self.oldest_wait_ns[rid]
@@ -173,6 +189,11 @@ class EngineState:
         if not cands:
             return False
         victim = cands[-1] if self.policy.scheduling == "fcfs" else max(cands, key=lambda q: q.key)
+        self.preempt(victim, s)
+        return True
+
+    def preempt(self, victim: Seq, s: int) -> None:
+        """Recompute `victim` later: its KV freed, back to the waiting queue at step s."""
         del self.running[victim.rid]
         if victim in self.prefilling:
             self.prefilling.remove(victim)
@@ -193,7 +214,8 @@ class EngineState:
         self.waiting_seqs[victim.rid] = victim
         self.waiting_tokens += victim.target
         self.oldest_wait_ns[victim.rid] = -1
-        return True
+        if self.queues is not None:
+            self.queues.push(victim)
 
     # ---- one step ----------------------------------------------------------------------------
     def plan_step(self, now_ns: int) -> bool:
@@ -227,31 +249,15 @@ class EngineState:
             self.pending_first = []
         # 3. partial prefills continue, then the policy admits waiting requests
         budget = self.max_batched - self.n_dec
-        if self.prefilling:
-            for seq in list(self.prefilling):
-                if budget <= 0:
-                    break
-                chunk = seq.target - seq.computed
-                if self.chunked and budget < chunk:
-                    chunk = budget
-                new_blocks = (seq.computed + chunk + bs - 1) // bs - (seq.computed + bs - 1) // bs
-                if not kv.ensure_free(new_blocks):
-                    protect = {q.rid for q, _ in chunks}
-                    protect.add(seq.rid)
-                    while not kv.ensure_free(new_blocks):
-                        if not self._preempt_one(s, protect):
-                            break
-                    if not kv.ensure_free(new_blocks):
-                        continue
-                if seq.rid not in self.running:  # preempted for an earlier one's chunk
-                    continue
-                kv.used += new_blocks
-                chunks.append((seq, chunk))
-                budget -= chunk
-        # (continuous batching with an empty queue admits nothing; request-level batching
-        # also decides the padding of a running batch, so it is always asked)
-        if not self.cur_preempt and (self.waiting or self.request_level):
-            self.admit(self, now_ns, budget)
+        if self.queues is not None:  # separate queues per class, each its share of the budget
+            plan_queues(self, s, now_ns, budget)
+        else:
+            if self.prefilling:
+                budget = continue_prefills(self, s, list(self.prefilling), budget)[0]
+            # (continuous batching with an empty queue admits nothing; request-level batching
+            # also decides the padding of a running batch, so it is always asked)
+            if not self.cur_preempt and (self.waiting or self.request_level):
+                self.admit(self, now_ns, budget)
         self.cur_dec = self.n_dec
         busy = bool(chunks or self.cur_dec)
         if self.wakes:

@@ -32,6 +32,7 @@ NATIVE_MODULES = (
     "cost",
     "device",
     "engine",
+    "flowcontrol",
     "kvpool",
     "loop",
     "prefix",

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from phaselens.sim.engine import EngineState
 
 
-ST_OK, ST_REJECTED, ST_NOT_SENT = 0, 1, 2
+ST_OK, ST_REJECTED, ST_NOT_SENT, ST_SHED = 0, 1, 2, 3
 NO_TIME: Final = -1
 # An engine's step log: one packed record per step, appended to a bytearray (one C call a step,
 # a third of the cost of extending typed arrays) and read back as a numpy structured view.
@@ -136,6 +136,12 @@ class Records:
 
     def reject(self, k: int, now: int, why: str) -> None:
         self.status[k] = ST_REJECTED
+        self.errors[k] = why
+        self.end_ns[k] = now
+
+    def shed(self, k: int, now: int, why: str) -> None:
+        """Refused by the engine's flow control (a queue cap): HTTP 503, at once."""
+        self.status[k] = ST_SHED
         self.errors[k] = why
         self.end_ns[k] = now
 

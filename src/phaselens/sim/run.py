@@ -30,7 +30,7 @@ from phaselens.sim.cluster import Cluster
 from phaselens.sim.config import Deployment
 from phaselens.sim.cost import fp8_gemms
 from phaselens.sim.deploy import default_deployment, load_deployment
-from phaselens.sim.records import NO_TIME, ST_NOT_SENT, ST_OK, ClusterResult
+from phaselens.sim.records import NO_TIME, ST_NOT_SENT, ST_OK, ST_SHED, ClusterResult
 from phaselens.types import BIN_NS, Schedule
 
 
@@ -110,6 +110,8 @@ def simulate(
             }
             for st in res.engines
         },
+        # requests refused by a queue cap (status shed, HTTP 503; `policy.max_waiting`)
+        "shed": sum(st.shed for st in res.engines),
         "phases_file": PHASES,
         "telemetry_bin_ns": BIN_NS,
         # idle gaps up to `gap` bins are written in full; of a longer one only the first `tail`
@@ -187,6 +189,10 @@ def _requests_frame(schedule: Schedule, res: ClusterResult) -> pl.DataFrame:
     models = np.asarray(schedule.models, dtype=object)
     status: Any = np.where(ok, "ok", "http_error") if n else []
     http: Any = np.where(ok, 200, 400).astype(np.int32) if n else []
+    shed = res.status == ST_SHED
+    if shed.any():  # refused by a queue cap (`policy.max_waiting`): the server's 503
+        status = np.where(shed, "shed", status)
+        http = np.where(shed, 503, http).astype(np.int32)
     sent: Any = res.sent_ns
     end: Any = res.end_ns
     cached: Any = [None] * n

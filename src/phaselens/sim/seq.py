@@ -20,7 +20,9 @@ class Seq:
         "key",
         "out",
         "prefix",
+        "prio",
         "prompt",
+        "queue",
         "rid",
         "s0",
         "shared",
@@ -28,7 +30,15 @@ class Seq:
     )
 
     def __init__(
-        self, rid: int, prompt: int, out: int, key: tuple[int, int], group: int, prefix: int
+        self,
+        rid: int,
+        prompt: int,
+        out: int,
+        key: tuple[int, int],
+        group: int,
+        prefix: int,
+        prio: int = 0,
+        queue: int = 0,
     ) -> None:
         self.rid = rid
         self.prompt = prompt
@@ -36,6 +46,8 @@ class Seq:
         self.key = key  # waiting-queue order (policy-specific first element, then arrival order)
         self.group = group  # prefix group, -1 for none
         self.prefix = prefix  # leading tokens shared with the group
+        self.prio = prio  # the request's priority (lower first), whatever the queue order
+        self.queue = queue  # its class queue (`policy.queues`; 0 without)
         self.gen = 0  # tokens generated (delivered) so far
         self.computed = 0  # tokens whose KV is in the cache (valid while prefilling)
         self.target = prompt  # tokens to have in KV before the next token is sampled

@@ -5,7 +5,9 @@ simulator is calibrated on the first measured setting's run (`whatif.calibrate`)
 that run's workload under each other setting (`whatif.sweep`, the `phaselens whatif` engine);
 each `--set` name is mapped onto a deployment field (`--map NAME=policy.FIELD`; `np`,
 `parallel` and `max_num_seqs` map to `policy.max_num_seqs`, `batch` and
-`max_num_batched_tokens` to `policy.max_num_batched_tokens` unless mapped otherwise).
+`max_num_batched_tokens` to `policy.max_num_batched_tokens`, `scheduling_policy` (vLLM's
+`--scheduling-policy`) to `policy.scheduling` unless mapped otherwise; the flow-control fields
+`policy.max_waiting`, `admit_kv_threshold`, `admit_kv_priority` and `queues` by `--map`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ DEFAULT_MAP = {
     "max_num_seqs": "policy.max_num_seqs",
     "batch": "policy.max_num_batched_tokens",
     "max_num_batched_tokens": "policy.max_num_batched_tokens",
+    "scheduling_policy": "policy.scheduling",  # vLLM's --scheduling-policy fcfs|priority
 }
 COMPARED = ("goodput_rps", "ttft_p90_ms", "tpot_p90_ms")
 

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 from phaselens.errors import InputError
 from phaselens.inputs.bounds import limit
 from phaselens.inputs.fields import describe
-from phaselens.sim.deployfile import MAX_GPUS, PolicyIn, ShareIn
+from phaselens.sim.deployfile import MAX_GPUS, PolicyIn, ShareIn, field_value, queue_spec
 from phaselens.sim.hardware import GPUS
 from phaselens.types import Schedule
 from phaselens.whatif.replay import scale_load, set_burstiness
@@ -43,7 +43,7 @@ class Knob:
     """One knob: where it applies, how its values parse, and what it means."""
 
     name: str
-    kind: str  # int, float, bool, choice, split, burst
+    kind: str  # int, float, bool, choice, split, burst; int_off, frac_off, queues: also "off"
     help: str
     choices: tuple[str, ...] = ()
 
@@ -67,6 +67,16 @@ _POLICY: tuple[Knob, ...] = (
         "KV cache full: preempt by recompute, or queue until a request's whole KV fits",
         ("preempt", "queue"),
     ),
+    Knob(
+        "policy.max_waiting", "int_off", "queue cap: an arrival finding this many waiting is shed"
+    ),
+    Knob(
+        "policy.admit_kv_threshold",
+        "frac_off",
+        "above this KV use, admit only priority <= policy.admit_kv_priority",
+    ),
+    Knob("policy.admit_kv_priority", "int", "the worst priority admitted above the KV threshold"),
+    Knob("policy.queues", "queues", "separate queues per class, each a share of a step's tokens"),
 )
 _SHARE: tuple[Knob, ...] = (
     Knob(
@@ -93,6 +103,7 @@ ALIASES = {
     "policy.batch_window": "policy.max_batch_size",
     "policy.wait_tokens": "policy.max_wait_tokens",
     "policy.wait_timeout_ms": "policy.max_wait_ms",
+    "policy.queue_cap": "policy.max_waiting",
 }
 KNOBS: dict[str, Knob] = {k.name: k for k in (*_POLICY, *_SHARE, *_GLOBAL)}
 
@@ -141,7 +152,7 @@ def parse_value(knob: Knob, raw: str, where: str) -> Any:
     model = _MODELS.get(group)
     if model is not None:
         try:
-            model.model_validate({field: value})
+            model.model_validate({field: field_value(knob.name, value)})
         except ValidationError as e:
             raise InputError(f"--set {where}: {group}.{describe(e)}") from None
     return value
@@ -159,6 +170,10 @@ def _expect(knob: Knob) -> str:
         "split": f"off or P:D (GPUs in the prefill and decode pools, 1 to {MAX_GPUS} each, "
         "e.g. 1:1)",
         "burst": f"measured or a coefficient of variation from 0 to {MAX_BURSTINESS:g}",
+        "int_off": "off or an integer >= 1",
+        "frac_off": "off or a fraction in (0, 1]",
+        "queues": "off or queues CLASSES:SHARE[:MAX_WAITING] joined by '+', classes by '|', "
+        "'*' for the rest (e.g. short:0.5+*:0.5)",
     }[knob.kind]
 
 
@@ -182,6 +197,13 @@ def _typed(knob: Knob, v: str) -> Any:
         return True if low in ("true", "yes", "on", "1") else False if low in _FALSE else None
     if knob.kind == "choice":
         return v if v in knob.choices else None
+    if knob.kind in ("int_off", "frac_off", "queues"):
+        if v.lower() in ("off", "none"):
+            return "off"
+        if knob.kind == "queues":
+            queue_spec(v)  # (ValueError when malformed)
+            return v
+        return int(v) if knob.kind == "int_off" else float(v)
     if knob.kind == "split":
         if v.lower() in ("off", "none", "no"):
             return "off"
@@ -343,9 +365,10 @@ def apply_deploy(deploy_map: Mapping[str, Any], combo: Mapping[str, Any]) -> dic
             parts = key[len("engines.") :].split(".")
             engine, base = ".".join(parts[:-2]), ".".join(parts[-2:])
         group, _, field = base.partition(".")
+        v = field_value(base, v)
         if group in ("policy", "share"):
             for e in _engine_maps(d, engine):
-                e.setdefault(group, {})[field] = v
+                e.setdefault(group, {})[field] = copy.deepcopy(v)
             if base == "share.sm_fraction":
                 spatial_set = True
         elif base == "gpu.type":

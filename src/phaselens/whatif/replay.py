@@ -98,6 +98,8 @@ def schedule_from_run(run: Run, statuses: tuple[str, ...] = REPLAYABLE) -> Sched
         if isinstance(s, dict)
     )
     duration = int(max(int(t.max()) - t0, 1)) if t.size else 1
+    classes, class_idx = _labels(f, "req_class")
+    tenants, tenant_idx = _labels(f, "tenant")
     return Schedule(
         models=models,
         t_ns=t - t0,
@@ -116,7 +118,22 @@ def schedule_from_run(run: Run, statuses: tuple[str, ...] = REPLAYABLE) -> Sched
         duration_ns=duration,
         ids=f["id"].to_numpy().astype(np.int64),
         prompts=_sessions(f, r, _conversation_rows(run)),
+        classes=classes,
+        class_idx=class_idx,
+        tenants=tenants,
+        tenant_idx=tenant_idx,
     )
+
+
+def _labels(f: pl.DataFrame, col: str) -> tuple[tuple[str, ...], np.ndarray | None]:
+    """A request label column (class, tenant) as names and per-row indexes; none when the run
+    has no such column or no value in it (older runs: the class is then the model)."""
+    if col not in f.columns or f[col].null_count() == f.height:
+        return (), None
+    vals = f[col].fill_null("").to_list()
+    names = tuple(sorted(set(vals)))
+    pos = {v: i for i, v in enumerate(names)}
+    return names, np.asarray([pos[v] for v in vals], dtype=np.int32)
 
 
 def _conversation_rows(run: Run) -> pl.DataFrame | None:

@@ -157,7 +157,8 @@ def evaluate(job: Job, combo: Mapping[str, Any]) -> dict[str, Any]:
     slo = slo_block(rt, job.slo)
     ok = int(f["ok"].sum())
     row["ok"] = ok
-    row["rejected"] = int(f.height - ok)
+    row["rejected"] = int(f.height - ok)  # (refused, shed or failed)
+    row["shed"] = int((pred.requests["status"] == "shed").sum())  # by a queue cap: a 503
     row["ttft_p50_ms"], row["ttft_p90_ms"] = _p50_p90(rt, "ttft_ms")
     row["tpot_p50_ms"], row["tpot_p90_ms"] = _p50_p90(rt, "tpot_ms")
     row["goodput_rps"] = slo.get("goodput_rps")
