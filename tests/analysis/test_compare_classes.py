@@ -15,6 +15,8 @@ intervals of rates and shares are the point values exactly.
 from __future__ import annotations
 
 import dataclasses
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +205,22 @@ def test_class_figure_draws_every_run_and_class_target(runs: dict[str, Run]) -> 
     (target,) = [t for t in fig.data if t.name == "class TTFT p90 target"]
     # short's own 25 ms; long has none of its own: the run's 150 ms
     assert dict(zip(target.x, target.y, strict=True)) == {"long": 150.0, "short": 25.0}
+
+
+def test_compare_page_per_class_in_a_browser(runs: dict[str, Run], tmp_path: Path) -> None:
+    """The compare page with its per-class table and figure opens in the real headless
+    Chromium without JavaScript errors (skipped without a browser)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "report"))
+    from report_browser import find_chromium, open_page
+
+    from phaselens.report.compare import write_compare
+
+    if find_chromium() is None:
+        pytest.skip("chromium not installed: run scripts/install_browser.sh")
+    res, stats = compare_runs([runs["base"], runs["cand"]], n_boot=200)
+    shot = tmp_path / "compare.png"
+    got = open_page(write_compare(res, stats, tmp_path / "compare.html"), shot, clip="#fig-classes")
+    assert got.errors == [], got.errors
+    plots = {p["id"]: p for p in json.loads(got.probe)}
+    assert plots["fig-classes"]["traces"] == 2 * 3 + 1  # two runs × three panels, the targets
+    assert plots["fig-classes"]["points"] == 2 * 3 * 2 + 2  # × two classes; a target per class
