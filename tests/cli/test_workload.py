@@ -175,3 +175,69 @@ def test_subprocess_bad_input_has_no_traceback(tmp_path: Path) -> None:
     assert r.stderr.strip() == (
         f"phaselens: error: {spec}: models[0].arrival.cv: must be >= 0.001 (got 0) (line 7)"
     )  # the line: issue 14 item 6 (tests/inputs/test_yaml_lines.py)
+
+
+CLASSES = """\
+name: fc
+duration_s: 2
+models:
+  - name: a                  # 10 requests (constant, 5/s over 2 s), 100 tokens in, 20 out
+    rate: 5
+    arrival: {type: constant}
+    input_tokens: {type: fixed, value: 100}
+    output_tokens: {type: fixed, value: 20}
+  - name: b                  # 2 requests of 1000 tokens, tenant t2
+    rate: 1
+    arrival: {type: constant}
+    input_tokens: {type: fixed, value: 1000}
+    output_tokens: {type: fixed, value: 50}
+    tenant: t2
+  - name: c                  # 2 requests of 600 tokens: no class matches, its own class
+    rate: 1
+    arrival: {type: constant}
+    input_tokens: {type: fixed, value: 600}
+    output_tokens: {type: fixed, value: 30}
+    priority: 3
+classes:
+  - {name: short, priority: 0, tenant: t1, input_tokens: {lt: 512}}
+  - {name: long, priority: 5, models: [b], input_tokens: {ge: 512}}
+"""
+
+
+def test_plan_class_table_by_hand(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "fc.yaml"
+    spec.write_text(CLASSES)
+    code, out, _ = run_cli(["plan", str(spec), "--json"], monkeypatch, capsys)
+    assert code == 0
+    cls = json.loads(out)["classes"]
+    assert list(cls) == ["short", "long", "c"]  # the spec's, then the model's own
+    s, lg, c = cls["short"], cls["long"], cls["c"]
+    assert (s["priority"], s["tenants"], s["count"]) == (0, ["t1"], 10)
+    assert s["share"] == pytest.approx(10 / 14)
+    assert s["input_tokens"] == {"p50": 100, "p90": 100, "p99": 100, "max": 100}
+    assert s["output_tokens"]["p90"] == 20
+    # long names no tenant: its rows keep their model's (b: t2)
+    assert (lg["priority"], lg["tenants"], lg["count"]) == (5, ["t2"], 2)
+    assert (c["priority"], c["tenants"], c["count"]) == (3, [], 2)
+    assert c["share"] == pytest.approx(2 / 14) and c["input_tokens"]["max"] == 600
+
+    code, out, _ = run_cli(["plan", str(spec)], monkeypatch, capsys)
+    assert code == 0 and "flow-control classes" in out
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") > 6}
+    cells = [x.strip() for x in rows["short"].split("│")[1:-1]]
+    assert cells == ["short", "0", "t1", "10", "71.4%", "100/100/100", "20/20"]
+    cells = [x.strip() for x in rows["long"].split("│")[1:-1]]
+    assert cells == ["long", "5", "t2", "2", "14.3%", "1,000/1,000/1,000", "50/50"]
+
+
+def test_plan_without_classes_prints_no_class_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(GOOD)
+    code, out, _ = run_cli(["plan", str(spec)], monkeypatch, capsys)
+    assert code == 0 and "flow-control classes" not in out
+    code, out, _ = run_cli(["plan", str(spec), "--json"], monkeypatch, capsys)
+    assert "classes" not in json.loads(out)

@@ -13,11 +13,12 @@ over the whole run so that the class's requests keep their time structure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import polars as pl
 
 from phaselens.analysis.bootstrap import Blocks, block_multiplicities, boot_quantiles, make_blocks
@@ -100,7 +101,8 @@ def queue_ms(run_phases: pl.DataFrame | None, frame: pl.DataFrame) -> pl.Series 
     return q.alias("queue_ms")
 
 
-def _ci(x: F64) -> list[float | None] | None:
+def percentile_interval(x: F64) -> list[float | None] | None:
+    """The LEVEL percentile interval of resampled values (None under 20 finite ones)."""
     x = x[np.isfinite(x)]
     if x.shape[0] < 20:
         return None
@@ -123,11 +125,55 @@ def _boot(rt: RequestTable) -> _Boot:
     return _Boot(blocks, mult)
 
 
-def _latency(rt: RequestTable, rows: I64, group: tuple[str, str], bt: _Boot) -> dict[str, Any]:
-    f = rt.frame
-    okm = f["ok"].to_numpy().astype(bool)
-    sel = np.zeros(f.height, dtype=bool)
+def selected(n: int, rows: I64) -> npt.NDArray[np.bool_]:
+    sel = np.zeros(n, dtype=bool)
     sel[rows] = True
+    return sel
+
+
+def latency_draws(
+    rt: RequestTable,
+    rows: I64,
+    metric: str,
+    qs: Sequence[float],
+    blocks: Blocks,
+    n_boot: int,
+    rng: np.random.Generator,
+) -> F64:
+    """(n_boot, len(qs)) block-bootstrap percentiles of `metric` over the group's served
+    requests (ITL: its tokens), blocks made over the whole run."""
+    f = rt.frame
+    sel = selected(f.height, rows)
+    if metric == "itl_ms":
+        keep = sel[rt.itl_row]
+        vals, w, r = rt.itl_ms[keep], rt.itl_w[keep].astype(np.float64), rt.itl_row[keep]
+    else:
+        col = f[metric].cast(pl.Float64).fill_null(np.nan).to_numpy().astype(np.float64)
+        take = f["ok"].to_numpy().astype(bool) & sel
+        vals, w = col[take], np.ones(int(take.sum()))
+        r = np.flatnonzero(take).astype(np.int64)
+    return boot_quantiles(vals, w, r, blocks, qs, n_boot, rng)
+
+
+def slo_draws(
+    rt: RequestTable, rows: I64, slo: Mapping[str, Any] | None, blocks: Blocks, mult: F64
+) -> tuple[F64, F64 | None]:
+    """Per resample (`mult`: block multiplicities): the group's attainment % (good / planned,
+    one resample for both) and goodput (good / the group's window, None without a window), as
+    `latency.slo_block` computes them on the run itself."""
+    f = rt.frame
+    sel = selected(f.height, rows).astype(np.float64)
+    good = good_mask(rt, slo).astype(np.float64) * sel
+    good_b = mult @ np.bincount(blocks.of_request, weights=good, minlength=blocks.n)
+    plan_b = mult @ np.bincount(blocks.of_request, weights=sel, minlength=blocks.n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        attain = 100.0 * good_b / plan_b
+    a, b = _window(f[rows])
+    window_s = (b - a) / 1e9 if a is not None and b is not None and b > a else None
+    return attain, (good_b / window_s if window_s else None)
+
+
+def _latency(rt: RequestTable, rows: I64, group: tuple[str, str], bt: _Boot) -> dict[str, Any]:
     qs = [float(s[1:]) for s in CLASS_STATS]
     rng = np.random.default_rng(SEED + 1)
     out: dict[str, Any] = {}
@@ -135,17 +181,9 @@ def _latency(rt: RequestTable, rows: I64, group: tuple[str, str], bt: _Boot) -> 
         d = describe_metric(rt, m, rows, group)
         block: dict[str, Any] = {s: d.get(s) for s in CLASS_STATS}
         block["count"] = d.get("count")
-        if m == "itl_ms":
-            keep = sel[rt.itl_row]
-            vals, w, r = rt.itl_ms[keep], rt.itl_w[keep].astype(np.float64), rt.itl_row[keep]
-        else:
-            col = f[m].cast(pl.Float64).fill_null(np.nan).to_numpy().astype(np.float64)
-            take = okm & sel
-            vals, w = col[take], np.ones(int(take.sum()))
-            r = np.flatnonzero(take).astype(np.int64)
-        res = boot_quantiles(vals, w, r, bt.blocks, qs, N_BOOT, rng)
+        res = latency_draws(rt, rows, m, qs, bt.blocks, N_BOOT, rng)
         for j, s in enumerate(CLASS_STATS):
-            block[f"{s}_ci"] = _ci(res[:, j])
+            block[f"{s}_ci"] = percentile_interval(res[:, j])
         out[m] = block
     return out
 
@@ -156,19 +194,19 @@ def _slo(
     if not slo_targets(slo):
         return None
     out = slo_block(rt, slo, rows, group)
-    f = rt.frame
-    sel = np.zeros(f.height, dtype=np.float64)
-    sel[rows] = 1.0
-    good = good_mask(rt, slo).astype(np.float64) * sel
-    n = bt.blocks.n
-    good_b = bt.mult @ np.bincount(bt.blocks.of_request, weights=good, minlength=n)
-    plan_b = bt.mult @ np.bincount(bt.blocks.of_request, weights=sel, minlength=n)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out["attainment_all_ci"] = _ci(100.0 * good_b / plan_b)
-    a, b = _window(f[rows])
-    window_s = (b - a) / 1e9 if a is not None and b is not None and b > a else None
-    out["goodput_rps_ci"] = _ci(good_b / window_s) if window_s else None
+    attain, goodput = slo_draws(rt, rows, slo, bt.blocks, bt.mult)
+    out["attainment_all_ci"] = percentile_interval(attain)
+    out["goodput_rps_ci"] = percentile_interval(goodput) if goodput is not None else None
     return out
+
+
+def group_counts(sub: pl.DataFrame) -> dict[str, int]:
+    """A group's requests: planned, ok, shed (refused by the server's flow control) and failed
+    (every other status)."""
+    status = sub["status"]
+    n_ok = int((status == "ok").sum())
+    n_shed = int((status == "shed").sum())
+    return {"planned": sub.height, "ok": n_ok, "shed": n_shed, "failed": sub.height - n_ok - n_shed}
 
 
 def group_result(
@@ -181,16 +219,8 @@ def group_result(
 ) -> dict[str, Any]:
     """One class's (or tenant's) counts, percentiles with intervals, queue time, SLO verdict."""
     sub = rt.frame[rows]
-    status = sub["status"]
-    n_ok = int((status == "ok").sum())
-    n_shed = int((status == "shed").sum())
     out: dict[str, Any] = {
-        "requests": {
-            "planned": sub.height,
-            "ok": n_ok,
-            "shed": n_shed,
-            "failed": sub.height - n_ok - n_shed,
-        },
+        "requests": group_counts(sub),
         "latency": _latency(rt, rows, group, bt),
     }
     if queue is not None:

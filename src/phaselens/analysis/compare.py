@@ -33,6 +33,8 @@ import numpy.typing as npt
 import polars as pl
 
 from phaselens.analysis.bootstrap import boot_quantiles, boot_rate, make_blocks
+from phaselens.analysis.compare_classes import compare_classes
+from phaselens.analysis.difference import FAMILY_ALPHA, verdict_row
 from phaselens.analysis.latency import (
     RequestTable,
     good_mask,
@@ -60,7 +62,6 @@ METRICS: dict[str, tuple[str, str, bool, str]] = {
     "goodput": ("goodput_rps", "", False, "req/s"),
     "output_tokens_per_s": ("output_tokens_per_s", "", False, "tok/s"),
 }
-FAMILY_ALPHA = 0.05  # family-wise error rate, Bonferroni-split over METRICS
 
 
 @dataclass(frozen=True)
@@ -152,34 +153,11 @@ def compare_pair(
     alpha = FAMILY_ALPHA / len(METRICS)
     out = []
     for key, (_, _, lower_better, unit) in METRICS.items():
-        va, vb = a.point[key], b.point[key]
-        d = bb[key] - ba[key]
-        d = d[np.isfinite(d)]
-        row: dict[str, Any] = {
-            "metric": key,
-            "unit": unit,
-            "better": "lower" if lower_better else "higher",
-            "a": va,
-            "b": vb,
-            "diff": None,
-            "rel": None,
-            "ci_low": None,
-            "ci_high": None,
-            "verdict": "not comparable",
-        }
-        if va is None or vb is None or d.shape[0] < max(20, n_boot // 2):
-            out.append(row)
-            continue
-        lo, hi = np.quantile(d, [alpha / 2, 1 - alpha / 2])
-        row["diff"] = vb - va
-        row["rel"] = (vb - va) / va if va else None
-        row["ci_low"], row["ci_high"] = float(lo), float(hi)
-        if lo > 0 or hi < 0:
-            up = lo > 0
-            row["verdict"] = "worse" if up == lower_better else "better"
-        else:
-            row["verdict"] = "no significant change"
-        out.append(row)
+        out.append(
+            verdict_row(
+                key, unit, lower_better, a.point[key], b.point[key], bb[key] - ba[key], alpha
+            )
+        )
     return out
 
 
@@ -281,6 +259,9 @@ def compare_runs(
         rows = compare_pair(base, rs, n_boot, seed + k)
         checks = [check_fail_on(rows, g) for g in gates]
         failed = failed or any(c["failed"] for c in checks)
+        per_class = compare_classes(
+            (base.rt, base.run.manifest), (rs.rt, rs.run.manifest), n_boot, seed + k
+        )
         comps.append(
             {
                 "run": rs.name,
@@ -289,6 +270,7 @@ def compare_runs(
                 "valid": rs.valid,
                 "metrics": rows,
                 "fail_on": checks,
+                **({"per_class": per_class} if per_class is not None else {}),
             }
         )
     result = {

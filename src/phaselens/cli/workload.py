@@ -138,7 +138,7 @@ def plan(
 
     from phaselens.workload.gatewaylog import LogOptions
     from phaselens.workload.spec import load_spec
-    from phaselens.workload.views import schedule_frame, summarize, summary_table
+    from phaselens.workload.views import class_table, schedule_frame, summarize, summary_table
 
     if out is not None:
         check_out_file(out, "--out")
@@ -161,6 +161,10 @@ def plan(
     console = Console() if sys.stdout.isatty() else Console(width=120)
     title = f"{ws.name}: {summary['total']:,} requests over {summary['duration_s']:g} s"
     console.print(summary_table(summary, title=title))
+    if summary.get("classes"):
+        console.print(
+            class_table(summary, title="flow-control classes (lower priority: served first)")
+        )
     if out is not None:
         console.print(f"schedule written to {out}")
 

@@ -19,6 +19,7 @@ from phaselens.report.fig_capacity import (
     Knee,
     Point,
     SettingCurve,
+    class_verdict_figure,
     goodput_figure,
     latency_figure,
     sweep_bars_figure,
@@ -139,6 +140,59 @@ def _href(run: Any, base: Path, page_dir: Path, page: str = "report.html") -> st
     return _rel(d / page if (d / page).is_file() else d, page_dir)
 
 
+def _class_verdicts(p: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A probe's verdict per flow-control class (`probes[i].classes`), in the file's order."""
+    return [(str(n), _verdict(_map(v))) for n, v in _map(p.get("classes")).items()]
+
+
+def _targets_text(targets: Any) -> str:
+    parts = []
+    for t in _list(targets):
+        thr = _num(t.get("threshold_ms"))
+        if isinstance(t.get("metric"), str) and thr is not None:
+            parts.append(f"{t['metric']} {t.get('stat', '')} ≤ {fmt(thr)} ms")
+    return ", ".join(parts) or "–"
+
+
+def _per_class(res: Mapping[str, Any], probes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """capacity.json `per_class`: per class its capacity (the highest load at which its own SLO
+    holds), that load's scale, the first load it missed, its SLO (from the probes' targets) and
+    how many probe runs passed."""
+    out = []
+    for name, v in _map(res.get("per_class")).items():
+        v = _map(v)
+        cap = _num(v.get("capacity_rps"))
+        judged = [_map(_map(p.get("classes")).get(name)) for p in probes]
+        judged = [j for j in judged if j]
+        out.append(
+            {
+                "cls": str(name),
+                "rps": "0 (missed at every load probed)" if cap == 0 else fmt(cap),
+                "scale": fmt(_num(v.get("load_scale")), "×"),
+                "edge": fmt(_num(v.get("upper_edge_rps"))),
+                "slo": _targets_text(judged[0].get("targets")) if judged else "–",
+                "passed": f"{sum(_verdict(j) == 'pass' for j in judged)}/{len(judged)}",
+            }
+        )
+    return out
+
+
+def _class_figure(res: Mapping[str, Any], probes: Sequence[Mapping[str, Any]]) -> str | None:
+    """The per-class verdict strip (fig_capacity.class_verdict_figure), None without classes."""
+    marks = [
+        (name, rate, verdict, f"{verdict} · {p.get('run', '')}")
+        for p in probes
+        if (rate := _num(p.get("rate_rps"))) is not None
+        for name, verdict in _class_verdicts(p)
+    ]
+    caps = {
+        str(n): _num(_map(v).get("capacity_rps")) for n, v in _map(res.get("per_class")).items()
+    }
+    if not marks and not caps:
+        return None
+    return fig_json(class_verdict_figure(marks, caps))
+
+
 def _probe_rows(probes: Sequence[Mapping[str, Any]], base: Path, page_dir: Path) -> list[Any]:
     rows = []
     for i, p in enumerate(probes, 1):
@@ -160,6 +214,7 @@ def _probe_rows(probes: Sequence[Mapping[str, Any]], base: Path, page_dir: Path)
                 "ttft": fmt(_num(p.get("ttft_p90_ms"))),
                 "tpot": fmt(_num(p.get("tpot_p90_ms"))),
                 "stopped": (f"yes: {why}" if why else "yes") if p.get("stopped_early") else "",
+                "classes": [(n, v, verdict_color(v)) for n, v in _class_verdicts(p)],
                 "links": [
                     (Path(r).name, _href(r, base, page_dir)) for r in runs if isinstance(r, str)
                 ],
@@ -284,6 +339,9 @@ def capacity_context(res: Mapping[str, Any], out: Path, base: Path | None = None
         ]
     else:
         notes.append("capacity.json lists no probe with an offered load: nothing to draw.")
+    class_fig = _class_figure(res, probes)
+    if class_fig is not None:
+        figures.append(("classes", class_fig))
     cap = knee.capacity_rps
     iv = knee.interval
     return {
@@ -310,6 +368,10 @@ def capacity_context(res: Mapping[str, Any], out: Path, base: Path | None = None
             for k, d in slo.items()
         ],
         "per_model": _per_model(res.get("per_model")),
+        "per_class": _per_class(res, probes),
+        "probe_figures": bool(pts),
+        "class_figure": class_fig is not None,
+        "probe_classes": any(_class_verdicts(p) for p in probes),
         "probes": _probe_rows(probes, base, out.parent),
         "figures": figures,
         "notes": notes,

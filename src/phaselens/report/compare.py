@@ -16,6 +16,7 @@ from plotly.subplots import make_subplots
 
 from phaselens.analysis.compare import RunStats
 from phaselens.report import figures as figs
+from phaselens.report.compare_classes import class_figure, class_lines, class_table
 from phaselens.report.fig_latency import cdf_figure
 from phaselens.report.figdata import CDF_METRICS, latency_values, slo_threshold
 from phaselens.report.page import fig_json, fmt, render_page, template_env, write_page
@@ -130,6 +131,9 @@ def render_compare(result: Mapping[str, Any], stats: Sequence[RunStats]) -> str:
         color_by_group=colors,
     )
     figures = [("cdf", fig_json(cdf)), ("util", fig_json(_util_figure(stats)))]
+    if any(c.get("per_class") for c in result["comparisons"]):
+        fig = class_figure(result["baseline"]["run"], result["comparisons"])
+        figures.append(("classes", fig_json(fig)))
     comps = [
         {
             "run": c["run"],
@@ -137,6 +141,7 @@ def render_compare(result: Mapping[str, Any], stats: Sequence[RunStats]) -> str:
             "valid": c["valid"],
             "rows": _table_rows(c["metrics"]),
             "fail_on": c["fail_on"],
+            "per_class": class_table(c["per_class"], _table_rows) if c.get("per_class") else None,
         }
         for c in result["comparisons"]
     ]
@@ -147,6 +152,7 @@ def render_compare(result: Mapping[str, Any], stats: Sequence[RunStats]) -> str:
         "n_boot": result["n_boot"],
         "failed": result["failed"],
         "figures": figures,
+        "class_figure": any(fid == "classes" for fid, _ in figures),
     }
     return render_page(template_env().get_template("compare.html.j2"), ctx)
 
@@ -171,4 +177,6 @@ def summary_lines(result: Mapping[str, Any]) -> list[str]:
             lines.append(
                 f"  gate {g['gate']}: {'FAILED' if g['failed'] else 'passed'} — {g['why']}"
             )
+        if c.get("per_class"):
+            lines += class_lines(c["per_class"])
     return lines

@@ -261,6 +261,46 @@ class SettingCurve:
     pareto: bool = False
 
 
+def class_verdict_figure(
+    verdicts: Sequence[tuple[str, float, str, str]], capacities: Mapping[str, float | None]
+) -> go.Figure:
+    """Per class (a row), every probe run's verdict for that class against its own SLO at the
+    probe's offered load, one trace per verdict as in the goodput figure; a black bar: the
+    class's capacity. `verdicts`: (class, offered req/s, verdict, hover label)."""
+    fig = go.Figure()
+    names = list(dict.fromkeys([c for c, _, _, _ in verdicts] + list(capacities)))
+    for verdict in [*VERDICT_COLORS, *sorted({v for _, _, v, _ in verdicts} - set(VERDICT_COLORS))]:
+        sel = [(c, r, lab) for c, r, v, lab in verdicts if v == verdict]
+        if not sel:
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=[r for _, r, _ in sel],
+                y=[esc(c) for c, _, _ in sel],
+                mode="markers",
+                name=esc(verdict),
+                text=[esc(lab) for _, _, lab in sel],
+                hovertemplate="%{y}: %{text} at %{x} req/s<extra></extra>",
+                marker={"color": verdict_color(verdict), "size": 11},
+            )
+        )
+    caps = [(c, v) for c, v in capacities.items() if v is not None]
+    if caps:
+        fig.add_trace(
+            go.Scatter(
+                x=[v for _, v in caps],
+                y=[esc(c) for c, _ in caps],
+                mode="markers",
+                name="class capacity",
+                marker={"symbol": "line-ns", "size": 24, "line": {"width": 3, "color": "#000"}},
+            )
+        )
+    fig.update_xaxes(title_text="offered load (req/s)", rangemode="tozero")
+    fig.update_yaxes(categoryorder="array", categoryarray=[esc(c) for c in names[::-1]])
+    fig.update_layout(**LAYOUT, height=140 + 40 * len(names))
+    return fig
+
+
 def sweep_curves_figure(curves: Sequence[SettingCurve]) -> go.Figure:
     """Goodput vs offered load, one curve per setting (each from its capacity search)."""
     fig = go.Figure()

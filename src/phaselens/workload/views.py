@@ -181,7 +181,7 @@ def summarize(schedule: Schedule) -> dict[str, Any]:
                 },
             }
         )
-    return {
+    out = {
         "total": len(schedule),
         "duration_s": schedule.duration_ns / 1e9,
         "seed": schedule.seed,
@@ -189,6 +189,55 @@ def summarize(schedule: Schedule) -> dict[str, Any]:
         "models": models,
         "stages": stages,
     }
+    if schedule.class_idx is not None:  # the spec named classes or tenants
+        out["classes"] = class_summary(schedule)
+    return out
+
+
+def class_summary(schedule: Schedule) -> dict[str, Any]:
+    """Per flow-control class (the spec's, then a model's own for the rows none matched): its
+    priority (None when no row has it), the tenants of its rows, count, share of the plan and
+    input/output p50/p90/p99/max."""
+    names, idx = schedule.class_rows()
+    tnames, tidx = schedule.tenant_rows()
+    n = len(schedule)
+    out: dict[str, Any] = {}
+    for k, name in enumerate(names):
+        sel = idx == k
+        count = int(sel.sum())
+        prios = np.unique(schedule.priority[sel])
+        out[name] = {
+            "priority": int(prios[0]) if prios.size == 1 else None,
+            "tenants": [t for t in tnames if t and bool((tidx[sel] == tnames.index(t)).any())],
+            "count": count,
+            "share": count / n if n else None,
+            "input_tokens": _pcts(schedule.input_tokens[sel]),
+            "output_tokens": _pcts(schedule.output_tokens[sel]),
+        }
+    return out
+
+
+def class_table(summary: Mapping[str, Any], title: str = "") -> Table:
+    """The `phaselens plan` table of flow-control classes: priority, tenant, count, share,
+    input p50/p90/max and output p50/p90."""
+    t = Table(title=title or None, show_lines=False)
+    t.add_column("class")
+    t.add_column("priority", justify="right")
+    t.add_column("tenant")
+    for col in ("count", "share", "input p50/p90/max", "output p50/p90"):
+        t.add_column(col, justify="right")
+    for name, c in summary.get("classes", {}).items():
+        share = c["share"]
+        t.add_row(
+            name,
+            "-" if c["priority"] is None else str(c["priority"]),
+            ", ".join(c["tenants"]) or "-",
+            f"{c['count']:,}",
+            "-" if share is None else f"{100 * share:.1f}%",
+            "/".join(_fmt(c["input_tokens"][k]) for k in ("p50", "p90", "max")),
+            "/".join(_fmt(c["output_tokens"][k]) for k in ("p50", "p90")),
+        )
+    return t
 
 
 def _fmt(v: float | None, digits: int = 0) -> str:
