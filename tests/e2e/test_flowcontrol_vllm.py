@@ -211,7 +211,7 @@ http {{
     fastcgi_temp_path {d}/fastcgi;
     uwsgi_temp_path {d}/uwsgi;
     scgi_temp_path {d}/scgi;
-    limit_conn_zone $server_name zone=inflight:1m;
+    limit_conn_zone $binary_remote_addr zone=inflight:1m;  # (an empty key is not counted)
     server {{
         listen 127.0.0.1:{port};
         location / {{
