@@ -79,3 +79,43 @@ def test_length_mixed_run_without_classes() -> None:
     assert isinstance(res, list) and len(res) == 1
     assert res[0].evidence["long"] == "prompts of 4x the median"
     assert res[0].evidence["short_ttft_p90_ms_long_prefill_in_flight"] == pytest.approx(730.0)
+
+
+def _queue_run(priority: bool) -> Run:
+    """A standing queue for 10 s: each 1 s window gets 4 short requests (at +0, +250, +500,
+    +750 ms; 20 output chunks 10 ms apart: generation 190 ms) and 1 long one (at +100 ms).
+    fcfs: everyone waits 2000 ms for a first token. priority: the short ones wait 300 ms, the
+    long ones 4000 ms. A long prefill (send → first token) then spans every arrival bin, so the
+    prefill split has no short arrival without one: only the queued branch can speak."""
+    out: list[RequestRecord] = []
+    short_wait, long_wait = (300.0, 4000.0) if priority else (2000.0, 2000.0)
+    for w in range(10):
+        base = 1000.0 * w
+        for j, off in enumerate((0.0, 250.0, 500.0, 750.0)):
+            s = base + off
+            first = s + short_wait
+            r = rec(4 * w + j, s, chunks_ms=[first + 10.0 * k for k in range(20)], input_tokens=50)
+            out.append(dataclasses.replace(r, req_class="short"))
+        s = base + 100.0
+        r = rec(1000 + w, s, chunks_ms=[s + long_wait, s + long_wait + 10], input_tokens=4000)
+        out.append(dataclasses.replace(r, req_class="long"))
+    return make_run(out, manifest={"classes": CLASSES})
+
+
+def test_fires_on_a_queue_served_in_arrival_order_behind_long_work() -> None:
+    res = head_of_line(_analysis(_queue_run(priority=False)))
+    assert isinstance(res, list) and len(res) == 1
+    ev = res[0].evidence
+    # 10 windows hold both classes; in each, short median TTFT 2000 / long 2000 = 1.0
+    assert ev["queued_windows"] == 10
+    assert ev["short_over_long_ttft_same_window"] == pytest.approx(1.0)
+    # short TTFT p50 2000 ms over its generation time (19 gaps of 10 ms = 190 ms)
+    assert ev["short_ttft_over_own_generation"] == pytest.approx(2000.0 / 190.0, rel=1e-3)
+    assert ev["queued_behind_long_work"] is True
+    assert "queue behind long-running work" in res[0].title
+    assert "short_ttft_p90_ms_long_prefill_in_flight" not in ev  # no clear side to split
+
+
+def test_quiet_when_a_priority_serves_the_short_class_first() -> None:
+    # per window 300 / 4000 = 0.075 < 0.5: the short class does not wait like the long one
+    assert head_of_line(_analysis(_queue_run(priority=True))) == []

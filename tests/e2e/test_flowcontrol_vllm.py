@@ -92,6 +92,10 @@ def _run_args(spec: Path, url: str, out: Path, *extra: str) -> list[str]:
         "--out",
         str(out),
         "--quiet",
+        # a starved long request may wait minutes for its first token on a busy 2-core machine
+        # under priority (that is the policy); the default 60 s silence limit would time it out
+        "--idle-timeout",
+        "900",
         *extra,
     ]
 
@@ -140,10 +144,15 @@ def policies(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
             eng.stop()
 
 
-def _classes(run: Path) -> dict[str, Any]:
+def _analyze(run: Path) -> dict[str, Any]:
     p = _phaselens("analyze", str(run), "--json", timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    out: dict[str, Any] = json.loads(p.stdout)["classes"]
+    out: dict[str, Any] = json.loads(p.stdout)
+    return out
+
+
+def _classes(run: Path) -> dict[str, Any]:
+    out: dict[str, Any] = _analyze(run)["classes"]
     return out
 
 
@@ -179,7 +188,16 @@ def test_priority_serves_the_short_class_first(policies: dict[str, Any]) -> None
         assert man["class_slo"]["short"]["ttft_ms"] == {"p90": 30000.0}
 
     share = {p: overtaken_share(req) for p, req in reqs.items()}
-    cls = {p: _classes(r) for p, r in runs.items()}
+    doc = {p: _analyze(r) for p, r in runs.items()}
+    cls = {p: d["classes"] for p, d in doc.items()}
+    hol = {
+        p: [f for f in d["findings"] if f["code"] == "head-of-line-blocking"]
+        for p, d in doc.items()
+    }
+    print(f"head-of-line: { {p: [f['title'] for f in v] for p, v in hol.items()} }")
+    # the finding names the blocking where arrival order serves the short class behind long
+    # work, and stays quiet where the priority serves it first
+    assert hol["fcfs"] and not hol["priority"], hol
     p90 = {
         p: {k: c[k]["latency"]["ttft_ms"]["p90"] for k in ("short", "long")} for p, c in cls.items()
     }
@@ -280,4 +298,4 @@ def test_a_queue_cap_in_front_of_vllm_is_counted_as_shed(policies: dict[str, Any
     # a shed request is an SLO miss: attainment of every class is ok / planned at most
     for c in cls.values():
         r = c["requests"]
-        assert c["slo"]["attainment"]["all"] <= 100.0 * r["ok"] / r["planned"] + 1e-9
+        assert c["slo"]["attainment"]["all"] <= 100.0 * r["ok"] / r["planned"] + 1e-4  # (rounded)

@@ -8,6 +8,13 @@ squares on every request that arrived with no long prefill in flight). Arrival b
 whole wait, decide the split: a short request that waited longer would otherwise overlap more
 long prefills only because it waited longer.
 
+A second shape of the same blocking is a queue served in arrival order behind long-running
+work (all slots held by long decodes: the prefill split above then sees every short request
+wait alike). Its evidence, again at the same moments: in each 1 s window of arrivals holding
+both classes, the short requests' median TTFT against the long ones' (arrival order serves them
+alike, a priority serves the short ones first), and the short class's TTFT against its own
+generation time (E2E − TTFT: waiting, not its own work, makes its latency).
+
 Short and long: the spec's classes with the smallest and largest mean prompt (when it named at
 least two, and the largest is at least LENGTH_GAP times the smallest); in a run without classes,
 the prompts up to the median length against those of at least LENGTH_MIX times the median (a run
@@ -32,6 +39,10 @@ MIN_SHORT = 20  # served short requests before the rule trusts a p90
 MIN_SIDE = 5  # ... and at least this many on each side of the split
 LENGTH_GAP = 2.0  # classes: the long class's mean prompt over the short class's
 LENGTH_MIX = 4.0  # no classes: a prompt this many times the median length is long
+SAME_WAIT = 0.5  # queued: short TTFT / long TTFT of the same arrival window, median over windows
+WAIT_OVER_WORK = 2.0  # ... and the short class's TTFT p50 over its own generation time p50
+WINDOW_NS = 10 * BIN_NS  # the arrival window pairing short with long requests
+MIN_WINDOWS = 5  # windows holding both classes before the queued branch trusts its median
 
 
 def _split(a: Analysis, f: pl.DataFrame) -> tuple[str, str, Any, Any] | None:
@@ -94,49 +105,95 @@ def head_of_line(a: Analysis) -> RuleResult:
     ttft = f["ttft_ms"].cast(pl.Float64).fill_null(np.nan).to_numpy()
     inp = f["input_tokens"].cast(pl.Float64).fill_null(0.0).to_numpy()
     s_busy, s_clear = ok & is_short & busy, ok & is_short & ~busy
-    if s_busy.sum() < MIN_SIDE or s_clear.sum() < MIN_SIDE:
-        return []
-    p_busy, p_clear = _p90(ttft[s_busy]), _p90(ttft[s_clear])
-    pred = _predicted(inp, ttft, ok & ~busy, s_busy)
-    assert p_busy is not None and p_clear is not None
-    ratio = p_busy / max(p_clear, 1e-9)
-    over_pred = p_busy / max(pred, 1e-9) if pred is not None else None
-    ev = {
+    ev: dict[str, Any] = {
         "short": short_name,
         "long": long_name,
         "short_requests": n_short,
-        "short_ttft_p90_ms_long_prefill_in_flight": fnum(p_busy, 2),
-        "short_ttft_p90_ms_no_long_prefill": fnum(p_clear, 2),
-        "short_ttft_p90_ms_predicted_by_length": fnum(pred, 2),
-        "inflation_vs_no_long_prefill": fnum(ratio, 3),
-        "inflation_vs_predicted": fnum(over_pred, 3),
         "short_arrivals_with_long_prefill_share": fnum(float(busy[ok & is_short].mean()), 3),
         "long_ttft_p90_ms": fnum(_p90(ttft[ok & is_long]), 2),
         "short_ttft_p90_ms": fnum(_p90(ttft[ok & is_short]), 2),
         "thresholds": {"ratio": HOL_RATIO, "min_ms": HOL_MIN_MS},
     }
-    fired = (
-        ratio >= HOL_RATIO
-        and p_busy - p_clear >= HOL_MIN_MS
-        and (over_pred is None or over_pred >= HOL_RATIO)
-    )
-    if not fired:
-        return []
-    t0, t1 = span(busy_bins, np.arange(n_bins))
-    return [
-        Finding(
-            "head-of-line-blocking",
-            "warning",
-            f"Short requests ({short_name}) wait behind long prefills ({long_name}): their "
-            f"TTFT p90 is {ratio:.1f}x higher when a long prompt is being processed",
-            t0,
-            t1,
-            ev,
-            "Serve the short class ahead of long work (request-level flow control): give it a "
-            "lower priority number than the long class in the spec's `classes` and run the "
-            "engine's priority policy (vLLM `--scheduling-policy priority`), or route long "
-            "prompts to a queue or engine of their own; a smaller chunked-prefill budget also "
-            "bounds the wait. Predict the gain per class before changing the server: "
-            "`phaselens whatif RUN --calib CALIB.yaml --set policy.scheduling=fcfs,priority`.",
+    fired, ratio = False, 0.0
+    # the prefill split needs short arrivals on both sides (a standing queue may leave none
+    # without a long prefill in flight: then only the queued branch below can speak)
+    if s_busy.sum() >= MIN_SIDE and s_clear.sum() >= MIN_SIDE:
+        p_busy, p_clear = _p90(ttft[s_busy]), _p90(ttft[s_clear])
+        pred = _predicted(inp, ttft, ok & ~busy, s_busy)
+        assert p_busy is not None and p_clear is not None
+        ratio = p_busy / max(p_clear, 1e-9)
+        over_pred = p_busy / max(pred, 1e-9) if pred is not None else None
+        ev.update(
+            {
+                "short_ttft_p90_ms_long_prefill_in_flight": fnum(p_busy, 2),
+                "short_ttft_p90_ms_no_long_prefill": fnum(p_clear, 2),
+                "short_ttft_p90_ms_predicted_by_length": fnum(pred, 2),
+                "inflation_vs_no_long_prefill": fnum(ratio, 3),
+                "inflation_vs_predicted": fnum(over_pred, 3),
+            }
         )
-    ]
+        fired = (
+            ratio >= HOL_RATIO
+            and p_busy - p_clear >= HOL_MIN_MS
+            and (over_pred is None or over_pred >= HOL_RATIO)
+        )
+    queued = queued_evidence(sched, ttft, end - first, ok, is_short, is_long)
+    ev.update(queued)
+    if fired:
+        t0, t1 = span(busy_bins, np.arange(n_bins))
+        title = (
+            f"Short requests ({short_name}) wait behind long prefills ({long_name}): their "
+            f"TTFT p90 is {ratio:.1f}x higher when a long prompt is being processed"
+        )
+    elif queued.get("queued_behind_long_work"):
+        t0, t1 = int(sched.min()), int(np.nanmax(end))  # the whole run: a standing queue
+        title = (
+            f"Short requests ({short_name}) queue behind long-running work ({long_name}): "
+            f"at the same moments they wait {queued['short_over_long_ttft_same_window']:.2f}x "
+            "as long as the long ones, "
+            f"{queued['short_ttft_over_own_generation']:.1f}x their own generation time"
+        )
+    else:
+        return []
+    return [Finding("head-of-line-blocking", "warning", title, t0, t1, ev, RECOMMEND)]
+
+
+RECOMMEND = (
+    "Serve the short class ahead of long work (request-level flow control): give it a "
+    "lower priority number than the long class in the spec's `classes` and run the "
+    "engine's priority policy (vLLM `--scheduling-policy priority`), or route long "
+    "prompts to a queue or engine of their own; a smaller chunked-prefill budget also "
+    "bounds the wait. Predict the gain per class before changing the server: "
+    "`phaselens whatif RUN --calib CALIB.yaml --set policy.scheduling=fcfs,priority`."
+)
+
+
+def queued_evidence(
+    sched: Any, ttft: F64, gen_ns: F64, ok: Any, is_short: Any, is_long: Any
+) -> dict[str, Any]:
+    """The queued branch's evidence: per 1 s arrival window holding both classes, the short
+    requests' median TTFT over the long ones'; the median of that over windows; the short
+    class's TTFT p50 over its generation time p50 (`gen_ns`: end − first token, in ns)."""
+    win = sched // WINDOW_NS
+    s, lo = ok & is_short & ~np.isnan(ttft), ok & is_long & ~np.isnan(ttft)
+    ratios = []
+    for w in np.intersect1d(np.unique(win[s]), np.unique(win[lo])):
+        ls = float(np.median(ttft[lo & (win == w)]))
+        if ls > 0:
+            ratios.append(float(np.median(ttft[s & (win == w)])) / ls)
+    # (a request whose tokens all came in one read has no measurable generation time: left out)
+    gen = gen_ns[s & (gen_ns > 0)] / 1e6
+    if len(ratios) < MIN_WINDOWS or gen.size == 0:
+        return {"queued_windows": len(ratios)}
+    same = float(np.median(ratios))
+    p50 = float(np.median(ttft[s]))
+    over_own = p50 / float(np.median(gen))
+    return {
+        "queued_windows": len(ratios),
+        "short_over_long_ttft_same_window": fnum(same, 3),
+        "short_ttft_over_own_generation": fnum(over_own, 3),
+        "queued_behind_long_work": bool(
+            same >= SAME_WAIT and over_own >= WAIT_OVER_WORK and p50 >= HOL_MIN_MS
+        ),
+        "thresholds_queued": {"same_window": SAME_WAIT, "over_own_generation": WAIT_OVER_WORK},
+    }
