@@ -106,9 +106,10 @@ def test_fires_on_a_queue_served_in_arrival_order_behind_long_work() -> None:
     res = head_of_line(_analysis(_queue_run(priority=False)))
     assert isinstance(res, list) and len(res) == 1
     ev = res[0].evidence
-    # 10 windows hold both classes; in each, short median TTFT 2000 / long 2000 = 1.0
-    assert ev["queued_windows"] == 10
-    assert ev["short_over_long_ttft_same_window"] == pytest.approx(1.0)
+    # all 40 short requests have a long one arriving within 1 s (the long class's arrival gap);
+    # each pair: short TTFT 2000 / long 2000 = 1.0
+    assert ev["queued_pairs"] == 40
+    assert ev["short_over_long_ttft_same_moment"] == pytest.approx(1.0)
     # short TTFT p50 2000 ms over its generation time (19 gaps of 10 ms = 190 ms)
     assert ev["short_ttft_over_own_generation"] == pytest.approx(2000.0 / 190.0, rel=1e-3)
     assert ev["queued_behind_long_work"] is True
@@ -117,5 +118,5 @@ def test_fires_on_a_queue_served_in_arrival_order_behind_long_work() -> None:
 
 
 def test_quiet_when_a_priority_serves_the_short_class_first() -> None:
-    # per window 300 / 4000 = 0.075 < 0.5: the short class does not wait like the long one
+    # each pair 300 / 4000 = 0.075 < 0.5: the short class does not wait like the long one
     assert head_of_line(_analysis(_queue_run(priority=True))) == []

@@ -10,10 +10,10 @@ long prefills only because it waited longer.
 
 A second shape of the same blocking is a queue served in arrival order behind long-running
 work (all slots held by long decodes: the prefill split above then sees every short request
-wait alike). Its evidence, again at the same moments: in each 1 s window of arrivals holding
-both classes, the short requests' median TTFT against the long ones' (arrival order serves them
-alike, a priority serves the short ones first), and the short class's TTFT against its own
-generation time (E2E − TTFT: waiting, not its own work, makes its latency).
+wait alike). Its evidence, again at the same moments: each short request's TTFT against that of
+the long request that arrived nearest to it (arrival order serves them alike, a priority serves
+the short ones first), and the short class's TTFT against its own generation time (end − first
+token: waiting, not its own work, makes its latency).
 
 Short and long: the spec's classes with the smallest and largest mean prompt (when it named at
 least two, and the largest is at least LENGTH_GAP times the smallest); in a run without classes,
@@ -39,10 +39,10 @@ MIN_SHORT = 20  # served short requests before the rule trusts a p90
 MIN_SIDE = 5  # ... and at least this many on each side of the split
 LENGTH_GAP = 2.0  # classes: the long class's mean prompt over the short class's
 LENGTH_MIX = 4.0  # no classes: a prompt this many times the median length is long
-SAME_WAIT = 0.5  # queued: short TTFT / long TTFT of the same arrival window, median over windows
+SAME_WAIT = 0.5  # queued: short TTFT / TTFT of the long request arriving nearest, median
 WAIT_OVER_WORK = 2.0  # ... and the short class's TTFT p50 over its own generation time p50
-WINDOW_NS = 10 * BIN_NS  # the arrival window pairing short with long requests
-MIN_WINDOWS = 5  # windows holding both classes before the queued branch trusts its median
+PAIR_GAP_NS = 10 * BIN_NS  # the farthest a paired long arrival may be (or its median gap)
+MIN_PAIRS = 10  # paired short requests before the queued branch trusts its median
 
 
 def _split(a: Analysis, f: pl.DataFrame) -> tuple[str, str, Any, Any] | None:
@@ -149,7 +149,7 @@ def head_of_line(a: Analysis) -> RuleResult:
         t0, t1 = int(sched.min()), int(np.nanmax(end))  # the whole run: a standing queue
         title = (
             f"Short requests ({short_name}) queue behind long-running work ({long_name}): "
-            f"at the same moments they wait {queued['short_over_long_ttft_same_window']:.2f}x "
+            f"at the same moments they wait {queued['short_over_long_ttft_same_moment']:.2f}x "
             "as long as the long ones, "
             f"{queued['short_ttft_over_own_generation']:.1f}x their own generation time"
         )
@@ -171,29 +171,36 @@ RECOMMEND = (
 def queued_evidence(
     sched: Any, ttft: F64, gen_ns: F64, ok: Any, is_short: Any, is_long: Any
 ) -> dict[str, Any]:
-    """The queued branch's evidence: per 1 s arrival window holding both classes, the short
-    requests' median TTFT over the long ones'; the median of that over windows; the short
-    class's TTFT p50 over its generation time p50 (`gen_ns`: end − first token, in ns)."""
-    win = sched // WINDOW_NS
+    """The queued branch's evidence: each served short request against the long request that
+    arrived nearest to it (within PAIR_GAP_NS, or the long class's median arrival gap if
+    wider): the median over them of short TTFT / long TTFT; and the short class's TTFT p50 over
+    its generation time p50 (`gen_ns`: end − first token, in ns)."""
     s, lo = ok & is_short & ~np.isnan(ttft), ok & is_long & ~np.isnan(ttft)
-    ratios = []
-    for w in np.intersect1d(np.unique(win[s]), np.unique(win[lo])):
-        ls = float(np.median(ttft[lo & (win == w)]))
-        if ls > 0:
-            ratios.append(float(np.median(ttft[s & (win == w)])) / ls)
+    lt = sched[lo].astype(np.float64)
+    order = np.argsort(lt, kind="stable")
+    lt, l_ttft = lt[order], ttft[lo][order]
+    if lt.size == 0:
+        return {"queued_pairs": 0}
+    gap = max(float(PAIR_GAP_NS), float(np.median(np.diff(lt))) if lt.size > 1 else 0.0)
+    st = sched[s].astype(np.float64)
+    j = np.clip(np.searchsorted(lt, st), 1, lt.size) - 1  # the long arrival at or before
+    k = np.minimum(j + 1, lt.size - 1)  # ... and the one after
+    near = np.where(np.abs(lt[k] - st) < np.abs(st - lt[j]), k, j)
+    close = (np.abs(lt[near] - st) <= gap) & (l_ttft[near] > 0)
+    ratios = ttft[s][close] / l_ttft[near][close]
     # (a request whose tokens all came in one read has no measurable generation time: left out)
     gen = gen_ns[s & (gen_ns > 0)] / 1e6
-    if len(ratios) < MIN_WINDOWS or gen.size == 0:
-        return {"queued_windows": len(ratios)}
+    if ratios.size < MIN_PAIRS or gen.size == 0:
+        return {"queued_pairs": int(ratios.size)}
     same = float(np.median(ratios))
     p50 = float(np.median(ttft[s]))
     over_own = p50 / float(np.median(gen))
     return {
-        "queued_windows": len(ratios),
-        "short_over_long_ttft_same_window": fnum(same, 3),
+        "queued_pairs": int(ratios.size),
+        "short_over_long_ttft_same_moment": fnum(same, 3),
         "short_ttft_over_own_generation": fnum(over_own, 3),
         "queued_behind_long_work": bool(
             same >= SAME_WAIT and over_own >= WAIT_OVER_WORK and p50 >= HOL_MIN_MS
         ),
-        "thresholds_queued": {"same_window": SAME_WAIT, "over_own_generation": WAIT_OVER_WORK},
+        "thresholds_queued": {"same_moment": SAME_WAIT, "over_own_generation": WAIT_OVER_WORK},
     }
