@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,12 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 from aiohttp import web
+from tests.fakes.trickle import trickle_server
 
 from phaselens.driver.options import DriverOptions
-from phaselens.driver.probe_http import PREFLIGHT_DEADLINE_S
 from phaselens.driver.shed import refusal, retry_after_s
 from phaselens.errors import InputError
 from phaselens.execute import HttpTarget, Options, execute
+from phaselens.inputs.probe_http import PREFLIGHT_DEADLINE_S
 from phaselens.rundir.load import load_run
 from phaselens.types import Schedule
 
@@ -379,44 +378,6 @@ def test_refusal_tells_no_server_and_all_shed_apart() -> None:
     )
     assert refusal(["shed", "ok"], [503, 200]) is None
     assert refusal(["http_error", "disconnected"], [500, None]) is None
-
-
-@contextmanager
-def trickle_server() -> Iterator[str]:
-    """Answers every request with headers, then one body byte every 100 ms, forever."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
-    srv.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve(c: socket.socket) -> None:
-        with c:
-            try:
-                c.recv(65536)
-                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
-                c.sendall(b"Content-Length: 100000000\r\n\r\n{")
-                while not stop.wait(0.1):
-                    c.sendall(b" ")
-            except OSError:
-                return
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                c, _ = srv.accept()
-            except OSError:
-                continue
-            threading.Thread(target=serve, args=(c,), daemon=True).start()
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{srv.getsockname()[1]}"
-    finally:
-        stop.set()
-        t.join(5)
-        srv.close()
 
 
 def test_a_trickling_server_cannot_hold_the_preflight(

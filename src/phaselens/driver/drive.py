@@ -25,7 +25,6 @@ from phaselens.driver.options import DriverOptions, check_targets
 from phaselens.driver.packed import scrub_batch
 from phaselens.driver.preflight import context_preflight, probe_headers
 from phaselens.driver.priority import final_entry, plan_priority
-from phaselens.driver.probe_http import PREFLIGHT_DEADLINE_S, Deadline
 from phaselens.driver.profiling import (
     ProfileSetup,
     finish_windows,
@@ -40,6 +39,7 @@ from phaselens.driver.shard import WorkerResult
 from phaselens.driver.state import LiveStats, LiveView, StopHook
 from phaselens.driver.writer import WriterThread, close_run, seen_ids
 from phaselens.errors import InputError
+from phaselens.inputs.probe_http import PREFLIGHT_DEADLINE_S, Deadline
 from phaselens.inputs.redact import Secrets, redact_url, scrub_json, scrub_record, scrub_samples
 from phaselens.rundir.write import RunWriter, clock_anchor
 from phaselens.telemetry.options import parse_spec as parse_telemetry

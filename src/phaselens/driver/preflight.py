@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from phaselens.driver.options import DriverOptions
-from phaselens.driver.probe_http import PREFLIGHT_DEADLINE_S, Deadline, get_json
+from phaselens.inputs.probe_http import PREFLIGHT_DEADLINE_S, Deadline, get_json
 from phaselens.inputs.redact import basic_auth, redact_url
 from phaselens.types import Schedule
 

@@ -29,8 +29,8 @@ import numpy as np
 
 from phaselens.driver.options import PRIORITY_CONVENTIONS as CONVENTIONS
 from phaselens.driver.preflight import server_root
-from phaselens.driver.probe_http import Deadline, get_json
 from phaselens.errors import InputError
+from phaselens.inputs.probe_http import Deadline, get_json
 from phaselens.inputs.redact import redact_url
 from phaselens.types import Schedule
 

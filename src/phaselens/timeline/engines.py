@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from phaselens.errors import InputError
+from phaselens.inputs.probe_http import Deadline, get_json
 
 Engine = Literal["vllm", "sglang"]
 OPENAPI_LIMIT = 8 << 20  # bytes of /openapi.json read at most (vLLM's is ~0.3 MB)
@@ -64,18 +65,10 @@ def post(url: str, body: dict[str, object] | None, timeout_s: float) -> Answer:
 
 
 def _paths(base: str) -> set[str] | None:
-    """The server's OpenAPI paths (FastAPI servers: vLLM, SGLang), or None when it has none."""
-    try:
-        with urllib.request.urlopen(base + "/openapi.json", timeout=CALL_TIMEOUT_S) as r:
-            raw = r.read(OPENAPI_LIMIT + 1)
-    except (OSError, ValueError):
-        return None
-    if len(raw) > OPENAPI_LIMIT:
-        return None
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        return None
+    """The server's OpenAPI paths (FastAPI servers: vLLM, SGLang), or None when it has none.
+    The whole GET ends within CALL_TIMEOUT_S, however slowly the server answers (a per-read
+    timeout let a server trickling 8 MiB hold the run for hours)."""
+    doc = get_json(base + "/openapi.json", {}, Deadline(CALL_TIMEOUT_S), OPENAPI_LIMIT)
     paths = doc.get("paths") if isinstance(doc, dict) else None
     return set(paths) if isinstance(paths, dict) else None
 

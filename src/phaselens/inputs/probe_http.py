@@ -1,4 +1,6 @@
-"""One GET of a server's JSON before a run (context, engine), bounded by a TOTAL deadline.
+"""One GET of a server's JSON before a run (context, engine, profiler API), bounded by a TOTAL
+deadline. (In `inputs/`: what an untrusted server answers is untrusted input, and the driver's
+preflight and the profiler's detection in `timeline/` both ask.)
 
 Why apart: a per-read timeout does not bound a GET. A server that trickles its answer (one byte
 every 100 ms on `GET /props`, or a header line that never ends) answers every read in time and
@@ -38,9 +40,11 @@ class Deadline:
         return self.at - time.monotonic()
 
 
-def get_json(url: str, headers: Mapping[str, str], deadline: Deadline) -> Any:
-    """The JSON at `url`, or None for any failure (missing endpoint, not JSON, too slow, too
-    big, past the deadline)."""
+def get_json(
+    url: str, headers: Mapping[str, str], deadline: Deadline, max_body: int = MAX_BODY
+) -> Any:
+    """The JSON at `url`, or None for any failure (missing endpoint, not JSON, too slow, over
+    `max_body` bytes, past the deadline)."""
     left = deadline.left()
     if left <= 0:
         deadline.hit = True
@@ -84,7 +88,7 @@ def get_json(url: str, headers: Mapping[str, str], deadline: Deadline) -> Any:
                 break
             chunks.append(piece)
             n += len(piece)
-            if n > MAX_BODY:
+            if n > max_body:
                 return None
         return json.loads(b"".join(chunks))
     except Exception:  # best-effort: the run goes on without the answer
