@@ -58,6 +58,9 @@ from tests.e2e.test_flowcontrol_vllm import phaselens_cli as phaselens  # noqa: 
 MODEL = "tiny-vllm"
 POLICIES = ("fcfs", "priority")
 QUEUES = "short:0.5+*:0.5"
+# the light calibration run: the same mix open loop at 0.25 r/s for 100 s (~25 requests; many
+# alone, some overlapping: what `calibrate` fits from — the closed loop has no lone request)
+LIGHT = ("--set", "models[0].rate=0.25", "--set", "duration_s=100")
 PLAIN_SPEC = SPEC[: SPEC.index("classes:")]
 
 
@@ -74,10 +77,12 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs, {cpu}, load average {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}"
 
 
-def run_once(spec: Path, url: str, out: Path, seed: int) -> Path:
-    """One closed-loop run of `spec` (its seed set to `seed`) against `url`; its directory."""
+def run_once(spec: Path, url: str, out: Path, seed: int, *extra: str) -> Path:
+    """One run of `spec` (its seed set to `seed`) against `url`, closed loop of USERS unless
+    `extra` says otherwise; its directory."""
     out.mkdir(parents=True, exist_ok=True)
-    args = run_args(spec, url, out, "--concurrency", str(USERS), "--set", f"seed={seed}")
+    loop = extra or ("--concurrency", str(USERS))
+    args = run_args(spec, url, out, *loop, "--set", f"seed={seed}")
     p = phaselens(*args)
     if p.returncode != 0:
         raise RuntimeError(f"phaselens run failed: {p.stderr[-3000:]}")
@@ -85,7 +90,7 @@ def run_once(spec: Path, url: str, out: Path, seed: int) -> Path:
     return run
 
 
-def at_once(jobs: dict[str, tuple[Path, str, Path, int]]) -> dict[str, Path]:
+def at_once(jobs: dict[str, tuple[Any, ...]]) -> dict[str, Path]:
     """Run every job in its own thread at the same time; their run directories."""
     got: dict[str, Path] = {}
     errs: list[BaseException] = []
@@ -106,42 +111,61 @@ def at_once(jobs: dict[str, tuple[Path, str, Path, int]]) -> dict[str, Path]:
     return got
 
 
-def measure(out: Path, repeats: int, cpu_repeats: int) -> None:
+def measure(out: Path, repeats: int, cpu_repeats: int, ab: bool = True) -> None:
+    """Per repeat a light calibration run and the A/B (each on both servers at once); then the
+    driver CPU pairs. `ab=False`: only the calibration runs, added to an existing index."""
     out.mkdir(parents=True, exist_ok=True)
     with_cls = out / "fc.yaml"
     with_cls.write_text(SPEC)
     plain = out / "fc-noclasses.yaml"
     plain.write_text(PLAIN_SPEC)
     started: dict[str, Any] = {}
-    index: dict[str, Any] = {"machine_before": machine(), "repeats": [], "cpu": []}
+    idx_path = out / "index.json"
+    index: dict[str, Any] = (
+        json.loads(idx_path.read_text())
+        if idx_path.exists() and not ab
+        else {"machine_before": machine(), "repeats": [], "cpu": []}
+    )
+    index.setdefault("calib", [])
     try:
         for policy in POLICIES:
             started[policy] = start_policy(policy, out)
         for rep in range(repeats):
             t0 = time.monotonic()
             seed = 100 + rep
+            jobs: dict[str, tuple[Any, ...]] = {
+                p: (with_cls, started[p].url, out / f"rep{rep}" / f"light-{p}", seed + 50, *LIGHT)
+                for p in POLICIES
+            }
+            light = at_once(jobs)
+            index["calib"].append({k: str(v) for k, v in light.items()})
+            print(f"light {rep}: {time.monotonic() - t0:.0f} s; {machine()}", flush=True)
+            idx_path.write_text(json.dumps(index, indent=1))
+            if not ab:
+                continue
+            t0 = time.monotonic()
             jobs = {p: (with_cls, started[p].url, out / f"rep{rep}" / p, seed) for p in POLICIES}
             runs = at_once(jobs)
             index["repeats"].append({"seed": seed, "runs": {k: str(v) for k, v in runs.items()}})
             print(f"repeat {rep}: {time.monotonic() - t0:.0f} s; {machine()}", flush=True)
-            (out / "index.json").write_text(json.dumps(index, indent=1))
-        for rep in range(cpu_repeats):
+            idx_path.write_text(json.dumps(index, indent=1))
+        for rep in range(cpu_repeats if ab else 0):
             t0 = time.monotonic()
             seed = 200 + rep
             url = started["fcfs"].url
-            jobs = {
+            jobs_cpu: dict[str, tuple[Any, ...]] = {
                 "classes": (with_cls, url, out / f"cpu{rep}" / "classes", seed),
                 "plain": (plain, url, out / f"cpu{rep}" / "plain", seed),
             }
-            runs = at_once(jobs)
+            runs = at_once(jobs_cpu)
             index["cpu"].append({"seed": seed, "runs": {k: str(v) for k, v in runs.items()}})
             print(f"cpu repeat {rep}: {time.monotonic() - t0:.0f} s; {machine()}", flush=True)
-            (out / "index.json").write_text(json.dumps(index, indent=1))
+            idx_path.write_text(json.dumps(index, indent=1))
     finally:
         for eng in started.values():
             eng.stop()
     index["machine_after"] = machine()
-    (out / "index.json").write_text(json.dumps(index, indent=1))
+    idx_path.write_text(json.dumps(index, indent=1))
 
 
 # ---- prediction and figures ---------------------------------------------------------------------
@@ -190,13 +214,15 @@ def measured_figures(run: Path) -> dict[str, Any]:
     return out
 
 
-def predicted_figures(fcfs_run: Path, work: Path) -> dict[str, Any]:
-    """Calibrate on the fcfs run; what-if of it under fcfs, priority and separate queues."""
+def predicted_figures(fcfs_run: Path, calib_run: Path, work: Path) -> dict[str, Any]:
+    """Calibrate on `calib_run`; what-if of the fcfs run under fcfs, priority and separate
+    queues."""
+    work.mkdir(parents=True, exist_ok=True)
     dep = work / "deploy.yaml"
     dep.write_text(yaml.safe_dump(deployment(), sort_keys=False))
     calib = work / "calib.yaml"
     p = phaselens(
-        "calibrate", str(fcfs_run), "--deploy", str(dep), "-o", str(calib), "--allow-invalid"
+        "calibrate", str(calib_run), "--deploy", str(dep), "-o", str(calib), "--allow-invalid"
     )
     if p.returncode != 0:
         raise RuntimeError(f"calibrate: {p.stderr[-3000:]}")
@@ -235,7 +261,7 @@ def predicted_figures(fcfs_run: Path, work: Path) -> dict[str, Any]:
                 name: {
                     "ttft_p90_ms": c.get("ttft_p90_ms"),
                     "goodput_rps": c.get("goodput_rps"),
-                    "shed": c.get("shed"),
+                    "shed": (c.get("requests") or {}).get("shed"),
                 }
                 for name, c in (row.get("classes") or {}).items()
             },
@@ -273,12 +299,17 @@ def med_range_f(xs: list[float | None], nd: int = 2) -> str:
 def predict(out: Path, as_json: Path | None) -> None:
     index = json.loads((out / "index.json").read_text())
     reps = []
+    light = index.get("calib") or []
     for i, rep in enumerate(index["repeats"]):
         runs = {k: Path(v) for k, v in rep["runs"].items()}
         meas = {k: measured_figures(v) for k, v in runs.items()}
-        work = out / f"rep{i}" / "predict"
-        work.mkdir(parents=True, exist_ok=True)
-        pred = predicted_figures(runs["fcfs"], work)
+        sources = {"self": runs["fcfs"]}
+        if i < len(light):
+            sources["light"] = Path(light[i]["fcfs"])
+        pred = {
+            src: predicted_figures(runs["fcfs"], cal, out / f"rep{i}" / f"predict-{src}")
+            for src, cal in sources.items()
+        }
         reps.append({"measured": meas, "predicted": pred})
         print(f"repeat {i}: measured {meas}\n  predicted {pred}", flush=True)
     cpu = []
@@ -294,6 +325,26 @@ def predict(out: Path, as_json: Path | None) -> None:
         as_json.write_text(json.dumps(report, indent=1))
 
 
+CALIB_LABEL = {"self": "the fcfs run", "light": "a light run"}
+
+
+def _pred_cell(pr: list[Any], ms: list[Any], cls: str | None) -> str:
+    """Median (range) of a predicted figure over the repeats, and of its error against the
+    measured twin of the same repeat (none for separate queues: vLLM has no such policy)."""
+
+    def pick(x: Any) -> float | None:
+        if cls is None:
+            return x.get("goodput_rps") if x else None
+        return (x.get(cls) or {}).get("ttft_p90_ms") if x else None
+
+    vals = [pick(x) for x in pr]
+    cell = med_range_f(vals) if cls is None else med_range(vals)
+    if all(ms):
+        errs = [err(pick(a), pick(b)) for a, b in zip(pr, ms, strict=True)]
+        cell += f", error {med_range(errs)}%"
+    return cell
+
+
 def print_tables(report: dict[str, Any]) -> None:
     reps = report["repeats"]
     print(f"\nmachine: {report['machine']}")
@@ -306,33 +357,16 @@ def print_tables(report: dict[str, Any]) -> None:
             f"{med_range([x['long']['ttft_p90_ms'] for x in m])} | "
             f"{med_range_f([x['goodput_rps'] for x in m])} |"
         )
-    for p in (*POLICIES, "queues"):
-        pr = [r["predicted"].get(p) or {} for r in reps]
-        ms = [r["measured"].get(p) for r in reps]
-
-        def e(cls: str, pr: list[Any] = pr, ms: list[Any] = ms) -> str:
-            if not all(ms):
-                return ""
-            errs = [
-                err((a.get(cls) or {}).get("ttft_p90_ms"), b[cls]["ttft_p90_ms"])
-                for a, b in zip(pr, ms, strict=True)
-            ]
-            return f", error {med_range(errs)}%"
-
-        def eg(pr: list[Any] = pr, ms: list[Any] = ms) -> str:
-            if not all(ms):
-                return ""
-            errs = [
-                err(a.get("goodput_rps"), b["goodput_rps"]) for a, b in zip(pr, ms, strict=True)
-            ]
-            return f", error {med_range(errs)}%"
-
-        print(
-            f"| {p}, predicted | "
-            f"{med_range([(x.get('short') or {}).get('ttft_p90_ms') for x in pr])}{e('short')} | "
-            f"{med_range([(x.get('long') or {}).get('ttft_p90_ms') for x in pr])}{e('long')} | "
-            f"{med_range_f([x.get('goodput_rps') for x in pr])}{eg()} |"
-        )
+    sources = sorted({k for r in reps for k in r["predicted"]})
+    for src in sources:
+        for p in (*POLICIES, "queues"):
+            pr = [(r["predicted"].get(src) or {}).get(p) or {} for r in reps]
+            ms = [r["measured"].get(p) for r in reps]
+            print(
+                f"| {p}, predicted (calibrated on {CALIB_LABEL[src]}) | "
+                f"{_pred_cell(pr, ms, 'short')} | {_pred_cell(pr, ms, 'long')} | "
+                f"{_pred_cell(pr, ms, None)} |"
+            )
     if report["cpu"]:
         print("\n| driver | chunks | CPU s | µs CPU / chunk |")
         print("|---|---|---|---|")
@@ -352,12 +386,13 @@ def main() -> None:
     m.add_argument("--out", type=Path, required=True)
     m.add_argument("--repeats", type=int, default=3)
     m.add_argument("--cpu-repeats", type=int, default=3)
+    m.add_argument("--calib-only", action="store_true", help="only the light calibration runs")
     p = sub.add_parser("predict")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--json", type=Path)
     a = ap.parse_args()
     if a.cmd == "measure":
-        measure(a.out, a.repeats, a.cpu_repeats)
+        measure(a.out, a.repeats, a.cpu_repeats, ab=not a.calib_only)
     else:
         predict(a.out, a.json)
 
