@@ -306,10 +306,13 @@ def predict(out: Path, as_json: Path | None) -> None:
         sources = {"self": runs["fcfs"]}
         if i < len(light):
             sources["light"] = Path(light[i]["fcfs"])
-        pred = {
-            src: predicted_figures(runs["fcfs"], cal, out / f"rep{i}" / f"predict-{src}")
-            for src, cal in sources.items()
-        }
+        pred: dict[str, Any] = {}
+        for src, cal in sources.items():
+            try:
+                pred[src] = predicted_figures(runs["fcfs"], cal, out / f"rep{i}" / f"predict-{src}")
+            except RuntimeError as e:  # e.g. a light run with too few requests to calibrate on
+                pred[src] = {"error": str(e).strip().splitlines()[-1]}
+                print(f"repeat {i}, calibrated on {src}: {pred[src]['error']}", flush=True)
         reps.append({"measured": meas, "predicted": pred})
         print(f"repeat {i}: measured {meas}\n  predicted {pred}", flush=True)
     cpu = []
