@@ -12,8 +12,10 @@ Method:
   policy), so whatever else the shared machine does slows both alike; each repeat has its own
   spec seed (so its own prompts: no prefix-cache hits across repeats). Figures are per repeat;
   the table gives their median and range.
-- Prediction: `phaselens calibrate` on the repeat's fcfs run (client timings; the deployment
-  below is vLLM CPU as the simulator sees it), then `phaselens whatif` of that fcfs run with
+- Prediction: `phaselens calibrate` on the repeat's fcfs run, and again on a light open-loop
+  run of the same mix (0.25 r/s, 100 s, both servers at once: the closed loop has no lone
+  request to fit from) (client timings; the deployment below is vLLM CPU as the simulator sees
+  it), then `phaselens whatif` of that fcfs run with
   `policy.scheduling=fcfs,priority` and `policy.queues=short:0.5+*:0.5` (separate queues,
   each half a step's tokens): per class the predicted TTFT p90 and goodput, and the error
   against the measured fcfs and priority runs of the same repeat (separate queues has no
@@ -171,8 +173,8 @@ def measure(out: Path, repeats: int, cpu_repeats: int, ab: bool = True) -> None:
 # ---- prediction and figures ---------------------------------------------------------------------
 def deployment() -> dict[str, Any]:
     """vLLM CPU with the tiny model as the simulator sees it: one custom "GPU" (the two cores),
-    2 sequences, chunked prefill with vLLM V1's 2048-token budget, prefix cache on (V1's
-    default; the prompts of one run never share a prefix)."""
+    2 sequences, chunked prefill with vLLM V1's 2048-token budget, no prefix cache modelled
+    (V1 has one on, but the prompts of one run never share a prefix: it finds nothing)."""
     return {
         "gpus": [{"name": "cpu0", "tflops": 0.157, "bandwidth_gbs": 20.0, "memory_gb": 8.0}],
         "engines": [
