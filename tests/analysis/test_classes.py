@@ -178,3 +178,36 @@ def test_html_report_has_a_classes_section(tmp_path: Path) -> None:
     assert rows[1][-1] == "broken"  # short's p90 37 ms against its own 25 ms (markup stripped)
     html = render_report(run)
     assert '<section id="classes">' in html and "Jain" in html
+
+
+def test_class_points_by_hand_and_as_analyze(tmp_path: Path, summary: dict[str, Any]) -> None:
+    """`class_points` (what each what-if row carries per class) gives the hand-computed figures
+    and exactly `analyze`'s, without intervals."""
+    from phaselens.analysis.classes import class_points
+    from phaselens.analysis.latency import request_table
+
+    p = _write(
+        tmp_path / "again",
+        _records(),
+        {"slo": RUN_SLO, "classes": CLASSES, "class_slo": CLASS_SLO},
+    )
+    run = load_run(p)
+    pts = class_points(run.manifest, request_table(run.requests))
+    assert pts is not None
+    short, long = pts["short"], pts["long"]
+    assert short["requests"] == {"planned": 4, "ok": 4, "shed": 0, "failed": 0}
+    assert long["requests"] == {"planned": 3, "ok": 2, "shed": 1, "failed": 0}
+    assert (short["ttft_p50_ms"], short["ttft_p90_ms"]) == pytest.approx((25.0, 37.0))
+    assert (long["ttft_p50_ms"], long["ttft_p90_ms"]) == pytest.approx((150.0, 190.0))
+    assert (short["tpot_p90_ms"], long["tpot_p90_ms"]) == pytest.approx((5.0, 10.0))
+    assert short["goodput_rps"] == pytest.approx(2 / 0.345)
+    assert short["slo_attainment_pct"] == pytest.approx(50.0) and short["slo_met"] is False
+    assert long["goodput_rps"] == pytest.approx(1 / 0.320)
+    assert long["slo_attainment_pct"] == pytest.approx(100 / 3)
+    for name, c in pts.items():
+        full = summary["classes"][name]
+        assert c["ttft_p90_ms"] == full["latency"]["ttft_ms"]["p90"]
+        assert c["tpot_p90_ms"] == full["latency"]["tpot_ms"]["p90"]
+        assert c["goodput_rps"] == full["slo"]["goodput_rps"]
+        assert c["slo_attainment_pct"] == full["slo"]["attainment"]["all"]
+        assert c["requests"] == full["requests"] and c["slo_from"] == full["slo_from"]

@@ -68,7 +68,24 @@ SLOTS = 2  # vLLM --max-num-seqs
 USERS = 8
 
 
-def _phaselens(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+def start_policy(policy: str, log_dir: Path | None = None) -> Any:
+    """A vLLM CPU server, SLOTS sequences at a time, `--scheduling-policy POLICY` (the
+    benchmark benchmarks/flowcontrol.py starts the same)."""
+    return engines.start(
+        "vllm",
+        model=VLLM_MODEL,
+        size="tiny",
+        parallel=SLOTS,
+        ctx=1024,
+        threads=2,
+        kv_cache_gib=1,
+        timeout_s=400.0,
+        log_dir=log_dir,
+        extra_args=("--scheduling-policy", policy),
+    )
+
+
+def phaselens_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "phaselens.cli", *args],
         capture_output=True,
@@ -78,7 +95,7 @@ def _phaselens(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[
     )
 
 
-def _run_args(spec: Path, url: str, out: Path, *extra: str) -> list[str]:
+def run_args(spec: Path, url: str, out: Path, *extra: str) -> list[str]:
     tok = engines.model_dir("tiny") / "hf" / "tokenizer.json"  # exact prompt lengths
     return [
         "run",
@@ -118,17 +135,7 @@ def policies(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     try:
 
         def start(policy: str) -> None:
-            started[policy] = engines.start(
-                "vllm",
-                model=VLLM_MODEL,
-                size="tiny",
-                parallel=SLOTS,
-                ctx=1024,
-                threads=2,
-                kv_cache_gib=1,
-                timeout_s=400.0,
-                extra_args=("--scheduling-policy", policy),
-            )
+            started[policy] = start_policy(policy)
 
         ups = [threading.Thread(target=start, args=(p,)) for p in ("fcfs", "priority")]
         for t in ups:  # both start at once: vLLM's ~40 s startup once, not twice
@@ -139,8 +146,8 @@ def policies(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         procs: dict[str, subprocess.CompletedProcess[str]] = {}
 
         def go(policy: str) -> None:
-            args = _run_args(spec, started[policy].url, tmp / policy, "--concurrency", str(USERS))
-            procs[policy] = _phaselens(*args)
+            args = run_args(spec, started[policy].url, tmp / policy, "--concurrency", str(USERS))
+            procs[policy] = phaselens_cli(*args)
 
         threads = [threading.Thread(target=go, args=(p,)) for p in started]
         for t in threads:
@@ -155,7 +162,7 @@ def policies(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
 
 
 def _analyze(run: Path) -> dict[str, Any]:
-    p = _phaselens("analyze", str(run), "--json", timeout=300)
+    p = phaselens_cli("analyze", str(run), "--json", timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     out: dict[str, Any] = json.loads(p.stdout)
     return out
@@ -284,9 +291,9 @@ def test_a_queue_cap_in_front_of_vllm_is_counted_as_shed(policies: dict[str, Any
             assert time.monotonic() < deadline, "nginx did not start"
             time.sleep(0.1)
         out = d / "runs"
-        args = _run_args(policies["spec"], f"http://127.0.0.1:{port}", out)
+        args = run_args(policies["spec"], f"http://127.0.0.1:{port}", out)
         run = _run_dir(
-            _phaselens(*args, "--set", "models[0].rate=12", "--set", "duration_s=4"), out
+            phaselens_cli(*args, "--set", "models[0].rate=12", "--set", "duration_s=4"), out
         )
     finally:
         proc.terminate()

@@ -12,6 +12,7 @@ from phaselens.rundir.load import Run, load_run
 from phaselens.rundir.write import write_run
 from phaselens.sim.deploy import parse_deployment
 from phaselens.whatif.predict import simulate_with
+from phaselens.workload.classify import class_manifest
 from phaselens.workload.plan import build_schedule
 from phaselens.workload.spec import parse_spec
 
@@ -110,15 +111,18 @@ def truth_run(
     steps: bool = True,
     base: dict[str, Any] | None = None,
     in_max: int = 1500,
+    extra_spec: dict[str, Any] | None = None,
     **policy: Any,
 ) -> Run:
     """Simulate the spec on the deployment with the true constants and write it as a run.
 
     `overhead_s` delays every request's arrival at the engine (the per-request HTTP cost the
     client sees in TTFT); `steps=False` drops steps.parquet, as a real engine's run has none;
-    `base` is another deployment mapping (CPU_DEPLOY) and `in_max` the longest prompt.
+    `base` is another deployment mapping (CPU_DEPLOY) and `in_max` the longest prompt;
+    `extra_spec` adds spec keys (e.g. `classes`: the manifest then records them as a run does).
     """
-    ws = parse_spec(spec(rate, duration_s, seed, in_max=in_max), "truth", Path("."))
+    data = {**spec(rate, duration_s, seed, in_max=in_max), **(extra_spec or {})}
+    ws = parse_spec(data, "truth", Path("."))
     sched = build_schedule(ws)
     d = parse_deployment(deploy_map(cost or TRUE_COST, base, **policy), "truth")
     pred = simulate_with(sched, d, overhead_s)
@@ -129,6 +133,7 @@ def truth_run(
         "slo": ws.slo_dict,
         "valid": True,
         **d.manifest(),
+        **class_manifest(ws),
     }
     path = write_run(
         root,

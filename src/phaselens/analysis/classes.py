@@ -264,3 +264,37 @@ def class_results(
             for name, rows in g.tenants.items()
         }
     return out
+
+
+# figures of one class without intervals: what `whatif` prints per setting (a resampled interval
+# of a simulated run would only say how many requests it replayed)
+POINT_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms")
+
+
+def class_points(manifest: Mapping[str, Any], rt: RequestTable) -> dict[str, Any] | None:
+    """Per class, the figures `class_results` reports, without intervals: counts (planned, ok,
+    shed, failed), TTFT and TPOT p50/p90, and SLO attainment and goodput against the class's SLO
+    (its own, else the run's); None where `analyze` shows no classes. Computed by the same
+    functions as `class_results` (`describe_metric`, `slo_block`, `group_counts`), so a what-if
+    row's class figure is the figure `analyze` would print for the simulated run."""
+    g = groups(rt, manifest)
+    if not g.shown:
+        return None
+    out: dict[str, Any] = {}
+    for name, rows in g.classes.items():
+        group = ("req_class", name)
+        slo, src = class_slo(manifest, name)
+        entry: dict[str, Any] = {
+            "priority": class_priority(rt.frame, rows),
+            "slo_from": src,
+            "requests": group_counts(rt.frame[rows]),
+        }
+        for m in POINT_METRICS:
+            d = describe_metric(rt, m, rows, group)
+            entry[f"{m[:-3]}_p50_ms"], entry[f"{m[:-3]}_p90_ms"] = d.get("p50"), d.get("p90")
+        s = slo_block(rt, slo, rows, group) if slo_targets(slo) else None
+        entry["goodput_rps"] = s.get("goodput_rps") if s else None
+        entry["slo_attainment_pct"] = (s.get("attainment") or {}).get("all") if s else None
+        entry["slo_met"] = s.get("met") if s else None
+        out[name] = entry
+    return out

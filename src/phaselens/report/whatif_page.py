@@ -56,9 +56,11 @@ def render_html(
     errors: Sequence[tuple[str, str, Sequence[str]]],
     advice: str | None,
     more_load_cell: Callable[[Mapping[str, Any]], str],
+    class_columns: Sequence[str] = (),
+    class_rows: Sequence[Sequence[str]] = (),
 ) -> str:
     """The what-if page from a what-if result and its lines (the calibration's error rows,
-    the cliff advice, the "10% more load" cell), made by `whatif.render`."""
+    the cliff advice, the "10% more load" cell, the per-class table), made by `whatif.render`."""
     cal = result["calibration"]
     ctx = {
         "fig": fig_json(_pareto_figure(result)),
@@ -75,6 +77,8 @@ def render_html(
         "fmt": fmt,
         "advice": advice,
         "more_load_cell": more_load_cell,
+        "class_columns": list(class_columns),
+        "class_rows": list(class_rows),
     }
     return render_page(template_env().get_template("whatif.html.j2"), ctx)
 

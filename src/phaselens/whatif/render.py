@@ -112,6 +112,63 @@ def sweep_table(result: Mapping[str, Any], top: int = 20) -> Table:
     return t
 
 
+CLASS_COLUMNS = (
+    "setting",
+    "class",
+    "ok/planned",
+    "shed",
+    "TTFT p90 ms",
+    "TPOT p90 ms",
+    "goodput r/s",
+    "SLO %",
+    "SLO",
+)
+
+
+def class_rows(result: Mapping[str, Any], top: int = 20) -> list[tuple[str, ...]]:
+    """Per class of the measured run and of each (best-ranked) setting: one line each, the
+    figures `analyze` prints per class (`analysis.classes.class_points`); none when the run named
+    no classes."""
+    out: list[tuple[str, ...]] = []
+    rows = [result["measured"], *list(result["rows"])[:top]]
+    for r in rows:
+        classes = r.get("classes")
+        if not isinstance(classes, Mapping):
+            continue
+        for name, c in classes.items():
+            req = c.get("requests") or {}
+            met = c.get("slo_met")
+            out.append(
+                (
+                    str(r["label"]),
+                    f"{name} (p{c.get('priority')})" if c.get("priority") is not None else name,
+                    f"{req.get('ok', 0)}/{req.get('planned', 0)}",
+                    str(req.get("shed", 0)),
+                    _f(c.get("ttft_p90_ms")),
+                    _f(c.get("tpot_p90_ms")),
+                    _f(c.get("goodput_rps"), 2),
+                    _f(c.get("slo_attainment_pct")),
+                    "–" if met is None else ("met" if met else "BROKEN"),
+                )
+            )
+    return out
+
+
+def class_table(result: Mapping[str, Any], top: int = 20) -> Table | None:
+    lines = class_rows(result, top)
+    if not lines:
+        return None
+    t = Table(title="per class (each class against its own SLO; measured first)")
+    for c in CLASS_COLUMNS:
+        if c == "setting":
+            t.add_column(c, overflow="fold", min_width=16, ratio=2)
+        else:
+            t.add_column(c, justify="left" if c in ("class", "SLO") else "right")
+    for line in lines:
+        t.add_row(*line)
+    return t
+
+
 def more_load_cell(r: Mapping[str, Any]) -> str:
     """TTFT p90 at 10% more load (best-ranked rows only), with the cliff mark."""
     m = r.get("more_load")
@@ -150,6 +207,9 @@ def print_sweep(result: Mapping[str, Any], console: Console) -> None:
         )
     )
     console.print("* = on the Pareto front of goodput vs cost")
+    ct = class_table(result)
+    if ct is not None:
+        console.print(ct)
     advice = cliff_advice(result)
     if advice:
         console.print(advice)
@@ -163,6 +223,8 @@ def render_html(result: Mapping[str, Any]) -> str:
         errors=summary_rows(result["calibration"]["errors"]),
         advice=cliff_advice(result),
         more_load_cell=more_load_cell,
+        class_columns=CLASS_COLUMNS,
+        class_rows=class_rows(result),
     )
 
 

@@ -26,14 +26,16 @@ from phaselens.rundir.schema import SCHEDULE
 from phaselens.types import PromptRows, Schedule, StageInfo
 
 REPLAYABLE = ("ok",)  # requests whose lengths are known: the server answered them fully
+# what `whatif` replays: the answered requests and the ones the server's flow control refused
+# (planned, sent, arrived: under another setting the simulator decides their fate; replaying
+# only `ok` ones under-predicts the load of a run whose server shed)
+OFFERED = ("ok", "shed")
 
 
-def _prefix_info(run: Run, n: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """Prefix groups re-planned from the run's own spec (the run does not store them).
-
-    Only used when re-planning gives exactly the run's request count and lengths; anything else
-    (a trace that moved, a driver-side change) returns None and the replay has no shared prefixes.
-    """
+def _replan(run: Run, n: int) -> Schedule | None:
+    """The run's plan re-made from its own spec (the run does not store prefix groups or
+    planned output lengths); None unless it gives exactly the run's request count (a trace that
+    moved, a driver-side change)."""
     spec = run.manifest.get("spec")
     if not isinstance(spec, dict):
         return None
@@ -47,9 +49,19 @@ def _prefix_info(run: Run, n: int) -> tuple[np.ndarray, np.ndarray] | None:
         sch = build_schedule(ws)
     except Exception:
         return None
-    if len(sch) != n:
+    return sch if len(sch) == n else None
+
+
+def _by_id(r: pl.DataFrame, values: np.ndarray, fill: Any) -> np.ndarray | None:
+    """A re-planned per-request array in the run's row order (planned request id k is row k of
+    the plan); None when the run's ids are not 0..n-1."""
+    ids_all = r["id"].to_numpy()
+    order = np.argsort(ids_all, kind="stable")
+    if not np.array_equal(ids_all[order], np.arange(r.height)):
         return None
-    return sch.prefix_group, sch.prefix_tokens
+    out = np.full(r.height, fill, dtype=values.dtype)
+    out[order] = values
+    return out
 
 
 def schedule_from_run(run: Run, statuses: tuple[str, ...] = REPLAYABLE) -> Schedule:
@@ -57,13 +69,14 @@ def schedule_from_run(run: Run, statuses: tuple[str, ...] = REPLAYABLE) -> Sched
 
     Row i of the result is the i-th such request in time order; `ids` keeps the run's request
     ids so predictions can be matched back to measurements. Output length is the number of
-    tokens the client received; input length is the server's count when it gave one.
+    tokens the client received (a shed request's: its planned length, `_output_tokens`); input
+    length is the server's count when it gave one. Class and tenant are the records' own.
     """
     r = run.requests
     if r.height == 0:
         raise InputError(f"{run.path}: the run has no requests")
     n_all = r.height
-    pre = _prefix_info(run, n_all)
+    plan = _replan(run, n_all)
     f = r.with_row_index("_row").filter(pl.col("status").is_in(list(statuses)))
     f = f.sort(["scheduled_ns", "id"])
     if f.height == 0:
@@ -73,15 +86,9 @@ def schedule_from_run(run: Run, statuses: tuple[str, ...] = REPLAYABLE) -> Sched
     t = f["scheduled_ns"].to_numpy().astype(np.int64)
     t0 = 0
     rows = f["_row"].to_numpy().astype(np.int64)
-    if pre is not None:
-        ids_all = r["id"].to_numpy()
-        order = np.argsort(ids_all, kind="stable")
-        # planned request id k sits at row order[k] when ids are 0..n-1 (they are for plans)
-        pg_full = np.full(n_all, -1, np.int32)
-        pt_full = np.zeros(n_all, np.int64)
-        if np.array_equal(ids_all[order], np.arange(n_all)):
-            pg_full[order] = pre[0]
-            pt_full[order] = pre[1]
+    pg_full = _by_id(r, plan.prefix_group, -1) if plan is not None else None
+    pt_full = _by_id(r, plan.prefix_tokens, 0) if plan is not None else None
+    if pg_full is not None and pt_full is not None:
         pg, pt = pg_full[rows], pt_full[rows]
     else:
         pg, pt = np.full(f.height, -1, np.int32), np.zeros(f.height, np.int64)
@@ -106,7 +113,7 @@ def schedule_from_run(run: Run, statuses: tuple[str, ...] = REPLAYABLE) -> Sched
         model_idx=np.asarray([midx[m] for m in f["model"].to_list()], dtype=np.int32),
         stage=f["stage"].to_numpy().astype(np.int32),
         input_tokens=inp,
-        output_tokens=np.maximum(f["output_tokens"].to_numpy().astype(np.int64), 1),
+        output_tokens=_output_tokens(f, r, plan),
         prefix_group=pg.astype(np.int32),
         prefix_tokens=pt.astype(np.int64),
         priority=f["priority"].to_numpy().astype(np.int32),
@@ -123,6 +130,28 @@ def schedule_from_run(run: Run, statuses: tuple[str, ...] = REPLAYABLE) -> Sched
         tenants=tenants,
         tenant_idx=tenant_idx,
     )
+
+
+def _output_tokens(f: pl.DataFrame, r: pl.DataFrame, plan: Schedule | None) -> np.ndarray:
+    """Each replayed request's output length: the tokens received for an answered one; for a
+    shed one (nothing received) the planned length, re-planned from the run's spec, else the
+    median received by the answered requests of its class (of its model without classes)."""
+    out = f["output_tokens"].to_numpy().astype(np.int64)
+    shed = (f["status"] == "shed").to_numpy()
+    if shed.any():
+        planned = _by_id(r, plan.output_tokens, 0) if plan is not None else None
+        if planned is not None:
+            out[shed] = planned[f["_row"].to_numpy()[shed]]
+        else:
+            key = "req_class" if "req_class" in f.columns else "model"
+            ok = r.filter(pl.col("status") == "ok")
+            med = dict(ok.group_by(key).agg(pl.col("output_tokens").median()).iter_rows())
+            whole = ok["output_tokens"].median() if ok.height else 1
+            keys = f[key].to_list()
+            for i in np.flatnonzero(shed):
+                out[i] = round(float(med.get(keys[i], whole) or whole or 1))  # type: ignore[arg-type]
+    res: np.ndarray = np.maximum(out, 1)
+    return res
 
 
 def _labels(f: pl.DataFrame, col: str) -> tuple[tuple[str, ...], np.ndarray | None]:

@@ -27,6 +27,7 @@ import numpy as np
 import polars as pl
 
 from phaselens.analysis.bins import label_values
+from phaselens.analysis.classes import class_points, named_classes
 from phaselens.analysis.fluctuation import util_std_5s
 from phaselens.analysis.latency import (
     RequestTable,
@@ -52,7 +53,7 @@ from phaselens.whatif.predict import (
     with_kv,
     worst_error,
 )
-from phaselens.whatif.replay import history_replies, schedule_from_run
+from phaselens.whatif.replay import OFFERED, history_replies, schedule_from_run
 
 UTIL_WINDOW_BINS = 50  # 5 s of 100 ms bins (analysis.fluctuation.WINDOW_S)
 KNOB_NEAR_KNEE = " in-sample; ±20% of a repeat mean with a knob changed near the knee"
@@ -76,6 +77,9 @@ class Job:
     seed: int
     gpu_cost_per_hour: float
     replies: frozenset[str] = frozenset()  # sessions: whose turns carry the reply (replay.py)
+    # the run's classes and their SLOs, as `analysis.classes` reads them off a manifest; None:
+    # the run named no classes (rows then carry no per-class figures)
+    class_manifest: Mapping[str, Any] | None = None
 
 
 def _p50_p90(rt: RequestTable, metric: str) -> tuple[float | None, float | None]:
@@ -163,6 +167,8 @@ def evaluate(job: Job, combo: Mapping[str, Any]) -> dict[str, Any]:
     row["tpot_p50_ms"], row["tpot_p90_ms"] = _p50_p90(rt, "tpot_ms")
     row["goodput_rps"] = slo.get("goodput_rps")
     row["slo_attainment_pct"] = (slo.get("attainment") or {}).get("all")
+    if job.class_manifest is not None:
+        row["classes"] = class_points(job.class_manifest, rt)
     a = f["scheduled_ns"].cast(pl.Float64).min()
     b = f["end_ns"].cast(pl.Float64).max()
     fa = float(a) if isinstance(a, (int, float)) else None
@@ -279,8 +285,22 @@ def pareto(rows: Sequence[Mapping[str, Any]]) -> list[int]:
     return sorted(front, key=lambda i: float(rows[i].get("cost_per_hour") or 0.0))
 
 
-def measured_baseline(run: Run, slo: Mapping[str, Any]) -> dict[str, Any]:
-    """The run's own numbers, in the same shape as a sweep row."""
+def class_manifest(run: Run, slo: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What `analysis.classes` reads off a manifest, for a simulated replay of `run`: the run's
+    classes and class SLOs, with the what-if's SLO as the run's (a class without its own SLO is
+    judged against the SLO the whole row is). None when the run named no classes."""
+    man = run.manifest
+    if not named_classes(man):
+        return None
+    keep = {k: man[k] for k in ("classes", "class_slo", "spec") if k in man}
+    return {**keep, "slo": dict(slo)}
+
+
+def measured_baseline(
+    run: Run, slo: Mapping[str, Any], classes: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The run's own numbers, in the same shape as a sweep row (per class too, by the same
+    function, when `classes` is the run's class manifest)."""
     rt = request_table(run.requests)
     s = slo_block(rt, slo)
     out: dict[str, Any] = {"label": "measured", "ok": int(rt.frame["ok"].sum())}
@@ -288,6 +308,9 @@ def measured_baseline(run: Run, slo: Mapping[str, Any]) -> dict[str, Any]:
     out["tpot_p50_ms"], out["tpot_p90_ms"] = _p50_p90(rt, "tpot_ms")
     out["goodput_rps"] = s.get("goodput_rps")
     out["slo_attainment_pct"] = (s.get("attainment") or {}).get("all")
+    out["shed"] = int((rt.frame["status"] == "shed").sum())
+    if classes is not None:
+        out["classes"] = class_points(classes, rt)
     return out
 
 
@@ -310,17 +333,19 @@ def sweep(
             f"{run.path}: model {missing[0]!r} is not in the calibration's deployment "
             f"(served: {', '.join(sorted(served))}); calibrate on this run's deployment"
         )
+    slo = dict(calib.slo or run.manifest.get("slo") or {})
     job = Job(
-        schedule=schedule_from_run(run),
+        schedule=schedule_from_run(run, OFFERED),
         deployment=with_cost(calib.deployment, calib.cost),
         source=calib.deployment_source,
         kv=dict(calib.kv_capacity_tokens),
         overhead_s=calib.request_overhead_s,
-        slo=dict(calib.slo or run.manifest.get("slo") or {}),
+        slo=slo,
         errors=dict(calib.errors),
         seed=seed,
         gpu_cost_per_hour=gpu_cost_per_hour,
         replies=history_replies(run),
+        class_manifest=class_manifest(run, slo),
     )
     slo_targets(job.slo)  # a bad threshold fails here, in one line, before any simulation
     todo: list[Mapping[str, Any]] = [{}]
@@ -371,7 +396,7 @@ def sweep(
         "slo": job.slo,
         "ranking": "goodput_rps desc (throughput when no SLO), then util_std_5s_pct asc",
         "gpu_cost_per_hour": gpu_cost_per_hour,
-        "measured": measured_baseline(run, job.slo),
+        "measured": measured_baseline(run, job.slo, job.class_manifest),
         "baseline": base,
         "best": ranked[0],
         "best_steady": next((r for r in ranked if steady(r)), None),
