@@ -8,6 +8,15 @@ at any load up to 10 req/s and fails 5% above it within a probe of 10 s. Why slo
 few requests: on a loaded machine the server's event loop and the client are late by
 milliseconds, a late arrival wastes that much slot time, and a late send counts in TTFT;
 against a 100 ms service at 40 req/s that moved the knee 10-25% (measured, load average 20).
+
+Why two sets of claims: the truth (capacity exactly TRUTH, TTFT 200 ms below it) assumes
+arrivals and first tokens on time. TTFT is measured from the scheduled instant, so the client's
+send lag counts in full, and a late or bunched arrival (a late client) or a starved server
+process wastes slot time, so a real queue forms and the setup's own capacity drops below TRUTH.
+Each test measures the lateness the host added (`lateness_ms`: the client's send lag from the
+records, the server's own late first tokens from its /stats) and makes the exact claims only
+when it is small; what holds under any lateness is asserted always (`CAP_MAX`, an explained
+"no capacity", the light probe's single re-measure).
 """
 
 from __future__ import annotations
@@ -15,10 +24,13 @@ from __future__ import annotations
 import json
 import urllib.request
 from pathlib import Path
+from typing import Any
 
+import polars as pl
 import pytest
 
 from phaselens.capacity.config import SearchConfig
+from phaselens.capacity.result import CapacityResult
 from phaselens.capacity.search import find_capacity, fixed_rate_probe
 from phaselens.errors import InputError
 from phaselens.execute import HttpTarget, Options, SimTarget, execute
@@ -37,6 +49,56 @@ PROBE_S, WARMUP_S = 10.0, 1.0
 # (x − 1)·t90 ≤ the margin (300 − 200 ms). So a probe this long passes loads up to X_STAR × TRUTH.
 T90 = WARMUP_S + 0.9 * (PROBE_S - WARMUP_S)
 X_STAR = 1 + (SLO["ttft_ms"]["p90"] - PREFILL_MS) / 1e3 / T90  # 1.011
+# The most a capacity can read under any lateness: lateness only adds to a TTFT measured from the
+# scheduled instant and only takes slot time away, so no load a punctual host fails can pass
+# (the 0.5% is the slack the interval check below has always had). A capacity above it fails.
+CAP_MAX = X_STAR * TRUTH * 1.005
+# The exact claims hold while the host's lateness stays under the SLO's margin over the truth's
+# TTFT (300 − 200 ms): the client's send lag p90 (the worst probe's) plus the server's own
+# late_ms p90. Lateness L under it leaves every load up to TRUTH passing on time (TTFT p90 ≤
+# 200 + L < 300); over it, loads below TRUTH fail for the host's lateness, not the server's
+# capacity, and the truth is not the setup's.
+MARGIN_MS = SLO["ttft_ms"]["p90"] - PREFILL_MS  # 100 ms
+
+
+def server_stats(url: str) -> dict[str, Any]:
+    return dict(json.loads(urllib.request.urlopen(f"{url}/stats", timeout=10).read()))
+
+
+def send_lag_p90_ms(run: str) -> float:
+    """The client's send lag p90 (ms) over the sent requests of one run directory."""
+    req = load_run(run).requests.filter(pl.col("sent_ns").is_not_null())
+    lag = (req["sent_ns"] - req["scheduled_ns"]).cast(pl.Float64) / 1e6
+    q = lag.quantile(0.9, "higher")
+    return float(q) if isinstance(q, (int, float)) else 0.0
+
+
+def lateness_ms(doc: dict[str, Any], stats: dict[str, Any]) -> tuple[float, float]:
+    """(the largest send lag p90 among the search's probes, the server's late_ms p90)."""
+    client = max((send_lag_p90_ms(p["run"]) for p in doc["probes"]), default=0.0)
+    server = float(stats["late_ms"]["p90"])
+    exact = "exact claims" if client + server < MARGIN_MS else "any-lateness claims only"
+    print(
+        f"lateness: client send lag p90 {client:.4g} ms + server late_ms "
+        f"{stats['late_ms']}: {exact}"
+    )
+    return client, server
+
+
+def assert_no_capacity_explained(res: CapacityResult, doc: dict[str, Any]) -> None:
+    """A search without a capacity says why: the lowest load's own reasons (a late client's
+    among them when its self-check failed), and either the unreachable message of a complete
+    search or a search the budget ended (never a silent no-capacity)."""
+    if res.capacity_rps:
+        return
+    counted = [p for p in doc["probes"] if not p["superseded"]]
+    assert counted, doc
+    low = min(counted, key=lambda p: p["load_scale"])
+    assert low["verdict"] != "pass" and low["reasons"], low
+    if res.status == "complete":
+        assert res.unreachable is not None and res.unreachable["message"], doc
+    else:
+        assert res.status == "budget", res.status
 
 
 def test_search_finds_the_known_capacity(tmp_path: Path) -> None:
@@ -44,14 +106,33 @@ def test_search_finds_the_known_capacity(tmp_path: Path) -> None:
     cfg = SearchConfig(probe_s=PROBE_S, warmup_s=WARMUP_S, telemetry="none", budget_s=400)
     with slot_server(SLOTS, PREFILL_MS, TOKEN_MS) as url:
         res = find_capacity(ws, HttpTarget({"*": url}), cfg, tmp_path)
-        stats = json.loads(urllib.request.urlopen(f"{url}/stats", timeout=10).read())
+        stats = server_stats(url)
     # every probe (and the flood) sent prompt texts of its own: no request repeated an earlier
     # one's, so an engine's prompt cache could not have made a later probe look faster
     assert stats["served"] > 0 and stats["prompt_repeats"] == 0, stats
+    doc = json.loads((tmp_path / "capacity.json").read_text())
+    # what holds under any lateness: the bookkeeping, a capacity never above CAP_MAX, and a
+    # "no capacity" that says why
+    assert doc["capacity_rps"] == pytest.approx(res.capacity_rps)
+    sat = doc["saturation"]
+    assert doc["probe_seconds"] == pytest.approx(
+        sum(p["probe_seconds"] for p in doc["probes"]) + (sat["probe_seconds"] if sat else 0.0),
+        abs=0.01,
+    )  # (each rounded to the millisecond in capacity.json)
+    for p in doc["probes"]:  # every probe a normal run directory
+        scale = load_run(p["run"]).manifest["capacity_probe"]["load_scale"]
+        assert scale == pytest.approx(p["load_scale"], rel=1e-5)
+    assert res.capacity_rps is None or res.capacity_rps <= CAP_MAX, doc["probes"]
+    assert_no_capacity_explained(res, doc)
+    client, server = lateness_ms(doc, stats)
+    if client + server >= MARGIN_MS:  # the host, not the server's slots, set the latencies
+        assert res.status in ("complete", "budget"), res.status
+        return
     lo, hi = res.interval
     assert res.status == "complete" and lo is not None and hi is not None
     assert lo <= X_STAR * TRUTH * 1.005 and hi >= TRUTH  # its interval meets [TRUTH, X_STAR·TRUTH]
-    assert abs(res.capacity_rps - TRUTH) / TRUTH <= 0.10  # type: ignore[operator]
+    late = f"late: client send lag p90 {client:.3g} ms, server late_ms p90 {server:.3g} ms"
+    assert abs(res.capacity_rps - TRUTH) / TRUTH <= 0.10, (late, doc["probes"])  # type: ignore[operator]
     b_lo, b_hi = res.bracket  # [capacity, upper edge]: the interval widened by the blind band
     assert (
         b_lo == res.capacity_rps
@@ -67,21 +148,12 @@ def test_search_finds_the_known_capacity(tmp_path: Path) -> None:
         # a hard knee: 1.1x the capacity is clearly past what a probe can pass, the queue builds
         # (a capacity found a few % low puts 1.1x within the finite probe's blind band: no claim)
         assert res.stable is False
-    doc = json.loads((tmp_path / "capacity.json").read_text())
-    assert doc["capacity_rps"] == pytest.approx(res.capacity_rps)
     # a URL without --deploy: the queue fitted to the light probe and the saturation probe;
     # saturated, the server completes k / S = TRUTH req/s, and its k is the 4 slots
-    sat = doc["saturation"]
     assert sat is not None and "4-server" in " ".join(doc["notes"])
     assert sat["servers"] == SLOTS and abs(sat["throughput_rps"] - TRUTH) / TRUTH <= 0.15
     assert load_run(sat["run"]).manifest["stopped_early"].startswith("saturation probe")
-    assert doc["probe_seconds"] == pytest.approx(
-        sum(p["probe_seconds"] for p in doc["probes"]) + sat["probe_seconds"], abs=0.01
-    )  # (each rounded to the millisecond in capacity.json)
     assert doc["predicted_knee_rps"] is not None
-    for p in doc["probes"]:  # every probe a normal run directory
-        scale = load_run(p["run"]).manifest["capacity_probe"]["load_scale"]
-        assert scale == pytest.approx(p["load_scale"], rel=1e-5)
 
 
 def test_an_overloaded_probe_stops_early_and_keeps_every_request(tmp_path: Path) -> None:
@@ -120,16 +192,34 @@ def test_a_stalled_light_probe_is_measured_longer_not_called_no_capacity(tmp_pat
     stall = ("--stall-every", str(STALL_EVERY), "--stall-ms", str(STALL_MS))
     with slot_server(SLOTS, PREFILL_MS, TOKEN_MS, *stall, "--stall-until", str(STALL_UNTIL)) as url:
         res = find_capacity(ws, HttpTarget({"*": url}), cfg, tmp_path)
+        stats = server_stats(url)
     doc = json.loads((tmp_path / "capacity.json").read_text())
-    first, again = doc["probes"][0], doc["probes"][1]
-    assert first["verdict"] == "uncertain" and first["superseded"] is True
+    first = doc["probes"][0]
     assert first["judged_requests"] < 60
+    # under any lateness: an uncertain light probe is re-measured once, at its load, and only
+    # once; a capacity never above CAP_MAX; a "no capacity" says why
+    light = [p for p in doc["probes"] if p["load_scale"] == pytest.approx(first["load_scale"])]
+    if first["verdict"] == "uncertain":
+        again = doc["probes"][1]
+        assert first["superseded"] is True and light[:2] == [first, again]
+        assert again["superseded"] is False and again["repeats"] == 1
+        assert any("re-measured once" in n for n in doc["notes"])
+    assert sum(p["superseded"] for p in doc["probes"]) <= 1
+    assert res.capacity_rps is None or res.capacity_rps <= CAP_MAX, doc["probes"]
+    assert_no_capacity_explained(res, doc)
+    client, server = lateness_ms(doc, stats)
+    if client + server >= MARGIN_MS:  # the host, not the server's slots, set the latencies
+        return
+    # the stall's own requests (1 in 30 of the first 60, 500 ms late each) are the server's
+    # schedule, not lateness: late_ms counts from their longer prefill
+    late = f"late: client send lag p90 {client:.3g} ms, server late_ms p90 {server:.3g} ms"
+    assert first["verdict"] == "uncertain" and first["superseded"] is True, (late, first)
+    again = doc["probes"][1]
     assert again["load_scale"] == pytest.approx(first["load_scale"])
     # planned for 144 judged values (24 s at 6 req/s after the 1 s warm-up); the warm-up cut may
     # drop a start-up stretch of it (on this noiseless server a sub-ms rise is significant)
     assert again["superseded"] is False and again["probe_seconds"] >= 2 * first["probe_seconds"]
     assert again["judged_requests"] > first["judged_requests"] and again["repeats"] == 1
-    assert again["verdict"] == "pass"
-    assert any("re-measured once" in n for n in doc["notes"])
+    assert again["verdict"] == "pass", (late, again)
     assert res.capacity_rps is not None and res.unreachable is None
-    assert abs(res.capacity_rps - TRUTH) / TRUTH <= 0.10, doc["probes"]
+    assert abs(res.capacity_rps - TRUTH) / TRUTH <= 0.10, (late, doc["probes"])
