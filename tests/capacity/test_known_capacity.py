@@ -13,16 +13,18 @@ Why two sets of claims: the truth (capacity exactly TRUTH, TTFT 200 ms below it)
 arrivals and first tokens on time. TTFT is measured from the scheduled instant, so the client's
 send lag counts in full, and a late or bunched arrival (a late client) or a starved server
 process wastes slot time, so a real queue forms and the setup's own capacity drops below TRUTH.
-Each test measures the lateness the host added (`lateness_ms`: the client's send lag from the
-records, the server's own late first tokens from its /stats) and makes the exact claims only
-when it is small; what holds under any lateness is asserted always (`CAP_MAX`, an explained
-"no capacity", the light probe's single re-measure).
+Each test measures the lateness the host added (`Lateness`: the client's send lag from the
+records, the server's own late first tokens from its /stats), asserts always that it explains
+every probe below TRUTH that did not pass, and what holds under any lateness (`CAP_MAX`, an
+explained "no capacity", the light probe's single re-measure); the exact claims only when no
+probe below TRUTH failed to pass.
 """
 
 from __future__ import annotations
 
 import json
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,36 +55,72 @@ X_STAR = 1 + (SLO["ttft_ms"]["p90"] - PREFILL_MS) / 1e3 / T90  # 1.011
 # scheduled instant and only takes slot time away, so no load a punctual host fails can pass
 # (the 0.5% is the slack the interval check below has always had). A capacity above it fails.
 CAP_MAX = X_STAR * TRUTH * 1.005
-# The exact claims hold while the host's lateness stays under the SLO's margin over the truth's
-# TTFT (300 − 200 ms): the client's send lag p90 (the worst probe's) plus the server's own
-# late_ms p90. Lateness L under it leaves every load up to TRUTH passing on time (TTFT p90 ≤
-# 200 + L < 300); over it, loads below TRUTH fail for the host's lateness, not the server's
-# capacity, and the truth is not the setup's.
+# How lateness can fail a load below TRUTH, two ways. (1) Directly: TTFT counts the client's send
+# lag and the server's late first token, so a p90 of them at the SLO's margin over the truth's
+# TTFT (300 − 200 ms) fails any load. (2) Through the slots: a request that arrives (or is
+# handled) d late starts d late, and its slot loses d when d is more than the slot's idle time
+# per request at that load, SLOTS / rate − S (5.3 ms at 9.87 req/s, 44 ms at 9): then a queue
+# stands, which the idle time drains slowly near the knee (measured under one CPU hog: client
+# send lag p90 6 ms, a 123 ms server stall, 9.87 req/s failed). Either is measured here: the
+# lateness is the client's send lag (from the records, all probes) plus the server's late_ms.
 MARGIN_MS = SLO["ttft_ms"]["p90"] - PREFILL_MS  # 100 ms
+SERVICE_S = (PREFILL_MS + TOKENS * TOKEN_MS) / 1e3  # S = 0.4 s
+
+
+def slack_ms(rate: float) -> float:
+    """A slot's idle time per request at `rate` req/s (constant arrivals, on time)."""
+    return 1e3 * (SLOTS / rate - SERVICE_S)
 
 
 def server_stats(url: str) -> dict[str, Any]:
     return dict(json.loads(urllib.request.urlopen(f"{url}/stats", timeout=10).read()))
 
 
-def send_lag_p90_ms(run: str) -> float:
-    """The client's send lag p90 (ms) over the sent requests of one run directory."""
-    req = load_run(run).requests.filter(pl.col("sent_ns").is_not_null())
-    lag = (req["sent_ns"] - req["scheduled_ns"]).cast(pl.Float64) / 1e6
-    q = lag.quantile(0.9, "higher")
-    return float(q) if isinstance(q, (int, float)) else 0.0
+@dataclass(frozen=True)
+class Lateness:
+    """What the host added: the client's send lag (p90: the worst probe's; max: over every
+    probe) and the slot server's late first tokens (its /stats late_ms, over its whole run)."""
+
+    client_p90: float
+    client_max: float
+    server_p90: float
+    server_max: float
+
+    @classmethod
+    def measure(cls, doc: dict[str, Any], stats: dict[str, Any]) -> Lateness:
+        p90s, maxes = [0.0], [0.0]
+        for p in doc["probes"]:
+            req = load_run(p["run"]).requests.filter(pl.col("sent_ns").is_not_null())
+            lag = (req["sent_ns"] - req["scheduled_ns"]).cast(pl.Float64) / 1e6
+            if lag.len():
+                p90s.append(float(lag.quantile(0.9, "higher") or 0.0))
+                maxes.append(float(lag.max() or 0.0))  # type: ignore[arg-type]
+        srv = stats["late_ms"]
+        late = cls(max(p90s), max(maxes), float(srv["p90"]), float(srv["max"]))
+        print(f"lateness (ms): {late}")  # (shown with -rP, and with a failure)
+        return late
+
+    def explains(self, rate: float) -> bool:
+        """Whether this lateness can fail a load of `rate` < TRUTH (the two ways above)."""
+        direct = self.client_p90 + self.server_p90 >= MARGIN_MS
+        return direct or self.client_max + self.server_max >= slack_ms(rate)
 
 
-def lateness_ms(doc: dict[str, Any], stats: dict[str, Any]) -> tuple[float, float]:
-    """(the largest send lag p90 among the search's probes, the server's late_ms p90)."""
-    client = max((send_lag_p90_ms(p["run"]) for p in doc["probes"]), default=0.0)
-    server = float(stats["late_ms"]["p90"])
-    exact = "exact claims" if client + server < MARGIN_MS else "any-lateness claims only"
-    print(
-        f"lateness: client send lag p90 {client:.4g} ms + server late_ms "
-        f"{stats['late_ms']}: {exact}"
-    )
-    return client, server
+def assert_below_truth_explained(doc: dict[str, Any], late: Lateness) -> bool:
+    """Every counted probe below TRUTH that did not pass, the host's lateness explains (a
+    punctual host passes them all: TTFT 200 ms); True when there was none (then the truth is
+    the setup's, and the exact claims are made)."""
+    below = [
+        p
+        for p in doc["probes"]
+        if not p["superseded"] and p["rate_rps"] < TRUTH and p["verdict"] != "pass"
+    ]
+    for p in below:
+        why = (
+            f"{p['verdict']} at {p['rate_rps']:.4g} req/s (slack {slack_ms(p['rate_rps']):.3g} ms)"
+        )
+        assert late.explains(p["rate_rps"]), (why, late, p["reasons"])
+    return not below
 
 
 def assert_no_capacity_explained(res: CapacityResult, doc: dict[str, Any]) -> None:
@@ -124,14 +162,13 @@ def test_search_finds_the_known_capacity(tmp_path: Path) -> None:
         assert scale == pytest.approx(p["load_scale"], rel=1e-5)
     assert res.capacity_rps is None or res.capacity_rps <= CAP_MAX, doc["probes"]
     assert_no_capacity_explained(res, doc)
-    client, server = lateness_ms(doc, stats)
-    if client + server >= MARGIN_MS:  # the host, not the server's slots, set the latencies
-        assert res.status in ("complete", "budget"), res.status
+    late = Lateness.measure(doc, stats)
+    if not assert_below_truth_explained(doc, late):  # the host's lateness lowered the setup's
+        assert res.status in ("complete", "budget"), res.status  # capacity: no exact claims
         return
     lo, hi = res.interval
     assert res.status == "complete" and lo is not None and hi is not None
     assert lo <= X_STAR * TRUTH * 1.005 and hi >= TRUTH  # its interval meets [TRUTH, X_STAR·TRUTH]
-    late = f"late: client send lag p90 {client:.3g} ms, server late_ms p90 {server:.3g} ms"
     assert abs(res.capacity_rps - TRUTH) / TRUTH <= 0.10, (late, doc["probes"])  # type: ignore[operator]
     b_lo, b_hi = res.bracket  # [capacity, upper edge]: the interval widened by the blind band
     assert (
@@ -207,12 +244,11 @@ def test_a_stalled_light_probe_is_measured_longer_not_called_no_capacity(tmp_pat
     assert sum(p["superseded"] for p in doc["probes"]) <= 1
     assert res.capacity_rps is None or res.capacity_rps <= CAP_MAX, doc["probes"]
     assert_no_capacity_explained(res, doc)
-    client, server = lateness_ms(doc, stats)
-    if client + server >= MARGIN_MS:  # the host, not the server's slots, set the latencies
-        return
-    # the stall's own requests (1 in 30 of the first 60, 500 ms late each) are the server's
-    # schedule, not lateness: late_ms counts from their longer prefill
-    late = f"late: client send lag p90 {client:.3g} ms, server late_ms p90 {server:.3g} ms"
+    # the stall's own requests (1 in 30 of the first 60, 500 ms more prefill each) are the
+    # server's schedule, not lateness: late_ms counts from their longer prefill
+    late = Lateness.measure(doc, stats)
+    if not assert_below_truth_explained(doc, late):  # the host's lateness lowered the setup's
+        return  # capacity: no exact claims
     assert first["verdict"] == "uncertain" and first["superseded"] is True, (late, first)
     again = doc["probes"][1]
     assert again["load_scale"] == pytest.approx(first["load_scale"])
