@@ -12,7 +12,7 @@ from tests.analysis.helpers import make_run, rec
 
 from phaselens.analysis.latency import request_table
 from phaselens.capacity.autocorr import autocorrelation, indicator_time, integrated_time
-from phaselens.capacity.probe import ProbeResult
+from phaselens.capacity.probe import ProbeResult, stop_hook
 from phaselens.capacity.result import bracket, classify, tips_over
 from phaselens.capacity.verdict import (
     TargetVerdict,
@@ -27,6 +27,7 @@ from phaselens.capacity.verdict import (
     serial_interval,
     serial_ranks,
 )
+from phaselens.driver.state import LiveView
 
 
 def test_binomial_cdf_is_the_sum_of_the_pmf() -> None:
@@ -227,3 +228,27 @@ def test_coverage_under_ar1_correlation() -> None:
     assert old / reps < 0.6
     assert new / reps >= 0.88
     assert 5.0 < float(np.median(taus)) < 10.13  # τ̂ biased low at this n, but well above 1
+
+
+def test_the_live_stop_counts_the_requests_sent_not_those_a_late_client_holds() -> None:
+    """Ten requests fall due each second and five finish. A stalled client sent only those
+    five (4 on the wire at each second): the requests it holds pile up in due − done (5, 10,
+    ..., 35, risen six times, over the floor of 16), yet that is the client's lag, which its
+    self-check judges, and an early stop (a plain fail) must not fire. A client on time sent
+    all ten, so the same due and done are a server queue (35 in flight): the probe stops. With
+    a client cap (--max-inflight) the held-back requests wait on the server: due − done counts."""
+
+    def view(k: int, sent: int, inflight: int) -> LiveView:
+        return LiveView(float(k), 1000, 10 * k, sent, inflight, 5 * k, 0)
+
+    stalled = [view(k, 5 * k + 4, 4) for k in range(1, 8)]
+    on_time = [view(k, 10 * k, 5 * k) for k in range(1, 8)]
+    hook = stop_hook(0.0)
+    assert [hook(v) for v in stalled] == [None] * 7
+    hook = stop_hook(0.0)
+    reasons = [hook(v) for v in on_time]
+    assert reasons[:6] == [None] * 6
+    assert "rose in each of the last 6 1 s windows to 35 requests" in str(reasons[6])
+    capped = stop_hook(0.0, client_cap=True)
+    reasons = [capped(v) for v in stalled]
+    assert reasons[:6] == [None] * 6 and "to 35 requests" in str(reasons[6])

@@ -16,9 +16,14 @@ Run: `python slotserver.py --port 0 --slots K --prefill-ms P --token-ms D [--sta
 more prefill: a deterministic stand-in for a host that stalls now and
 then, so a test can put an exact number of slow requests into a probe.
 Speaks the OpenAI streaming API the driver expects (chat and completions, SSE, [DONE]); GET
-/stats returns the requests served, the longest wait for a slot and how many requests repeated
-an earlier request's prompt text (what a prompt cache would have served); GET /health answers 200
-(readiness, when `phaselens sweep` starts it from a template).
+/stats returns the requests served, the longest wait for a slot, how many requests repeated
+an earlier request's prompt text (what a prompt cache would have served) and how late the server
+itself was (`late_ms`: p90 and max over every first token written, each against its deadline,
+arrival + its wait for a slot by the virtual schedule + prefill: the event loop's lateness, a
+starved server process's, which the client's TTFT includes and the schedule does not); GET
+/health answers 200 (readiness, when `phaselens sweep` starts it from a template).
+What `late_ms` cannot see: a handler that starts late (the request read late) moves its
+`arrival`, so that part of a starved server's lateness is not in it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 import time
 from typing import Any
@@ -58,6 +64,7 @@ class Slots:
         self.max_wait_s = 0.0
         self.prompts: set[int] = set()  # hashes of the prompt texts seen (a prompt cache's keys)
         self.prompt_repeats = 0  # requests whose prompt text an earlier request already sent
+        self.late_s: list[float] = []  # per first token written: its write time − its deadline
 
     def stall(self) -> float:
         """The extra prefill of the request arriving now: `stall_s` for every `stall_every`-th
@@ -103,6 +110,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
             if wait > 0:
                 await asyncio.sleep(wait)
             await resp.write(_chunk("tok ", chat))
+            if j == 0:  # (a write sooner than its deadline cannot happen: it waited for it)
+                slots.late_s.append(max(time.perf_counter() - due, 0.0))
         wait = end - time.perf_counter()  # the last token's D: the response ends with the slot
         if wait > 0:  # (so the client sees the whole occupancy S, as from a real engine, and a
             await asyncio.sleep(wait)  # queue fitted to send -> end times finds k, not k·(S-D)/S)
@@ -120,8 +129,23 @@ async def handle(request: web.Request) -> web.StreamResponse:
 async def stats(request: web.Request) -> web.Response:
     s: Slots = request.app["slots"]
     return web.json_response(
-        {"served": s.served, "max_wait_s": s.max_wait_s, "prompt_repeats": s.prompt_repeats}
+        {
+            "served": s.served,
+            "max_wait_s": s.max_wait_s,
+            "prompt_repeats": s.prompt_repeats,
+            "late_ms": late_summary(s.late_s),
+        }
     )
+
+
+def late_summary(late_s: list[float]) -> dict[str, float | int]:
+    """{n, p90, max} of the first tokens' lateness in ms (p90: the nearest-rank value, the
+    ⌈0.9·n⌉-th smallest; 0 with no first token written yet)."""
+    x = sorted(late_s)
+    if not x:
+        return {"n": 0, "p90": 0.0, "max": 0.0}
+    p90 = x[max(math.ceil(0.9 * len(x)) - 1, 0)]
+    return {"n": len(x), "p90": round(p90 * 1e3, 3), "max": round(x[-1] * 1e3, 3)}
 
 
 async def health(request: web.Request) -> web.Response:

@@ -166,18 +166,29 @@ def model_rates(
     return {m: n / probe_s for m, n in schedule_counts(schedule).items()}
 
 
-def stop_hook(baseline: float) -> StopHook:
+def stop_hook(baseline: float, client_cap: bool = False) -> StopHook:
     """The early-stop rule (verdict.overload_reason) on the live queue, sampled at whole seconds
-    of the run clock (the latest 0.5 s poll at or after each second)."""
+    of the run clock (the latest 0.5 s poll at or after each second). The queue is the requests
+    sent and not finished (`LiveView.inflight`): a request due that the client has not sent yet
+    waits on the client, not on the server (a starved client host), and a client stall must not
+    read as a server queue that builds, since an early stop is a plain fail the client
+    self-check does not soften. With a client cap on requests in flight (`client_cap`:
+    --max-inflight, --concurrency) the requests it holds back wait for the server to finish
+    earlier ones, so there every request due and not finished counts (`due − done`)."""
     series: list[float] = []
 
     def hook(v: LiveView) -> str | None:
         if v.elapsed_s < len(series) + 1:
             return None
-        series.append(float(v.due - v.done))
+        series.append(float(v.due - v.done if client_cap else v.inflight))
         return overload_reason(series, baseline)
 
     return hook
+
+
+def capped(drv: DriverOptions) -> bool:
+    """Whether the client itself holds requests back (--max-inflight or --concurrency)."""
+    return drv.max_inflight is not None or drv.concurrency is not None
 
 
 PROMPT_STRIDE = 10_007  # probe k's prompt seed: seed + PROMPT_STRIDE × (k + 1)
@@ -212,7 +223,7 @@ def run_probe(
     options = Options(
         driver=drv if live else DriverOptions(),
         telemetry=ps.telemetry if live else "auto",
-        stop_when=stop_hook(baseline) if live else None,
+        stop_when=stop_hook(baseline, capped(drv)) if live else None,
         asked=None,
     )
     rate = offered_rate(ws, scale, schedule, ps.probe_s)
