@@ -100,8 +100,13 @@ def test_profiled_run_on_vllm(
         trace = run_dir / f["path"]
         assert trace.is_file() and trace.stat().st_size == f["bytes"]
         truth = _truth(trace)
-        # vLLM stops itself after max_iterations steps: exactly the requested count annotated
-        assert len(truth) == STEPS, (w["name"], len(truth))
+        # vLLM stops itself after max_iterations steps: exactly the requested count annotated,
+        # unless the window reached its deadline first (the next stage's start: CI saw one
+        # step of 12 in stage0 with a CPU hog beside it), when phaselens' stop cut it
+        if w["ended"] == "by itself":
+            assert len(truth) == STEPS, (w["name"], len(truth))
+        else:
+            assert w["ended"] == "at its deadline" and 1 <= len(truth) <= STEPS, w
         got = run.timeline.filter(pl.col("window") == w["name"]).sort("t_start_ns")
         assert got.height == len(truth)
         for col in ("ctx_reqs", "ctx_tokens", "gen_reqs", "gen_tokens"):

@@ -116,7 +116,12 @@ def test_watch_follows_a_loaded_engine(engine: Any) -> None:
     gen = [f.generation_tps for s in snaps for (n, w), f in s.by_engine.items() if w == "5s"]
     received = sum(x.usage.get("completion_tokens", x.content_chunks) for x in ok)
     client_rate = received / load_s
-    assert max(g or 0.0 for g in gen) == pytest.approx(client_rate, rel=1.5), (gen, client_rate)
+    # the busiest 5 s window's engine rate lies between the client's mean rate over the load
+    # (halved: the window edges) and every received token inside one 5 s window (× 1.2: a
+    # window straddling the load's start counts a little before it). "≈ the mean ± 150%" failed
+    # once the load ran longer than 5 s: a slow engine's peak window is ~3x its mean
+    peak = max(g or 0.0 for g in gen)
+    assert 0.5 * client_rate <= peak <= 1.2 * received / 5.0, (gen, client_rate, received)
     in_1s = [s.by_engine[("e", "1s")] for s in snaps if ("e", "1s") in s.by_engine]
     shares = [f.phase_share for f in in_1s if (f.running_mean or 0.0) > 0.0]
     assert any(sh and sh.get("idle", 1.0) < 1.0 for sh in shares)

@@ -116,6 +116,9 @@ class Capture:
             )
         files = self._wait_files(prefix, before, deadline, stop_early=w.name != ALONE)
         entry["stop_ns"] = self.now_ns()
+        # by itself: the engine ran its steps and wrote the trace before phaselens' deadline;
+        # else the stop below cut it (fewer steps than requested: a slow or loaded engine)
+        entry["ended"] = "by itself" if files else "at its deadline"
         stopped = engines.stop(self.base)
         entry["stop_answer"] = stopped.status
         if not files:
