@@ -4,26 +4,14 @@ carries its classes into the manifest and `analyze`, and a bad class set is one 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from phaselens.cli import main
+from .test_workload import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-
-
-def run_cli(
-    args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["phaselens", *args])
-    with pytest.raises(SystemExit) as e:
-        main()
-    out, err = capsys.readouterr()
-    code = e.value.code
-    return (code if isinstance(code, int) else 0), out, err
 
 
 def test_run_on_the_simulator_keeps_the_classes(
