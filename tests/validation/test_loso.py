@@ -163,3 +163,15 @@ def test_kv_capacity_of_the_simulated_deployment(loso: Any) -> None:
         assert loso.regime({**row, "batch": cap // 2176 + 1}, cap) == "KV-limited overload"
     finally:
         sys.modules.pop(spec.name, None)
+
+
+def test_a_miss_note_shows_only_while_its_group_misses(loso: Any) -> None:
+    def scored(errors: list[float]) -> list[Any]:
+        rows = [_row(id=f"t{i}", metric="ttft_ms", osl=1, value=1.0) for i in range(len(errors))]
+        return [
+            loso.Scored(r, 1.0 + e, 1.0 + e, loso.regime(r, None), "trtllm")
+            for r, e in zip(rows, errors, strict=True)
+        ]
+
+    assert loso.notes(scored([0.2] * 5)) and "Short-prompt TTFT" in loso.notes(scored([0.2] * 5))[1]
+    assert loso.notes(scored([0.05] * 5)) == []
