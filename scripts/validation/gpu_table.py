@@ -13,7 +13,14 @@ from the simulated requests exactly as the source measured it:
 - throughput_out: output tokens / time from the first send to the last token (per GPU when the
   source reports per GPU);
 - ttft_ms: mean time to first token;
-- tpot_ms: median gap between consecutive tokens of a request, over all requests.
+- tpot_ms: median gap between consecutive tokens of a request, over all requests;
+- itl_ms: mean over requests of (last token - first token) / (tokens - 1), the inter-token
+  latency of AIPerf / GenAI-Perf (NVIDIA NIM's benchmarks).
+Optional row fields (the yaml header says what each models): `requests` (more requests than
+`batch`: all at t = 0 with at most `batch` running, or a closed loop), `loop: closed`,
+`max_num_tokens`, `kv_full`. A closed loop's first `batch` requests (the wave at t = 0) are its
+warm-up: the metrics are read from the later ones, throughput over the span from the first
+later send to the last end.
 """
 
 from __future__ import annotations
@@ -26,8 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
 import yaml
 
+from phaselens.sim.client import LoadShape
 from phaselens.sim.deploy import parse_deployment
 from phaselens.sim.run import simulate
 from phaselens.types import Schedule, StageInfo
@@ -55,7 +64,7 @@ ROOFLINE = {
     "allreduce_latency_s": 0.0,
     "allreduce_efficiency": 1.0,
 }
-UNITS = {"throughput_out": "tok/s", "ttft_ms": "ms", "tpot_ms": "ms"}
+UNITS = {"throughput_out": "tok/s", "ttft_ms": "ms", "tpot_ms": "ms", "itl_ms": "ms"}
 
 
 @dataclass(frozen=True)
@@ -90,8 +99,10 @@ def deployment(row: dict[str, Any], cost: dict[str, float]) -> dict[str, Any]:
     if row["batching"] == "static":
         policy: dict[str, Any] = {"type": "static", "batch_size": b, "max_wait_ms": 1e6}
     else:
-        budget = max(2048, int(row["isl"]))
+        budget = int(row.get("max_num_tokens") or max(2048, int(row["isl"])))
         policy = {"type": "continuous", "max_num_seqs": b, "max_num_batched_tokens": budget}
+        if row.get("kv_full"):
+            policy["kv_full"] = row["kv_full"]
     policy["gpu_memory_utilization"] = MEMORY_UTILIZATION
     policy["prefix_cache"] = False
     engine: dict[str, Any] = {
@@ -121,8 +132,19 @@ def deferred(row: dict[str, Any]) -> int:
     return int(row.get("first_token") == "decode" and int(row["isl"]) > 1)
 
 
+def n_requests(row: dict[str, Any]) -> int:
+    """Requests the row sends: `requests` where set (more than `batch`: at most `batch` run at
+    once, or `batch` users of a closed loop send them), else `batch`."""
+    return int(row.get("requests") or row["batch"])
+
+
+def closed(row: dict[str, Any]) -> bool:
+    """`loop: closed`: `batch` users, each sending its next request when its last one ends."""
+    return row.get("loop") == "closed"
+
+
 def schedule(row: dict[str, Any]) -> Schedule:
-    n = int(row["batch"])
+    n = n_requests(row)
     k = deferred(row)
 
     def col(v: int, dtype: type) -> Any:
@@ -147,8 +169,9 @@ def schedule(row: dict[str, Any]) -> Schedule:
 
 def measure(row: dict[str, Any], cost: dict[str, float]) -> float:
     """The row's metric on a simulated run with these cost constants."""
-    res = simulate(schedule(row), parse_deployment(deployment(row, cost), row["id"]))
-    req = res.requests
+    shape = LoadShape(concurrency=int(row["batch"])) if closed(row) else None
+    res = simulate(schedule(row), parse_deployment(deployment(row, cost), row["id"]), shape=shape)
+    req = res.requests.sort("id")
     if (req["status"] != "ok").any():
         raise SystemExit(f"{row['id']}: a simulated request failed (KV capacity?)")
     engines = res.manifest_extra["sim"]["engines"]
@@ -156,16 +179,26 @@ def measure(row: dict[str, Any], cost: dict[str, float]) -> float:
         raise SystemExit(f"{row['id']}: the simulated KV cache is too small for the batch")
     metric = row["metric"]
     k = deferred(row)
-    tokens = [np.asarray(t, dtype=np.int64)[k:] for t in req["token_ns"].to_list()]
+    start_ns = 0
+    if closed(row) and n_requests(row) > int(row["batch"]):
+        req = req.filter(pl.col("id") >= int(row["batch"]))  # after the warm-up wave
+        start_ns = int(req["sent_ns"].min())
+    sent = req["sent_ns"].to_numpy()
+    tokens = [
+        np.asarray(t, dtype=np.int64)[k:] - s0
+        for t, s0 in zip(req["token_ns"].to_list(), sent, strict=True)
+    ]
     if metric == "throughput_out":
-        end_s = float(req["end_ns"].max()) / 1e9
-        out = float(int(row["batch"]) * int(row["osl"]))
+        end_s = float(req["end_ns"].max() - start_ns) / 1e9
+        out = float(req.height * int(row["osl"]))
         per = int(row["tp"]) if row.get("per_gpu") else 1
         return out / end_s / per
     if metric == "ttft_ms":
         return float(np.mean([t[0] for t in tokens])) / 1e6
     if metric == "tpot_ms":
         return float(np.median(np.concatenate([np.diff(t) for t in tokens]))) / 1e6
+    if metric == "itl_ms":
+        return float(np.mean([(t[-1] - t[0]) / (len(t) - 1) for t in tokens])) / 1e6
     raise SystemExit(f"{row['id']}: unknown metric {metric!r}")
 
 
