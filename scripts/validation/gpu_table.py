@@ -19,8 +19,8 @@ from the simulated requests exactly as the source measured it:
 Optional row fields (the yaml header says what each models): `requests` (more requests than
 `batch`: all at t = 0 with at most `batch` running, or a closed loop), `loop: closed`,
 `max_num_tokens`, `kv_full`. A closed loop's first `batch` requests (the wave at t = 0) are its
-warm-up: the metrics are read from the later ones, throughput over the span from the first
-later send to the last end.
+warm-up; the metrics are read in the steady state after it (the first later send to the last
+send: every user busy), throughput as the token rate in that window.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import yaml
 
 from phaselens.sim.client import LoadShape
 from phaselens.sim.deploy import parse_deployment
+from phaselens.sim.family import kv_free_fraction
 from phaselens.sim.run import simulate
 from phaselens.types import Schedule, StageInfo
 
@@ -103,7 +104,15 @@ def deployment(row: dict[str, Any], cost: dict[str, float]) -> dict[str, Any]:
         policy = {"type": "continuous", "max_num_seqs": b, "max_num_batched_tokens": budget}
         if row.get("kv_full"):
             policy["kv_full"] = row["kv_full"]
-    policy["gpu_memory_utilization"] = MEMORY_UTILIZATION
+    # A paged KV cache (continuous batching) is sized and admitted as the engine family does
+    # by default (sim/family.py: TensorRT-LLM 0.9 of the free memory, guaranteed no evict),
+    # or by the source's stated `kv_free_fraction`; a static batch (gptSessionBenchmark,
+    # paged KV disabled) allocates the batch's KV outright: MEMORY_UTILIZATION of the GPU.
+    family = row.get("family", "generic") if row["batching"] != "static" else "generic"
+    if row.get("kv_free_fraction") is not None and family != "generic":
+        policy["kv_free_fraction"] = float(row["kv_free_fraction"])
+    elif kv_free_fraction(family, None) is None:
+        policy["gpu_memory_utilization"] = MEMORY_UTILIZATION
     policy["prefix_cache"] = False
     engine: dict[str, Any] = {
         "name": "e",
@@ -111,6 +120,7 @@ def deployment(row: dict[str, Any], cost: dict[str, float]) -> dict[str, Any]:
         "serves": ["m"],
         "gpus": [f"g{i}" for i in range(tp)],
         "policy": policy,
+        "family": family,
     }
     if row["dtype"] == "fp8":
         engine["quant"] = {"weight_bytes": 1, "kv_bytes": 1}
@@ -179,17 +189,27 @@ def measure(row: dict[str, Any], cost: dict[str, float]) -> float:
         raise SystemExit(f"{row['id']}: the simulated KV cache is too small for the batch")
     metric = row["metric"]
     k = deferred(row)
-    start_ns = 0
+    window: tuple[int, int] | None = None
     if closed(row) and n_requests(row) > int(row["batch"]):
-        req = req.filter(pl.col("id") >= int(row["batch"]))  # after the warm-up wave
-        start_ns = int(req["sent_ns"].min())
+        # the steady state, as perf_analyzer's stable measurement windows (GenAI-Perf, AIPerf):
+        # from the first send after the warm-up wave to the last send (every user busy); its
+        # token rate, and the latencies of the requests that ran wholly inside it
+        later = req.filter(pl.col("id") >= int(row["batch"]))
+        window = (int(later["sent_ns"].min()), int(req["sent_ns"].max()))
+        if metric == "throughput_out":
+            ts = np.concatenate([np.asarray(t, dtype=np.int64) for t in req["token_ns"].to_list()])
+            inside = int(np.count_nonzero((ts > window[0]) & (ts <= window[1])))
+            per = int(row["tp"]) if row.get("per_gpu") else 1
+            return inside / ((window[1] - window[0]) / 1e9) / per
+        whole = later.filter(pl.col("end_ns") <= window[1])
+        req = whole if whole.height >= int(row["batch"]) else later
     sent = req["sent_ns"].to_numpy()
     tokens = [
         np.asarray(t, dtype=np.int64)[k:] - s0
         for t, s0 in zip(req["token_ns"].to_list(), sent, strict=True)
     ]
     if metric == "throughput_out":
-        end_s = float(req["end_ns"].max() - start_ns) / 1e9
+        end_s = float(req["end_ns"].max()) / 1e9
         out = float(req.height * int(row["osl"]))
         per = int(row["tp"]) if row.get("per_gpu") else 1
         return out / end_s / per
@@ -236,7 +256,7 @@ def load(path: Path = DATA) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return sources, rows
 
 
-INHERIT = ("decode_attention", "first_token")
+INHERIT = ("decode_attention", "first_token", "family", "kv_free_fraction")
 
 
 def _median_abs(xs: list[float]) -> float:
