@@ -14,7 +14,14 @@ from the simulated requests exactly as the source measured it:
 - throughput_out: output tokens / time from the first send to the last token (per GPU when the
   source reports per GPU);
 - ttft_ms: mean time to first token;
-- tpot_ms: median gap between consecutive tokens of a request, over all requests.
+- tpot_ms: median gap between consecutive tokens of a request, over all requests;
+- itl_ms: mean over requests of (last token - first token) / (tokens - 1), the inter-token
+  latency of AIPerf / GenAI-Perf (NVIDIA NIM's benchmarks).
+Optional row fields (the yaml header says what each models): `requests` (more requests than
+`batch`: all at t = 0 with at most `batch` running, or a closed loop), `loop: closed`,
+`max_num_tokens`, `kv_full`. A closed loop's first `batch` requests (the wave at t = 0) are its
+warm-up; the metrics are read in the steady state after it (the first later send to the last
+send: every user busy), throughput as the token rate in that window.
 
 Leave-one-source-out (loso.py, on unless `--no-loso`): each source is a fold; the constants are
 fitted on the other sources' rows (fit_gpu.py's search) and the source's rows simulated with
@@ -33,9 +40,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
 import yaml
 
+from phaselens.sim.client import LoadShape
 from phaselens.sim.deploy import parse_deployment
+from phaselens.sim.family import kv_free_fraction
 from phaselens.sim.run import simulate
 from phaselens.types import Schedule, StageInfo
 
@@ -62,7 +72,7 @@ ROOFLINE = {
     "allreduce_latency_s": 0.0,
     "allreduce_efficiency": 1.0,
 }
-UNITS = {"throughput_out": "tok/s", "ttft_ms": "ms", "tpot_ms": "ms"}
+UNITS = {"throughput_out": "tok/s", "ttft_ms": "ms", "tpot_ms": "ms", "itl_ms": "ms"}
 
 
 @dataclass(frozen=True)
@@ -97,9 +107,19 @@ def deployment(row: dict[str, Any], cost: dict[str, float]) -> dict[str, Any]:
     if row["batching"] == "static":
         policy: dict[str, Any] = {"type": "static", "batch_size": b, "max_wait_ms": 1e6}
     else:
-        budget = max(2048, int(row["isl"]))
+        budget = int(row.get("max_num_tokens") or max(2048, int(row["isl"])))
         policy = {"type": "continuous", "max_num_seqs": b, "max_num_batched_tokens": budget}
-    policy["gpu_memory_utilization"] = MEMORY_UTILIZATION
+        if row.get("kv_full"):
+            policy["kv_full"] = row["kv_full"]
+    # A paged KV cache (continuous batching) is sized and admitted as the engine family does
+    # by default (sim/family.py: TensorRT-LLM 0.9 of the free memory, guaranteed no evict),
+    # or by the source's stated `kv_free_fraction`; a static batch (gptSessionBenchmark,
+    # paged KV disabled) allocates the batch's KV outright: MEMORY_UTILIZATION of the GPU.
+    family = row.get("family", "generic") if row["batching"] != "static" else "generic"
+    if row.get("kv_free_fraction") is not None and family != "generic":
+        policy["kv_free_fraction"] = float(row["kv_free_fraction"])
+    elif kv_free_fraction(family, None) is None:
+        policy["gpu_memory_utilization"] = MEMORY_UTILIZATION
     policy["prefix_cache"] = False
     engine: dict[str, Any] = {
         "name": "e",
@@ -107,6 +127,7 @@ def deployment(row: dict[str, Any], cost: dict[str, float]) -> dict[str, Any]:
         "serves": ["m"],
         "gpus": [f"g{i}" for i in range(tp)],
         "policy": policy,
+        "family": family,
     }
     if row["dtype"] == "fp8":
         engine["quant"] = {"weight_bytes": 1, "kv_bytes": 1}
@@ -128,8 +149,19 @@ def deferred(row: dict[str, Any]) -> int:
     return int(row.get("first_token") == "decode" and int(row["isl"]) > 1)
 
 
+def n_requests(row: dict[str, Any]) -> int:
+    """Requests the row sends: `requests` where set (more than `batch`: at most `batch` run at
+    once, or `batch` users of a closed loop send them), else `batch`."""
+    return int(row.get("requests") or row["batch"])
+
+
+def closed(row: dict[str, Any]) -> bool:
+    """`loop: closed`: `batch` users, each sending its next request when its last one ends."""
+    return row.get("loop") == "closed"
+
+
 def schedule(row: dict[str, Any]) -> Schedule:
-    n = int(row["batch"])
+    n = n_requests(row)
     k = deferred(row)
 
     def col(v: int, dtype: type) -> Any:
@@ -160,8 +192,9 @@ def kv_capacity(row: dict[str, Any]) -> int:
 
 def measure(row: dict[str, Any], cost: dict[str, float]) -> float:
     """The row's metric on a simulated run with these cost constants."""
-    res = simulate(schedule(row), parse_deployment(deployment(row, cost), row["id"]))
-    req = res.requests
+    shape = LoadShape(concurrency=int(row["batch"])) if closed(row) else None
+    res = simulate(schedule(row), parse_deployment(deployment(row, cost), row["id"]), shape=shape)
+    req = res.requests.sort("id")
     if (req["status"] != "ok").any():
         raise SystemExit(f"{row['id']}: a simulated request failed (KV capacity?)")
     engines = res.manifest_extra["sim"]["engines"]
@@ -169,16 +202,36 @@ def measure(row: dict[str, Any], cost: dict[str, float]) -> float:
         raise SystemExit(f"{row['id']}: the simulated KV cache is too small for the batch")
     metric = row["metric"]
     k = deferred(row)
-    tokens = [np.asarray(t, dtype=np.int64)[k:] for t in req["token_ns"].to_list()]
+    window: tuple[int, int] | None = None
+    if closed(row) and n_requests(row) > int(row["batch"]):
+        # the steady state, as perf_analyzer's stable measurement windows (GenAI-Perf, AIPerf):
+        # from the first send after the warm-up wave to the last send (every user busy); its
+        # token rate, and the latencies of the requests that ran wholly inside it
+        later = req.filter(pl.col("id") >= int(row["batch"]))
+        window = (int(later["sent_ns"].min()), int(req["sent_ns"].max()))
+        if metric == "throughput_out":
+            ts = np.concatenate([np.asarray(t, dtype=np.int64) for t in req["token_ns"].to_list()])
+            inside = int(np.count_nonzero((ts > window[0]) & (ts <= window[1])))
+            per = int(row["tp"]) if row.get("per_gpu") else 1
+            return inside / ((window[1] - window[0]) / 1e9) / per
+        whole = later.filter(pl.col("end_ns") <= window[1])
+        req = whole if whole.height >= int(row["batch"]) else later
+    sent = req["sent_ns"].to_numpy()
+    tokens = [
+        np.asarray(t, dtype=np.int64)[k:] - s0
+        for t, s0 in zip(req["token_ns"].to_list(), sent, strict=True)
+    ]
     if metric == "throughput_out":
         end_s = float(req["end_ns"].max()) / 1e9
-        out = float(int(row["batch"]) * int(row["osl"]))
+        out = float(req.height * int(row["osl"]))
         per = int(row["tp"]) if row.get("per_gpu") else 1
         return out / end_s / per
     if metric == "ttft_ms":
         return float(np.mean([t[0] for t in tokens])) / 1e6
     if metric == "tpot_ms":
         return float(np.median(np.concatenate([np.diff(t) for t in tokens]))) / 1e6
+    if metric == "itl_ms":
+        return float(np.mean([(t[-1] - t[0]) / (len(t) - 1) for t in tokens])) / 1e6
     raise SystemExit(f"{row['id']}: unknown metric {metric!r}")
 
 
@@ -216,7 +269,7 @@ def load(path: Path = DATA) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return sources, rows
 
 
-INHERIT = ("decode_attention", "first_token")
+INHERIT = ("decode_attention", "first_token", "family", "kv_free_fraction")
 
 
 def _median_abs(xs: list[float]) -> float:
