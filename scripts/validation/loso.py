@@ -82,6 +82,16 @@ def family(row: Row, sources: dict[str, Any]) -> str:
     return engine.split()[0] if engine.split() else "unknown"
 
 
+def fitted(row: Row) -> bool:
+    """Whether the row enters a fold's fit. A queued throughput run (more `requests` than the
+    engine's `batch` cap, all sent at once: trtllm-bench's thousands of requests) is scored in
+    its own fold but never fitted: one simulation takes about a second, ~50x a fixed-batch row,
+    and a fold's search simulates its fit rows about 70 times. Every other row is fitted."""
+    return not (
+        int(row.get("requests") or row["batch"]) > int(row["batch"]) and row.get("loop") != "closed"
+    )
+
+
 def _work(row: Row) -> int:
     """A rough size of the row's simulation (the longest go first)."""
     return int(row.get("batch", 1)) * (int(row["isl"]) + int(row["osl"]))
@@ -125,7 +135,7 @@ class Simulations:
 @dataclass(frozen=True)
 class Fold:
     source: str
-    train: int  # rows fitted on (every other source's)
+    train: int  # rows fitted on (every other source's that `fitted` admits)
     cost: Cost  # the constants fitted without the source
     train_loss: float  # mean |log error| of the fitted rows
     history: tuple[float, ...]  # the training loss after each pass
@@ -150,9 +160,10 @@ def fit_fold(
     passes: int,
     on_pass: Callable[[float, Cost], None] | None = None,
 ) -> Fold:
-    """Fit the constants on the rows of every source but `source`, then simulate `source`'s
-    rows with them; `source`'s rows are measured once, after the fit, and never enter it."""
-    train = [r for r in rows if r["src"] != source]
+    """Fit the constants on the rows of every source but `source` (those `fitted`), then
+    simulate `source`'s rows with them; `source`'s rows are measured once, after the fit, and
+    never enter it."""
+    train = [r for r in rows if r["src"] != source and fitted(r)]
     held = [r for r in rows if r["src"] == source]
     if not train or not held:
         raise ValueError(f"fold {source}: {len(train)} rows to fit, {len(held)} held out")

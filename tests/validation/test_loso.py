@@ -175,3 +175,24 @@ def test_a_miss_note_shows_only_while_its_group_misses(loso: Any) -> None:
 
     assert loso.notes(scored([0.2] * 5)) and "Short-prompt TTFT" in loso.notes(scored([0.2] * 5))[1]
     assert loso.notes(scored([0.05] * 5)) == []
+
+
+def test_queued_throughput_runs_are_scored_but_never_fitted(loso: Any) -> None:
+    """A trtllm-bench row (more requests than its batch cap, all at once) stays out of every
+    fold's fit; a closed loop with more requests than users and a plain row go in."""
+    assert not loso.fitted({"batch": 4096, "requests": 30000})
+    assert loso.fitted({"batch": 100, "requests": 500, "loop": "closed"})
+    assert loso.fitted({"batch": 64}) and loso.fitted({"batch": 64, "requests": 64})
+    queued = {"id": "q", "src": "a", "k": 1, "batch": 2, "requests": 9}
+    rows = [*ROWS, queued]
+    seen: list[set[str]] = []
+
+    def measure_rows(rs: list[dict[str, Any]], cost: dict[str, float]) -> list[float]:
+        seen.append({r["id"] for r in rs})
+        return [fake_measure(r, cost) for r in rs]
+
+    start = {n: 1.0 for n in loso.SEARCH} | {"eta_linear": 0.72}
+    fold = loso.fit_fold(rows, "c", measure_rows, start, passes=2)
+    assert fold.train == 4 and all("q" not in ids for ids in seen)
+    held = loso.fit_fold(rows, "a", measure_rows, start, passes=2)
+    assert "q" in {r["id"] for r in held.rows}
