@@ -178,11 +178,12 @@ def test_a_miss_note_shows_only_while_its_group_misses(loso: Any) -> None:
 
 
 def test_queued_throughput_runs_are_scored_but_never_fitted(loso: Any) -> None:
-    """A trtllm-bench row (more requests than its batch cap, all at once) stays out of every
-    fold's fit; a closed loop with more requests than users and a plain row go in."""
+    """A trtllm-bench row (`requests` all at once to an engine capped at `batch`, above or
+    below the cap) stays out of every fold's fit; a closed loop and a fixed batch go in."""
     assert not loso.fitted({"batch": 4096, "requests": 30000})
+    assert not loso.fitted({"batch": 4096, "requests": 1500})  # below the cap: still queued
     assert loso.fitted({"batch": 100, "requests": 500, "loop": "closed"})
-    assert loso.fitted({"batch": 64}) and loso.fitted({"batch": 64, "requests": 64})
+    assert loso.fitted({"batch": 64}) and not loso.fitted({"batch": 64, "requests": 64})
     queued = {"id": "q", "src": "a", "k": 1, "batch": 2, "requests": 9}
     rows = [*ROWS, queued]
     seen: list[set[str]] = []
