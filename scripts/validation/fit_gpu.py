@@ -7,16 +7,18 @@ scored at the end.
 
 `--half` fits on every other fit row only and prints the error on the other half as well.
 Prints the constants; it writes nothing (the defaults live, documented, in
-src/phaselens/sim/cost.py).
+src/phaselens/sim/cost.py). The same search (`coordinate_search`) fits each fold of the
+leave-one-source-out validation (loso.py, run by gpu_table.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
-from gpu_table import load, measure
 
 # constant -> candidate multipliers tried per pass around the current value
 SEARCH = {
@@ -42,12 +44,68 @@ CAPS = {
     "per_head_kv_reread": 1.0,
 }
 
+Row = dict[str, Any]
+Cost = dict[str, float]
 
-def loss(rows: list[dict], cost: dict[str, float]) -> float:
-    return float(np.mean([abs(math.log(measure(r, cost) / float(r["value"]))) for r in rows]))
+
+def default_start() -> Cost:
+    """The searched constants at their `CostParams` defaults (the search's starting point)."""
+    from phaselens.sim.cost import CostParams
+
+    return {n: float(getattr(CostParams(), n)) for n in SEARCH}
+
+
+def mean_abs_log(rows: Sequence[Row], simulated: Sequence[float]) -> float:
+    """Mean |log(simulated/published)| over the rows."""
+    return float(
+        np.mean(
+            [abs(math.log(s / float(r["value"]))) for r, s in zip(rows, simulated, strict=True)]
+        )
+    )
+
+
+def loss(rows: list[Row], cost: Cost, measure: Callable[[Row, Cost], float] | None = None) -> float:
+    if measure is None:
+        from gpu_table import measure
+    return mean_abs_log(rows, [measure(r, cost) for r in rows])
+
+
+def coordinate_search(
+    loss_of: Callable[[Cost], float],
+    start: Cost,
+    passes: int = 3,
+    on_pass: Callable[[float, Cost], None] | None = None,
+) -> tuple[Cost, float, list[float]]:
+    """Minimize `loss_of` over the `SEARCH` constants: per pass, each constant is tried at each
+    of its multipliers (capped by `CAPS`) around the current value, a trial kept when it lowers
+    the loss. Returns the constants, their loss and the loss after each pass run. It stops
+    before `passes` when a pass kept nothing (the next would try the same trials), and skips a
+    trial equal to the current constants (a capped or zero constant): both change no result."""
+    cost = dict(start)
+    best = loss_of(cost)
+    history: list[float] = []
+    for _ in range(passes):
+        moved = False
+        for n, mults in SEARCH.items():
+            for m in mults:
+                trial = dict(cost)
+                trial[n] = min(cost[n] * m, CAPS.get(n, math.inf))
+                if trial == cost:
+                    continue
+                lt = loss_of(trial)
+                if lt < best:
+                    best, cost, moved = lt, trial, True
+        history.append(best)
+        if on_pass is not None:
+            on_pass(best, cost)
+        if not moved:
+            break
+    return cost, best, history
 
 
 def main() -> None:
+    from gpu_table import load
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--half", choices=("even", "odd"))
     ap.add_argument("--passes", type=int, default=3)
@@ -60,22 +118,15 @@ def main() -> None:
     if a.half:
         k = 0 if a.half == "even" else 1
         fit, half = fit[k::2], fit[1 - k :: 2]
-    from phaselens.sim.cost import CostParams
-
-    cost = {n: float(getattr(CostParams(), n)) for n in SEARCH}
+    start = default_start()
     for spec in a.start:
         k, v = spec.split("=")
-        cost[k] = float(v)
-    best = loss(fit, cost)
-    for _ in range(a.passes):
-        for n, mults in SEARCH.items():
-            for m in mults:
-                trial = dict(cost)
-                trial[n] = min(cost[n] * m, CAPS.get(n, math.inf))
-                lt = loss(fit, trial)
-                if lt < best:
-                    best, cost = lt, trial
+        start[k] = float(v)
+
+    def show(best: float, cost: Cost) -> None:
         print(f"pass: mean |log error| {best:.4f}", {k: round(v, 7) for k, v in cost.items()})
+
+    cost, _, _ = coordinate_search(lambda c: loss(fit, c), start, a.passes, show)
     if half:
         print(f"other half of the fit split: mean |log error| {loss(half, cost):.4f}")
     if held:

@@ -238,3 +238,33 @@ def test_spec_model_no_engine_serves() -> None:
     s = make_schedule([0.0], [10], [2], models=["m", "other"], model_idx=[0])
     with pytest.raises(InputError, match=r"deploy\.yaml: spec model 'other' is served by no"):
         simulate(s, d)
+
+
+def test_trtllm_family_queues_and_sizes_its_kv_cache_from_the_free_memory() -> None:
+    """family trtllm: guaranteed-no-evict admission, and the KV cache 0.9 of what the weights
+    and reserve leave (by hand: Llama-3-8B in 16 bits is 16.06 GB; H100 80 GB; reserve 1.5 GB;
+    KV per token 32 layers x 8 heads x 128 x 2 (K, V) x 2 bytes = 131,072 bytes)."""
+    w = 2 * (32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336) + 2 * 128256 * 4096)
+    need = w + 1.5e9
+    kv_tokens = int(0.9 * (80e9 - need) / 131072) // 16 * 16
+    d = parse_deployment(_one(family="trtllm"), "t")
+    e = d.engines[0]
+    assert e.policy.kv_full == "queue" and e.policy.kv_free_fraction == 0.9
+    assert abs(e.kv_capacity_tokens - kv_tokens) <= 16
+    # vLLM's meaning (the default family): 0.9 of the whole GPU, weights included
+    g = parse_deployment(_one(), "t").engines[0]
+    assert g.policy.kv_full == "preempt" and g.policy.kv_free_fraction is None
+    assert abs(g.kv_capacity_tokens - int((0.9 * 80e9 - need) / 131072) // 16 * 16) <= 16
+    # the file wins over the family
+    q = parse_deployment(
+        _one(family="trtllm", policy={"kv_full": "preempt", "kv_free_fraction": 0.5}), "t"
+    ).engines[0]
+    assert q.policy.kv_full == "preempt"
+    assert abs(q.kv_capacity_tokens - int(0.5 * (80e9 - need) / 131072) // 16 * 16) <= 16
+
+
+def test_a_kv_free_fraction_beside_gpu_memory_utilization_is_refused() -> None:
+    with pytest.raises(InputError, match=r"engines\[0\] \(e\)\.policy: gpu_memory_utilization"):
+        parse_deployment(_one(family="trtllm", policy={"gpu_memory_utilization": 0.95}), "t")
+    with pytest.raises(InputError, match="kv_free_fraction"):
+        parse_deployment(_one(policy={"kv_free_fraction": 0.9, "gpu_memory_utilization": 0.8}), "t")

@@ -52,6 +52,9 @@ class Policy:
     # `queue` (TensorRT-LLM's guaranteed-no-evict: a request is admitted only when its whole KV,
     # prompt + max output, fits beside what the running ones may still grow to; no preemption)
     kv_full: str = "preempt"
+    # the KV cache's share of the memory left after weights and reserve (TensorRT-LLM's
+    # kv_cache_free_gpu_mem_fraction); None: gpu_memory_utilization of the GPU (vLLM's meaning)
+    kv_free_fraction: float | None = None
     # request-level flow control (docs/simulator.md, "Flow control"; all off by default):
     # an arriving request finding this many waiting is shed (status shed, HTTP 503)
     max_waiting: int | None = None

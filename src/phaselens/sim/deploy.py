@@ -30,6 +30,7 @@ from phaselens.sim.deployfile import (
     GpuIn,
     PolicyIn,
 )
+from phaselens.sim.family import kv_free_fraction, kv_full
 from phaselens.sim.gpushare import check_shares, memory_fractions
 from phaselens.sim.hardware import GPUS, GPUSpec
 from phaselens.sim.models import MODELS, ModelSpec, resolve_model
@@ -190,11 +191,19 @@ def _resolve(d: DeploymentIn, source: str) -> Deployment:
                 raise InputError(
                     f"{source}: engines[{i}].handoff.to: KV layouts of {a.name} and {b.name} differ"
                 )
+    for i, e in enumerate(d.engines):
+        f = kv_free_fraction(e.family, e.policy.kv_free_fraction)
+        if f is not None and "gpu_memory_utilization" in e.policy.model_fields_set:
+            raise InputError(
+                f"{source}: engines[{i}] ({e.name}).policy: gpu_memory_utilization and a KV free "
+                f"fraction ({f}, family {e.family}) both size the KV cache: set "
+                "kv_free_fraction (TensorRT-LLM's kv_cache_free_gpu_mem_fraction) only"
+            )
     fractions = memory_fractions(d, gpus, models, cost, source)
     engines: list[Engine] = []
     for i, e in enumerate(d.engines):
         frac, kv_tokens = fractions[i]
-        pol = _policy(e.policy, f"{source}: engines[{i}] ({e.name}).policy")
+        pol = _policy(e.policy, e.family, f"{source}: engines[{i}] ({e.name}).policy")
         need = pol.max_model_len or MIN_KV_TOKENS
         if kv_tokens < need:
             m = models[i]
@@ -282,8 +291,9 @@ def default_deployment(model_names: Sequence[str]) -> Deployment:
         return parse_deployment(separate, "<default deployment>")
 
 
-def _policy(p: PolicyIn, where: str) -> Policy:
-    """The resolved policy; the flow-control fields checked against each other."""
+def _policy(p: PolicyIn, family: str, where: str) -> Policy:
+    """The resolved policy (the engine family's defaults where the file is silent); the
+    flow-control fields checked against each other."""
     fc = p.queues or p.admit_kv_threshold is not None
     if fc and p.type != "continuous":
         raise InputError(f"{where}: queues and admit_kv_threshold need type continuous")
@@ -294,5 +304,7 @@ def _policy(p: PolicyIn, where: str) -> Policy:
             raise InputError(f"{where}.queues[{j}]: class {sorted(dup)[0]!r} is in two queues")
         seen.update(q.classes)
     raw = p.model_dump()
+    raw["kv_full"] = kv_full(family, p.kv_full)
+    raw["kv_free_fraction"] = kv_free_fraction(family, p.kv_free_fraction)
     raw["queues"] = tuple(ClassQueue(tuple(q.classes), q.share, q.max_waiting) for q in p.queues)
     return Policy(**raw)

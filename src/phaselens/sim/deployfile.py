@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from phaselens.inputs.bounds import limit
 from phaselens.inputs.fields import MAX_TOKENS, Fraction, Int32, Name
+from phaselens.sim.family import Family
 
 MIN_KV_TOKENS = (
     4096  # an engine whose KV cache holds fewer tokens is refused (unless max_model_len)
@@ -66,7 +67,12 @@ class PolicyIn(_Strict):
     max_wait_ms: Ms = 20.0  # dynamic / static
     max_batch_size: Count = 64  # dynamic
     batch_size: Count = 8  # static
-    kv_full: Literal["preempt", "queue"] = "preempt"  # a full KV cache: recompute, or wait
+    # a full KV cache: recompute (`preempt`) or wait (`queue`); unset: the engine family's default
+    kv_full: Literal["preempt", "queue"] | None = None
+    # TensorRT-LLM's kv_cache_free_gpu_mem_fraction: the KV cache takes this share of the memory
+    # left after the weights and the reserve (instead of gpu_memory_utilization of the whole
+    # GPU); unset: the engine family's default (docs/simulator.md, "Engine families")
+    kv_free_fraction: Fraction | None = None
     # flow control (docs/simulator.md, "Flow control"): a queue cap that sheds, admission held
     # above a KV-usage threshold for priorities worse than a cut, separate queues per class
     max_waiting: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
@@ -139,6 +145,8 @@ class EngineIn(_Strict):
     # decode attention kernel: `grouped` reads each KV head once for its query-head group;
     # `per_head` once per query head (TensorRT-LLM <= 0.7 masked MHA on GQA models)
     decode_attention: Literal["grouped", "per_head"] = "grouped"
+    # the serving engine's family: its admission defaults (`family.py`), nothing else
+    family: Family = "generic"
 
 
 class DeploymentIn(_Strict):

@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from phaselens.errors import InputError
+from phaselens.sim.family import kv_free_fraction
 
 if TYPE_CHECKING:  # (the types are for annotations only)
     from phaselens.sim.config import Engine, Gpu
     from phaselens.sim.cost import CostParams
-    from phaselens.sim.deployfile import DeploymentIn
+    from phaselens.sim.deployfile import DeploymentIn, EngineIn
     from phaselens.sim.models import ModelSpec
 
 
@@ -38,7 +39,11 @@ def memory_fractions(
         on = [i for i, e in enumerate(d.engines) if g.name in e.gpus]
         if not on:
             continue
-        util = max(d.engines[i].policy.gpu_memory_utilization for i in on)
+        need = {
+            i: models[i].weight_total_bytes / len(d.engines[i].gpus) + cost.reserve_gb * 1e9
+            for i in on
+        }
+        util = max(_utilization(d.engines[i], need[i], g.spec.memory_bytes) for i in on)
         usable = g.spec.memory_bytes * util
         explicit = {
             i: d.engines[i].share.memory_fraction
@@ -51,10 +56,6 @@ def memory_fractions(
                 f"{source}: GPU {g.name}: memory_fraction of its engines adds up to "
                 f"{total_explicit:.2f} > 1"
             )
-        need = {
-            i: models[i].weight_total_bytes / len(d.engines[i].gpus) + cost.reserve_gb * 1e9
-            for i in on
-        }
         implicit = [i for i in on if i not in explicit]
         rest = usable * (1.0 - total_explicit)
         left = rest - sum(need[i] for i in implicit)
@@ -108,3 +109,12 @@ def check_shares(engines: Sequence[Engine], source: str) -> None:
                     f"{source}: GPU {g}: sm_fraction of its spatial engines adds up to "
                     f"{total:.2f} > 1"
                 )
+
+
+def _utilization(e: EngineIn, need: float, memory: float) -> float:
+    """The share of the GPU the engine may use: `gpu_memory_utilization` (vLLM's meaning), or,
+    with a KV free fraction f (TensorRT-LLM's), its weights and reserve plus f of the rest."""
+    f = kv_free_fraction(e.family, e.policy.kv_free_fraction)
+    if f is None:
+        return e.policy.gpu_memory_utilization
+    return min(1.0, (need + f * max(memory - need, 0.0)) / memory)

@@ -56,6 +56,11 @@ _POLICY: tuple[Knob, ...] = (
     Knob("policy.scheduling", "choice", "queue order", ("fcfs", "priority", "short_first")),
     Knob("policy.prefix_cache", "bool", "reuse cached shared prefixes"),
     Knob("policy.gpu_memory_utilization", "float", "share of GPU memory the engine may use"),
+    Knob(
+        "policy.kv_free_fraction",
+        "float",
+        "KV cache's share of the memory left after weights (TensorRT-LLM's meaning)",
+    ),
     Knob("policy.max_wait_tokens", "int", "dynamic: release a batch at this many queued tokens"),
     Knob("policy.max_wait_ms", "float", "dynamic/static: release after the oldest waited this"),
     Knob("policy.max_batch_size", "int", "dynamic: batch window (requests per batch)"),
