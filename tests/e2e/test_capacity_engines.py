@@ -73,7 +73,9 @@ def test_capacity_search_on_engine(engine: Any, tmp_path: Path) -> None:
     band = res.blind_band  # a URL without --deploy: the fitted queue's sampling band too
     assert band is not None and res.interval == (pytest.approx(lo / (1 + band["band"])), hi)
     at = {p.load_scale: p for p in res.probes}
-    low = [p for p in res.probes if p.rate_rps == lo]
+    # (a superseded probe is not the edge: an uncertain light probe re-measured at the same
+    # rate, as a CI run beside a CPU hog on 2026-12-07 did, answers by its re-measurement)
+    low = [p for p in res.probes if p.rate_rps == lo and not p.superseded]
     assert low and all(p.verdict == "pass" for p in low)
     if hi is not None:
         high = [p for p in res.probes if p.rate_rps == hi]
