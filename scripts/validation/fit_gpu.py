@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from phaselens.sim.cost import CostParams
+
 # constant -> candidate multipliers tried per pass around the current value
 SEARCH = {
     "eta_linear": (0.9, 1.1),
@@ -50,8 +52,6 @@ Cost = dict[str, float]
 
 def default_start() -> Cost:
     """The searched constants at their `CostParams` defaults (the search's starting point)."""
-    from phaselens.sim.cost import CostParams
-
     return {n: float(getattr(CostParams(), n)) for n in SEARCH}
 
 
@@ -64,9 +64,9 @@ def mean_abs_log(rows: Sequence[Row], simulated: Sequence[float]) -> float:
     )
 
 
-def loss(rows: list[Row], cost: Cost, measure: Callable[[Row, Cost], float] | None = None) -> float:
-    if measure is None:
-        from gpu_table import measure
+def loss(rows: list[Row], cost: Cost) -> float:
+    from gpu_table import measure  # (gpu_table imports loso, which imports this module)
+
     return mean_abs_log(rows, [measure(r, cost) for r in rows])
 
 
