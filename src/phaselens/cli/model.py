@@ -28,7 +28,11 @@ def calibrate(
     ] = "auto",
     allow_invalid: Annotated[
         bool,
-        typer.Option("--allow-invalid", help="Use a run whose client self-check said INVALID."),
+        typer.Option(
+            "--allow-invalid",
+            help="Use a run whose client self-check said INVALID, or whose engine waited for a "
+            "CPU over 25% of its runnable time.",
+        ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:

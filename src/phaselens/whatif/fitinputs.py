@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from phaselens.analysis.contention import CONTENTION_SHARE, engine_waits, load_window
 from phaselens.errors import InputError
 from phaselens.rundir.load import Run
 from phaselens.sim.config import Deployment
@@ -36,6 +37,19 @@ def check_run(run: Run, deploy: Deployment, allow_invalid: bool = False) -> list
             f"{run.path}: the run is INVALID ({why}); its timings measure the client "
             "(--allow-invalid to use it anyway)"
         )
+    for w in engine_waits(run.telemetry, load_window(run.requests)):
+        if not w.disturbed:
+            continue
+        why = (
+            f"the engine (pid {w.pid}) waited for a CPU {w.share:.0%} of its runnable time "
+            f"(> {CONTENTION_SHARE:.0%}; {w.wait_s:.1f} s waiting, {w.run_s:.1f} s on a CPU): "
+            "other processes on its host took its cores"
+        )
+        if not allow_invalid:
+            raise InputError(
+                f"{run.path}: {why}, so its timings price them (--allow-invalid to use it anyway)"
+            )
+        notes.append(f"engine disturbed, used anyway (--allow-invalid): {why}")
     ok = int((run.requests["status"] == "ok").sum()) if run.requests.height else 0
     if ok < MIN_OK:
         raise InputError(f"{run.path}: only {ok} ok requests; calibration needs at least {MIN_OK}")

@@ -1,10 +1,18 @@
-"""The host-gap rule: the GPU idle between steps while requests are running."""
+"""The host rules: the GPU idle between steps while requests run (host-gap), and the engine's
+process waiting for a CPU that its neighbours hold (engine-cpu-contention)."""
 
 from __future__ import annotations
 
 import numpy as np
 import polars as pl
 
+from phaselens.analysis.contention import (
+    CONTENTION_SHARE,
+    MIN_RUNNABLE_S,
+    WAIT_METRIC,
+    engine_waits,
+    load_window,
+)
 from phaselens.analysis.findings.base import MIN_BINS, Analysis, Missing, RuleResult, column, span
 from phaselens.analysis.stats import fnum
 from phaselens.types import Finding
@@ -61,3 +69,47 @@ def host_gap(a: Analysis) -> RuleResult:
             "process is not pinned at 100% of one core (host.cpu_pct).",
         )
     ]
+
+
+def engine_cpu_contention(a: Analysis) -> RuleResult:
+    """The engine's process tree waited for a CPU > 25% of its runnable time over the load
+    window (`analysis.contention`, the same rule `calibrate` refuses a run by)."""
+    waits = engine_waits(a.telemetry, load_window(a.rt.frame))
+    if not waits:
+        return Missing(
+            f"{WAIT_METRIC} (the `cpu` telemetry source on a local engine: --telemetry auto "
+            "for a loopback target, or cpu:PID; Linux with schedstat)"
+        )
+    out: list[Finding] = []
+    for w in waits:
+        if not w.disturbed or w.share is None:
+            continue
+        ev = {
+            "pid": w.pid,
+            "wait_share_of_runnable": fnum(w.share, 3),
+            "wait_s": fnum(w.wait_s, 3),
+            "run_s": fnum(w.run_s, 3),
+            "thresholds": {
+                "wait_share_above": CONTENTION_SHARE,
+                "runnable_s_at_least": MIN_RUNNABLE_S,
+            },
+        }
+        out.append(
+            Finding(
+                "engine-cpu-contention",
+                "warning",
+                f"The engine waited for a CPU {w.share:.0%} of its runnable time: other "
+                "processes on its host took its cores; its latencies include them",
+                w.t_start_ns,
+                w.t_end_ns,
+                ev,
+                "Pin the engine to cores nothing else uses (taskset or a cpuset, and keep other "
+                "work off them), or raise its priority: on Linux with autogroup scheduling "
+                "(/proc/sys/kernel/sched_autogroup_enabled = 1) a nice value on the engine alone "
+                "does not help against another session's processes; set its session's group "
+                "nice instead (echo -10 > /proc/PID/autogroup). Or measure on a dedicated host. "
+                "Do not calibrate the simulator from this run (`phaselens calibrate` refuses it "
+                "without --allow-invalid).",
+            )
+        )
+    return out

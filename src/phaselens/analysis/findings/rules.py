@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from phaselens.analysis.findings.base import Analysis, Missing, Rule
 from phaselens.analysis.findings.hol import head_of_line
-from phaselens.analysis.findings.host import host_gap
+from phaselens.analysis.findings.host import engine_cpu_contention, host_gap
 from phaselens.analysis.findings.inside import (
     exposed_comm,
     exposed_copies,
@@ -32,6 +32,7 @@ RULES: tuple[tuple[str, Rule], ...] = (
     ("head-of-line-blocking", head_of_line),
     ("kv-pressure", kv_pressure),
     ("host-gap", host_gap),
+    ("engine-cpu-contention", engine_cpu_contention),
     ("host-bound-steps", host_bound_steps),
     ("launch-bound", launch_bound),
     ("sync-stalls", sync_stalls),
