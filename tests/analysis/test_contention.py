@@ -17,7 +17,7 @@ from phaselens.sim.deploy import parse_deployment
 from phaselens.types import TelemetrySample
 from phaselens.whatif.fitinputs import check_run
 
-from .helpers import S, make_run, rec
+from .helpers import MS, S, make_run, rec
 
 CODE = "engine-cpu-contention"
 
@@ -65,6 +65,11 @@ def test_at_the_threshold_quiet_just_above_fires() -> None:
     assert ev["thresholds"] == {"wait_share_above": 0.25, "runnable_s_at_least": 1.0}
     assert (f["t_start_s"], f["t_end_s"]) == (pytest.approx(0.0), pytest.approx(10.0))
     assert "/proc/PID/autogroup" in str(f["recommendation"])
+    # intervals straddling the load window's edges count whole; the span stops at the edges
+    run = _run([(74.0, 26.0)])
+    (w,) = engine_waits(run.telemetry, (50 * MS, 9_950 * MS))
+    assert (w.t_start_ns, w.t_end_ns) == (50 * MS, 9_950 * MS)
+    assert w.run_s == pytest.approx(7.4)
 
 
 def test_window_is_where_the_engine_waited() -> None:

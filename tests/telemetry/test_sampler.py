@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from phaselens.errors import InputError
+from phaselens.telemetry import proc
 from phaselens.telemetry.clock import RunClock
 from phaselens.telemetry.options import SourceSpec, parse_spec
 from phaselens.telemetry.sampler import start_sources, start_telemetry
@@ -400,6 +401,11 @@ def test_auto_in_process_mode_reads_engine_and_its_cpu(target: Target) -> None:
     cpu = [s for s in got if s.metric == "host.cpu_pct"]
     assert cpu and all(s.labels == {"pid": str(os.getpid())} for s in cpu)
     assert {s.source for s in cpu} == {"proc"}
+    # the run-queue wait comes from the same readings, with the same stamps (Linux, schedstat)
+    if proc.schedstat_readable(os.getpid(), Path("/proc")):
+        wait = [s for s in got if s.metric == "host.cpu_wait_pct"]
+        assert [s.t_ns for s in wait] == [s.t_ns for s in cpu]
+        assert all(s.labels == {"pid": str(os.getpid())} and s.value >= 0 for s in wait)
 
 
 class FakeTime:

@@ -35,8 +35,8 @@ class EngineWait:
     pid: str
     run_s: float  # on a CPU
     wait_s: float  # runnable, waiting on a run queue
-    t_start_ns: int | None  # first to last interval whose own share passed the threshold
-    t_end_ns: int | None
+    t_start_ns: int | None  # first to last interval whose own share passed the threshold,
+    t_end_ns: int | None  # cut to the load window
 
     @property
     def runnable_s(self) -> float:
@@ -101,4 +101,7 @@ def _one(pid: str, g: pl.DataFrame, window: tuple[int, int] | None) -> EngineWai
     hot = keep & (wait > CONTENTION_SHARE * (run + wait))  # never where both are 0
     if not hot.any():
         return EngineWait(pid, run_s, wait_s, None, None)
-    return EngineWait(pid, run_s, wait_s, int(start[hot].min()), int(t[hot].max()))
+    t0, t1 = int(start[hot].min()), int(t[hot].max())
+    if window is not None:  # the span as far as it lies in the load window
+        t0, t1 = max(t0, window[0]), min(t1, window[1])
+    return EngineWait(pid, run_s, wait_s, t0, t1)

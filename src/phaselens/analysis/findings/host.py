@@ -78,7 +78,7 @@ def engine_cpu_contention(a: Analysis) -> RuleResult:
     if not waits:
         return Missing(
             f"{WAIT_METRIC} (the `cpu` telemetry source on a local engine: --telemetry auto "
-            "for a loopback target, or cpu:PID; Linux with schedstat)"
+            "for a loopback target, or cpu=PID; Linux with schedstat)"
         )
     out: list[Finding] = []
     for w in waits:
