@@ -401,11 +401,12 @@ def test_auto_in_process_mode_reads_engine_and_its_cpu(target: Target) -> None:
     cpu = [s for s in got if s.metric == "host.cpu_pct"]
     assert cpu and all(s.labels == {"pid": str(os.getpid())} for s in cpu)
     assert {s.source for s in cpu} == {"proc"}
-    # the run-queue wait comes from the same readings, with the same stamps (Linux, schedstat)
+    # the run-queue wait and the others' CPU come from the same readings, with the same stamps
     if proc.schedstat_readable(os.getpid(), Path("/proc")):
-        wait = [s for s in got if s.metric == "host.cpu_wait_pct"]
-        assert [s.t_ns for s in wait] == [s.t_ns for s in cpu]
-        assert all(s.labels == {"pid": str(os.getpid())} and s.value >= 0 for s in wait)
+        for metric in ("host.cpu_wait_pct", "host.cpu_others_pct"):
+            got_m = [s for s in got if s.metric == metric]
+            assert [s.t_ns for s in got_m] == [s.t_ns for s in cpu]
+            assert all(s.labels == {"pid": str(os.getpid())} and s.value >= 0 for s in got_m)
 
 
 class FakeTime:

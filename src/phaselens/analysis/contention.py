@@ -1,11 +1,23 @@
-"""Was the engine disturbed? The share of its runnable time it spent waiting for a CPU.
+"""Was the engine disturbed? The part of its runnable time its neighbours could have kept it
+waiting for a CPU.
 
 Why one module: the `engine-cpu-contention` finding and `phaselens calibrate`'s refusal judge a
 run by the same number against the same threshold (issue 32: a calibration taken while the
 engine's neighbours took its cores priced the neighbours, and its check on another run missed by
-35%). The share is Σ wait / Σ (on CPU + wait) over the run's load window, from the `cpu`
-telemetry source: `host.cpu_wait_pct` (schedstat's run-queue wait of every thread of the tree)
-and `host.cpu_pct` (its time on a CPU), both in % of one core over the same intervals.
+35%). From the `cpu` telemetry source, each in % of one core over the same intervals:
+`host.cpu_pct` (the tree on a CPU), `host.cpu_wait_pct` (its threads runnable, waiting on a run
+queue) and `host.cpu_others_pct` (everything else on the cores it may use).
+
+Why not the wait alone: an engine's threads also wait behind each other. A llama-server pinned
+to one core with nothing else on it (-t 1, ~20 HTTP threads waking per token) waited 35% of its
+runnable time. A thread cannot have waited behind neighbours for longer than they ran on its
+cores, so each interval's neighbours' part is bounded by min(wait, others), and the rule judges
+Σ min(wait, others) / Σ (run + wait). Limits: others' time is counted once however many of the
+engine's threads waited behind it, so when several wait at once (a pinned engine with more
+runnable threads than cores, beside a neighbour) the bound under-counts; an unpinned engine on
+a host with idle cores also counts others' time on cores it did not wait for (over-counts). It
+is the neighbours' whole part for an engine pinned to its cores with one thread waiting at a
+time.
 """
 
 from __future__ import annotations
@@ -21,11 +33,12 @@ from phaselens.analysis.bins import label_values
 # (a core of its own, or its session's autogroup niced) waited 0.02–0.09 of its runnable time,
 # an unprotected one 0.49–0.98 (two runs, same setting). 25% is ~3x the protected worst and
 # half the unprotected best: a clear gap on both sides. Two equal CPU-bound tasks sharing one
-# core each wait ~50%.
+# core each wait ~50%, all of it behind the other.
 CONTENTION_SHARE = 0.25
 MIN_RUNNABLE_S = 1.0  # runnable time (on CPU + waiting) before a share is judged
 WAIT_METRIC = "host.cpu_wait_pct"
 RUN_METRIC = "host.cpu_pct"
+OTHERS_METRIC = "host.cpu_others_pct"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,9 +47,10 @@ class EngineWait:
 
     pid: str
     run_s: float  # on a CPU
-    wait_s: float  # runnable, waiting on a run queue
-    t_start_ns: int | None  # first to last interval whose own share passed the threshold,
-    t_end_ns: int | None  # cut to the load window
+    wait_s: float  # runnable, waiting on a run queue (behind anything, its own threads too)
+    neighbours_s: float  # Σ min(wait, others' CPU on its cores): the wait neighbours could cause
+    t_start_ns: int | None  # first to last interval whose own neighbours' share passed 25%
+    t_end_ns: int | None
 
     @property
     def runnable_s(self) -> float:
@@ -48,9 +62,15 @@ class EngineWait:
         return self.wait_s / self.runnable_s if self.runnable_s > 0 else None
 
     @property
+    def neighbours_share(self) -> float | None:
+        """Σ min(wait, others) / (run + wait); None when the tree was never runnable."""
+        return self.neighbours_s / self.runnable_s if self.runnable_s > 0 else None
+
+    @property
     def disturbed(self) -> bool:
-        """The one rule (finding and calibrate): waited > 25% of ≥ 1 s of runnable time."""
-        share = self.share
+        """The one rule (finding and calibrate): neighbours could have kept it waiting > 25% of
+        ≥ 1 s of runnable time."""
+        share = self.neighbours_share
         return self.runnable_s >= MIN_RUNNABLE_S and share is not None and share > CONTENTION_SHARE
 
 
@@ -66,24 +86,22 @@ def load_window(requests: pl.DataFrame) -> tuple[int, int] | None:
 
 
 def engine_waits(telemetry: pl.DataFrame, window: tuple[int, int] | None) -> list[EngineWait]:
-    """Per engine PID, its run and wait seconds over the intervals that overlap `window` (all of
-    them when None). A value covers (previous stamp, its stamp]; the first one's interval is
-    taken as the median of the others. Empty when the run has no `host.cpu_wait_pct`."""
-    tel = telemetry.filter(pl.col("metric").is_in([WAIT_METRIC, RUN_METRIC]))
-    if tel.filter(pl.col("metric") == WAIT_METRIC).height == 0:
-        return []
+    """Per engine PID, its run, wait and neighbours' seconds over the intervals that overlap
+    `window` (all of them when None). A value covers (previous stamp, its stamp]; the first
+    one's interval is taken as the median of the others. Empty when the run lacks
+    `host.cpu_wait_pct` or `host.cpu_others_pct`."""
+    metrics = {RUN_METRIC: "run", WAIT_METRIC: "wait", OTHERS_METRIC: "others"}
+    tel = telemetry.filter(pl.col("metric").is_in(list(metrics)))
     tel = tel.with_columns(pid=label_values(tel["labels"], "pid", "?"))
-    wide = (
-        tel.filter(pl.col("metric") == RUN_METRIC)
-        .select("pid", "t_ns", run=pl.col("value"))
-        .join(
-            tel.filter(pl.col("metric") == WAIT_METRIC).select("pid", "t_ns", wait=pl.col("value")),
-            on=["pid", "t_ns"],
-        )
-        .sort("pid", "t_ns")
-    )
+    parts = [
+        tel.filter(pl.col("metric") == m).select("pid", "t_ns", pl.col("value").alias(name))
+        for m, name in metrics.items()
+    ]
+    if any(p.height == 0 for p in parts[1:]):
+        return []
+    wide = parts[0].join(parts[1], on=["pid", "t_ns"]).join(parts[2], on=["pid", "t_ns"])
     out: list[EngineWait] = []
-    for (pid,), g in wide.group_by("pid", maintain_order=True):
+    for (pid,), g in wide.sort("pid", "t_ns").group_by("pid", maintain_order=True):
         out.append(_one(str(pid), g, window))
     return out
 
@@ -92,16 +110,29 @@ def _one(pid: str, g: pl.DataFrame, window: tuple[int, int] | None) -> EngineWai
     t = g["t_ns"].to_numpy().astype(np.int64)
     run = g["run"].to_numpy().astype(np.float64)
     wait = g["wait"].to_numpy().astype(np.float64)
+    near = np.minimum(wait, g["others"].to_numpy().astype(np.float64))
     dt = np.diff(t, prepend=t[0]).astype(np.float64)
     dt[0] = float(np.median(dt[1:])) if t.size > 1 else 0.0
     start = t - dt
     keep = np.ones(t.size, dtype=bool) if window is None else (t > window[0]) & (start < window[1])
-    run_s = float(np.sum(run[keep] * dt[keep])) / 100.0 / 1e9
-    wait_s = float(np.sum(wait[keep] * dt[keep])) / 100.0 / 1e9
-    hot = keep & (wait > CONTENTION_SHARE * (run + wait))  # never where both are 0
+
+    def seconds(pct: np.ndarray) -> float:
+        return float(np.sum(pct[keep] * dt[keep])) / 100.0 / 1e9
+
+    run_s, wait_s, near_s = seconds(run), seconds(wait), seconds(near)
+    hot = keep & (near > CONTENTION_SHARE * (run + wait))  # never where both are 0
     if not hot.any():
-        return EngineWait(pid, run_s, wait_s, None, None)
+        return EngineWait(pid, run_s, wait_s, near_s, None, None)
     t0, t1 = int(start[hot].min()), int(t[hot].max())
     if window is not None:  # the span as far as it lies in the load window
         t0, t1 = max(t0, window[0]), min(t1, window[1])
-    return EngineWait(pid, run_s, wait_s, t0, t1)
+    return EngineWait(pid, run_s, wait_s, near_s, t0, t1)
+
+
+def describe(w: EngineWait) -> str:
+    """The finding's and calibrate's words for one engine: both shares, so a reader sees how
+    much of the wait its neighbours could explain."""
+    return (
+        f"waited {w.share or 0.0:.0%} of its runnable time for a CPU; other processes ran on its "
+        f"cores for up to {w.neighbours_share or 0.0:.0%} of it"
+    )

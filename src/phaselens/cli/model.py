@@ -30,8 +30,8 @@ def calibrate(
         bool,
         typer.Option(
             "--allow-invalid",
-            help="Use a run whose client self-check said INVALID, or whose engine waited for a "
-            "CPU over 25% of its runnable time.",
+            help="Use a run whose client self-check said INVALID, or whose engine's neighbours "
+            "could have kept it waiting for a CPU over 25% of its runnable time.",
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,

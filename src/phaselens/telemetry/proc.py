@@ -15,12 +15,23 @@ counterpart is `host.cpu_pct` itself (utime + stime is the same scheduler clock,
 sum_exec_runtime, in clock ticks), so no second "on CPU" number is emitted. Threads are listed
 again with the tree, and a new one, like a new process, counts from its second reading. A kernel
 without schedstat (no CONFIG_SCHED_INFO) gives no wait samples; the rest is unchanged.
+
+`host.cpu_others_pct` {pid} is the CPU time everything outside the tree used on the cores the
+tree may run on, in % of one core: the engine's threads wait behind each other too (a
+llama-server pinned to one core waited 35% of its runnable time with nothing else there), so
+the wait alone cannot say that neighbours took its cores; their time there bounds the part they
+could have caused (analysis/contention.py). Allowed cores: the union of the tree's processes'
+affinities, read at the rescan. Busy per core, from one /proc/stat read a tick: user + nice +
+system + irq + softirq + steal (a hypervisor taking the vCPU is a neighbour too); guest time is
+already inside user and nice, idle and iowait are not busy. Minus the tree's own time on a CPU
+(schedstat's first field, ns, of the same threads), floored at 0.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from phaselens.telemetry.clock import RunClock
@@ -30,6 +41,11 @@ from phaselens.types import TelemetrySample
 SOURCE = "proc"
 _TREE_RESCAN_NS = 1_000_000_000  # children are looked up again once a second
 _MAX_FDS = 512  # schedstat descriptors kept open (threads beyond: opened per read)
+# /proc/stat "cpuN" fields: user nice system idle iowait irq softirq steal guest guest_nice
+_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
+_STAT_BYTES = 1 << 16  # the cpuN lines come first: ~500 CPUs fit
+
+Affinity = Callable[[int], Iterable[int]]  # os.sched_getaffinity's shape: pid -> allowed CPUs
 
 
 class ProcUnavailable(Exception):
@@ -74,6 +90,17 @@ def schedstat_readable(pid: int, proc_root: Path) -> bool:
         return False
 
 
+def busy_ticks(stat: bytes) -> dict[int, int]:
+    """{cpu: busy clock ticks} from /proc/stat's per-CPU lines (see `_BUSY_FIELDS`)."""
+    out: dict[int, int] = {}
+    for line in stat.split(b"\n")[1:]:  # the first line is the all-CPU total
+        if not line.startswith(b"cpu"):
+            break
+        name, *f = line.split()
+        out[int(name[3:])] = sum(int(f[i]) for i in _BUSY_FIELDS if i < len(f))
+    return out
+
+
 def read_tree(root: int, proc_root: Path) -> dict[int, tuple[str, int]]:
     """{pid: (comm, ticks)} for `root` and all its descendants (by ppid)."""
     stats: dict[int, tuple[str, int, int]] = {}
@@ -100,7 +127,7 @@ def read_tree(root: int, proc_root: Path) -> dict[int, tuple[str, int]]:
 
 
 class ThreadWaits:
-    """Run-queue waits (ns) of the tree's threads, through descriptors kept open.
+    """Time on a CPU and run-queue waits (ns) of the tree's threads, through descriptors kept open.
 
     Why open: the wait reads one file per thread per tick (vLLM has 50+ threads), and a pread at
     offset 0 of an open /proc file regenerates it for ~4 µs against ~23 µs to open, read and
@@ -141,15 +168,16 @@ class ThreadWaits:
                     pass  # exited (its reads fail too) or no descriptor left: read by path
             self._fds[tid], self._paths[tid] = fd, seen[tid]
 
-    def read(self) -> dict[int, int]:
-        """{tid: ns waited on a run queue} of every thread still there."""
-        out: dict[int, int] = {}
+    def read(self) -> dict[int, tuple[int, int]]:
+        """{tid: (ns on a CPU, ns waited on a run queue)} of every thread still there."""
+        out: dict[int, tuple[int, int]] = {}
         dead: list[int] = []
         for tid, fd in self._fds.items():
             try:
                 text = os.pread(fd, 256, 0) if fd >= 0 else _read_small(self._paths[tid])
                 # schedstat: "ns on a CPU, ns waiting on a run queue, timeslices"
-                out[tid] = int(text.split()[1])
+                f = text.split()
+                out[tid] = (int(f[0]), int(f[1]))
             except (OSError, ValueError, IndexError):
                 if fd >= 0:
                     dead.append(tid)  # exited: by path from now, in case a new thread takes its id
@@ -169,7 +197,13 @@ class ThreadWaits:
 class ProcSource:
     """Samples the CPU use of one process tree each tick."""
 
-    def __init__(self, pid: int, clock: RunClock, proc_root: Path = Path("/proc")) -> None:
+    def __init__(
+        self,
+        pid: int,
+        clock: RunClock,
+        proc_root: Path = Path("/proc"),
+        affinity: Affinity | None = None,
+    ) -> None:
         self.pid = pid
         self.name = f"cpu@{pid}"
         self._clock = clock
@@ -178,11 +212,19 @@ class ProcSource:
         self._tree: dict[int, str] = {}
         self._sched = schedstat_readable(pid, proc_root)
         self._threads = ThreadWaits(proc_root)  # empty without schedstat
+        if affinity is None and hasattr(os, "sched_getaffinity"):
+            affinity = os.sched_getaffinity
+        self._affinity = affinity
+        self._cpus: frozenset[int] = frozenset()  # the tree's allowed CPUs; empty: unknown
+        self._stat_fd = -1  # /proc/stat, kept open: one pread a tick
+        if self._sched and self._affinity is not None:
+            with contextlib.suppress(OSError):  # none: no host.cpu_others_pct
+                self._stat_fd = os.open(proc_root / "stat", os.O_RDONLY)
         self._tree_t = 0
         self._rescan()
-        first, self._prev_wait, self._prev_t = self._read()
+        first, self._prev_threads, self._prev_busy, self._prev_t = self._read()
         if pid not in first:
-            self._threads.close()
+            self.close()
             raise ProcUnavailable(f"no process {pid} readable under {proc_root}")
         self._prev = {p: t for p, (_, t) in first.items()}
 
@@ -191,11 +233,21 @@ class ProcSource:
         self._tree = {p: c for p, (c, _) in read_tree(self.pid, self._root).items()}
         if self._sched:
             self._threads.update(self._tree)
+        if self._stat_fd >= 0 and self._affinity is not None:
+            cpus: set[int] = set()
+            for p in self._tree:
+                try:
+                    cpus.update(self._affinity(p))
+                except OSError:
+                    continue  # exited
+            self._cpus = frozenset(cpus) or self._cpus  # all exited: keep the last
         self._tree_t = self._clock.now_ns()
 
-    def _read(self) -> tuple[dict[int, tuple[str, int]], dict[int, int], int]:
-        """{pid: (comm, ticks)} of the tree, {tid: run-queue wait ns} of its threads, and when
-        they were read (midpoint of the reads)."""
+    def _read(
+        self,
+    ) -> tuple[dict[int, tuple[str, int]], dict[int, tuple[int, int]], dict[int, int], int]:
+        """{pid: (comm, ticks)} of the tree, {tid: (run, wait) ns} of its threads, {cpu: busy
+        ticks} of the host, and when they were read (midpoint of the reads)."""
         t0 = self._clock.now_ns()
         out: dict[int, tuple[str, int]] = {}
         for p, comm in self._tree.items():
@@ -204,13 +256,19 @@ class ProcSource:
             except (OSError, ValueError, IndexError):
                 continue  # exited
             out[p] = (comm, ticks)
-        waits = self._threads.read()
-        return out, waits, (t0 + self._clock.now_ns()) // 2
+        threads = self._threads.read()
+        busy: dict[int, int] = {}
+        if self._stat_fd >= 0:
+            try:
+                busy = busy_ticks(os.pread(self._stat_fd, _STAT_BYTES, 0))
+            except (OSError, ValueError, IndexError):
+                busy = {}
+        return out, threads, busy, (t0 + self._clock.now_ns()) // 2
 
     def tick(self) -> list[TelemetrySample]:
         if self._clock.now_ns() - self._tree_t >= _TREE_RESCAN_NS:
             self._rescan()
-        cur, waits, t = self._read()
+        cur, threads, busy, t = self._read()
         if self.pid not in cur:
             return []
         dt = t - self._prev_t
@@ -223,18 +281,22 @@ class ProcSource:
             total += pct
             labels: Mapping[str, str] = {"pid": str(p), "comm": comm}
             out.append(TelemetrySample(t, SOURCE, "host.proc_cpu_pct", pct, labels))
-        out.append(TelemetrySample(t, SOURCE, "host.cpu_pct", total, {"pid": str(self.pid)}))
+        root: Mapping[str, str] = {"pid": str(self.pid)}
+        out.append(TelemetrySample(t, SOURCE, "host.cpu_pct", total, root))
         if self._sched:
             # ns over ns: cpu_pct with 1e9 "ticks" a second; a thread new since then is skipped
-            prev = self._prev_wait
-            wait = sum(
-                cpu_pct(prev[i], w, dt, 1_000_000_000) for i, w in waits.items() if i in prev
-            )
-            out.append(
-                TelemetrySample(t, SOURCE, "host.cpu_wait_pct", wait, {"pid": str(self.pid)})
-            )
+            prev = self._prev_threads
+            both = [(prev[i], rw) for i, rw in threads.items() if i in prev]
+            wait = sum(cpu_pct(p[1], c[1], dt, 1_000_000_000) for p, c in both)
+            out.append(TelemetrySample(t, SOURCE, "host.cpu_wait_pct", wait, root))
+            pb, cpus = self._prev_busy, self._cpus & busy.keys() & self._prev_busy.keys()
+            if cpus:
+                on_cores = sum(cpu_pct(pb[c], busy[c], dt, self._tck) for c in cpus)
+                mine = sum(cpu_pct(p[0], c[0], dt, 1_000_000_000) for p, c in both)
+                others = max(0.0, on_cores - mine)
+                out.append(TelemetrySample(t, SOURCE, "host.cpu_others_pct", others, root))
         self._prev = {p: ticks for p, (_, ticks) in cur.items()}
-        self._prev_wait = waits
+        self._prev_threads, self._prev_busy = threads, busy
         self._prev_t = t
         return out
 
@@ -246,6 +308,9 @@ class ProcSource:
 
     def close(self) -> None:
         self._threads.close()
+        if self._stat_fd >= 0:
+            os.close(self._stat_fd)
+            self._stat_fd = -1
 
 
 def open_proc(pid: int, clock: RunClock, proc_root: Path = Path("/proc")) -> ProcSource:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from phaselens.analysis.contention import CONTENTION_SHARE, engine_waits, load_window
+from phaselens.analysis.contention import CONTENTION_SHARE, describe, engine_waits, load_window
 from phaselens.errors import InputError
 from phaselens.rundir.load import Run
 from phaselens.sim.config import Deployment
@@ -41,9 +41,9 @@ def check_run(run: Run, deploy: Deployment, allow_invalid: bool = False) -> list
         if not w.disturbed:
             continue
         why = (
-            f"the engine (pid {w.pid}) waited for a CPU {w.share:.0%} of its runnable time "
-            f"(> {CONTENTION_SHARE:.0%}; {w.wait_s:.1f} s waiting, {w.run_s:.1f} s on a CPU): "
-            "other processes on its host took its cores"
+            f"the engine (pid {w.pid}) {describe(w)} (> {CONTENTION_SHARE:.0%}; "
+            f"{w.wait_s:.1f} s waiting, up to {w.neighbours_s:.1f} s behind others, "
+            f"{w.run_s:.1f} s on a CPU): its neighbours took its cores"
         )
         if not allow_invalid:
             raise InputError(

@@ -9,7 +9,9 @@ import polars as pl
 from phaselens.analysis.contention import (
     CONTENTION_SHARE,
     MIN_RUNNABLE_S,
+    OTHERS_METRIC,
     WAIT_METRIC,
+    describe,
     engine_waits,
     load_window,
 )
@@ -72,25 +74,28 @@ def host_gap(a: Analysis) -> RuleResult:
 
 
 def engine_cpu_contention(a: Analysis) -> RuleResult:
-    """The engine's process tree waited for a CPU > 25% of its runnable time over the load
-    window (`analysis.contention`, the same rule `calibrate` refuses a run by)."""
+    """Neighbours could have kept the engine's process tree waiting for a CPU > 25% of its
+    runnable time over the load window (`analysis.contention`, the rule `calibrate` refuses a
+    run by). A high wait its neighbours cannot explain (its own threads) does not fire."""
     waits = engine_waits(a.telemetry, load_window(a.rt.frame))
     if not waits:
         return Missing(
-            f"{WAIT_METRIC} (the `cpu` telemetry source on a local engine: --telemetry auto "
-            "for a loopback target, or cpu=PID; Linux with schedstat)"
+            f"{WAIT_METRIC} and {OTHERS_METRIC} (the `cpu` telemetry source on a local engine: "
+            "--telemetry auto for a loopback target, or cpu=PID; Linux with schedstat)"
         )
     out: list[Finding] = []
     for w in waits:
-        if not w.disturbed or w.share is None:
+        if not w.disturbed or w.share is None or w.neighbours_share is None:
             continue
         ev = {
             "pid": w.pid,
             "wait_share_of_runnable": fnum(w.share, 3),
+            "neighbours_share_of_runnable": fnum(w.neighbours_share, 3),
             "wait_s": fnum(w.wait_s, 3),
+            "neighbours_wait_s": fnum(w.neighbours_s, 3),
             "run_s": fnum(w.run_s, 3),
             "thresholds": {
-                "wait_share_above": CONTENTION_SHARE,
+                "neighbours_share_above": CONTENTION_SHARE,
                 "runnable_s_at_least": MIN_RUNNABLE_S,
             },
         }
@@ -98,8 +103,8 @@ def engine_cpu_contention(a: Analysis) -> RuleResult:
             Finding(
                 "engine-cpu-contention",
                 "warning",
-                f"The engine waited for a CPU {w.share:.0%} of its runnable time: other "
-                "processes on its host took its cores; its latencies include them",
+                f"The engine {describe(w)}: its neighbours took its cores, and its latencies "
+                "include the wait",
                 w.t_start_ns,
                 w.t_end_ns,
                 ev,
