@@ -94,14 +94,31 @@ def test_waiting_behind_its_own_threads_does_not_fire() -> None:
     assert _fired(run) == []
 
 
-def test_the_bound_is_taken_per_interval() -> None:
+def test_the_bound_is_taken_per_second() -> None:
     # first half: 40% on a CPU, 60% waiting, nothing else on its cores; second half: alone at
     # 100%, others busy on its other cores. Totals: 7 s run, 3 s wait, 5 s others -> min of the
-    # totals would say 0.3; per interval the neighbours ran only when it did not wait: 0
+    # totals would say 0.3; second by second the neighbours ran only when it did not wait: 0
     run = _run([(40.0, 60.0, 0.0), (100.0, 0.0, 100.0)])
     (w,) = engine_waits(run.telemetry, load_window(run.requests))
     assert (w.run_s, w.wait_s, w.neighbours_s) == (pytest.approx(7.0), pytest.approx(3.0), 0.0)
     assert not w.disturbed
+
+
+def test_a_wait_booked_in_one_lump_meets_the_others_of_its_second() -> None:
+    # schedstat books a wait when the thread runs: 0% then 60% waiting in turn (30% on average)
+    # while others ran 30% throughout, 70% on a CPU. Per 0.1 s sample the bound would be
+    # (0 + 30) / 2 = 15% of the runnable time; per second it is min(3, 3) / 10 = 30%
+    recs = [rec(i, 250.0 * i, chunks_ms=[250.0 * i + 100, 250.0 * i + 250]) for i in range(40)]
+    samples = [x for i in range(1, 101) for x in _cpu(i / 10, (70.0, 60.0 * (i % 2), 30.0))]
+    run = make_run(recs, samples=samples)
+    (w,) = engine_waits(run.telemetry, load_window(run.requests))
+    assert (w.run_s, w.wait_s, w.neighbours_s) == (
+        pytest.approx(7.0),
+        pytest.approx(3.0),
+        pytest.approx(3.0),
+    )
+    (f,) = _fired(run)
+    assert f["evidence"]["neighbours_share_of_runnable"] == pytest.approx(0.3)
 
 
 def test_window_is_where_its_neighbours_could_hold_it() -> None:

@@ -11,7 +11,7 @@ queue) and `host.cpu_others_pct` (everything else on the cores it may use).
 Why not the wait alone: an engine's threads also wait behind each other. A llama-server pinned
 to one core with nothing else on it (-t 1, ~20 HTTP threads waking per token) waited 35% of its
 runnable time. A thread cannot have waited behind neighbours for longer than they ran on its
-cores, so each interval's neighbours' part is bounded by min(wait, others), and the rule judges
+cores, so each second's neighbours' part is bounded by min(wait, others), and the rule judges
 Σ min(wait, others) / Σ (run + wait). Limits: others' time is counted once however many of the
 engine's threads waited behind it, so when several wait at once (a pinned engine with more
 runnable threads than cores, beside a neighbour) the bound under-counts; an unpinned engine on
@@ -39,6 +39,11 @@ MIN_RUNNABLE_S = 1.0  # runnable time (on CPU + waiting) before a share is judge
 WAIT_METRIC = "host.cpu_wait_pct"
 RUN_METRIC = "host.cpu_pct"
 OTHERS_METRIC = "host.cpu_others_pct"
+# Why the bound is taken per second, not per sample: schedstat books a wait when the thread gets
+# a CPU, so a thread starved across several ticks books it all in one. Measured here (0.25 s
+# ticks, a process sharing a saturated core, on a CPU 0–20%): its wait read 22, 86, 0, 186% while
+# others ran 81–99% throughout; the bound per tick was 0.56 of its wait, per second 0.92.
+BUCKET_NS = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +54,7 @@ class EngineWait:
     run_s: float  # on a CPU
     wait_s: float  # runnable, waiting on a run queue (behind anything, its own threads too)
     neighbours_s: float  # Σ min(wait, others' CPU on its cores): the wait neighbours could cause
-    t_start_ns: int | None  # first to last interval whose own neighbours' share passed 25%
+    t_start_ns: int | None  # first to last second whose own neighbours' share passed 25%
     t_end_ns: int | None
 
     @property
@@ -108,22 +113,24 @@ def engine_waits(telemetry: pl.DataFrame, window: tuple[int, int] | None) -> lis
 
 def _one(pid: str, g: pl.DataFrame, window: tuple[int, int] | None) -> EngineWait:
     t = g["t_ns"].to_numpy().astype(np.int64)
-    run = g["run"].to_numpy().astype(np.float64)
-    wait = g["wait"].to_numpy().astype(np.float64)
-    near = np.minimum(wait, g["others"].to_numpy().astype(np.float64))
-    dt = np.diff(t, prepend=t[0]).astype(np.float64)
-    dt[0] = float(np.median(dt[1:])) if t.size > 1 else 0.0
-    start = t - dt
-    keep = np.ones(t.size, dtype=bool) if window is None else (t > window[0]) & (start < window[1])
+    dt = np.diff(t, prepend=t[0])
+    dt[0] = int(np.median(dt[1:])) if t.size > 1 else 0
+    keep = np.ones(t.size, dtype=bool) if window is None else (t > window[0]) & (t - dt < window[1])
+    t, dt = t[keep], dt[keep]
+    # seconds per bucket (k s, k + 1 s] of the intervals' ends
+    buckets, at = np.unique((t - 1) // BUCKET_NS, return_inverse=True)
 
-    def seconds(pct: np.ndarray) -> float:
-        return float(np.sum(pct[keep] * dt[keep])) / 100.0 / 1e9
+    def seconds(col: str) -> np.ndarray:
+        pct = g[col].to_numpy().astype(np.float64)[keep]
+        return np.bincount(at, weights=pct * dt, minlength=buckets.size) / 100.0 / 1e9
 
-    run_s, wait_s, near_s = seconds(run), seconds(wait), seconds(near)
-    hot = keep & (near > CONTENTION_SHARE * (run + wait))  # never where both are 0
+    run, wait = seconds("run"), seconds("wait")
+    near = np.minimum(wait, seconds("others"))
+    run_s, wait_s, near_s = float(run.sum()), float(wait.sum()), float(near.sum())
+    hot = (near > CONTENTION_SHARE * (run + wait))[at]  # never where both are 0
     if not hot.any():
         return EngineWait(pid, run_s, wait_s, near_s, None, None)
-    t0, t1 = int(start[hot].min()), int(t[hot].max())
+    t0, t1 = int((t - dt)[hot].min()), int(t[hot].max())
     if window is not None:  # the span as far as it lies in the load window
         t0, t1 = max(t0, window[0]), min(t1, window[1])
     return EngineWait(pid, run_s, wait_s, near_s, t0, t1)

@@ -284,16 +284,19 @@ class ProcSource:
         root: Mapping[str, str] = {"pid": str(self.pid)}
         out.append(TelemetrySample(t, SOURCE, "host.cpu_pct", total, root))
         if self._sched:
-            # ns over ns: cpu_pct with 1e9 "ticks" a second; a thread new since then is skipped
+            # a thread new since then is skipped; ns over ns: cpu_pct with 1e9 "ticks" a second
+            run_ns = wait_ns = 0
             prev = self._prev_threads
-            both = [(prev[i], rw) for i, rw in threads.items() if i in prev]
-            wait = sum(cpu_pct(p[1], c[1], dt, 1_000_000_000) for p, c in both)
-            out.append(TelemetrySample(t, SOURCE, "host.cpu_wait_pct", wait, root))
+            for i, (run, wait) in threads.items():
+                if i in prev:
+                    run_ns += max(0, run - prev[i][0])
+                    wait_ns += max(0, wait - prev[i][1])
+            pct = cpu_pct(0, wait_ns, dt, 1_000_000_000)
+            out.append(TelemetrySample(t, SOURCE, "host.cpu_wait_pct", pct, root))
             pb, cpus = self._prev_busy, self._cpus & busy.keys() & self._prev_busy.keys()
             if cpus:
-                on_cores = sum(cpu_pct(pb[c], busy[c], dt, self._tck) for c in cpus)
-                mine = sum(cpu_pct(p[0], c[0], dt, 1_000_000_000) for p, c in both)
-                others = max(0.0, on_cores - mine)
+                on_cores = cpu_pct(0, sum(busy[c] - pb[c] for c in cpus), dt, self._tck)
+                others = max(0.0, on_cores - cpu_pct(0, run_ns, dt, 1_000_000_000))
                 out.append(TelemetrySample(t, SOURCE, "host.cpu_others_pct", others, root))
         self._prev = {p: ticks for p, (_, ticks) in cur.items()}
         self._prev_threads, self._prev_busy = threads, busy
