@@ -196,7 +196,8 @@ def test_real_kernel_two_busy_processes_on_one_core_wait_behind_each_other() -> 
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     kids: list[subprocess.Popen[bytes]] = []
     try:
-        kids += [_busy(core), _busy(core)]
+        for _ in range(2):
+            kids.append(_busy(core))  # one by one: a skip still stops the first
         out, span_s = _sample(kids[0].pid, 2.0)
         (w,) = engine_waits(samples_frame(out), None)
         # two always-runnable tasks on one core: each waits ~1/2 of its runnable time; anything
@@ -227,7 +228,8 @@ def test_real_kernel_own_threads_on_one_core_wait_but_not_behind_others() -> Non
     for case, threads in (("threads", (2,)), ("procs", (1, 1))):
         kids: list[subprocess.Popen[bytes]] = []
         try:
-            kids += [_busy(core, n) for n in threads]
+            for n in threads:
+                kids.append(_busy(core, n))
             out, _ = _sample(kids[0].pid, 2.0)
             (w,) = engine_waits(samples_frame(out), None)
             got[case] = w
