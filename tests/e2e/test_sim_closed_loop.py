@@ -16,22 +16,36 @@ real closed loop's requests (the prompt lengths the server counted) with as many
 users, on the calibrated deployment written as a deploy file, with calibrate's request overhead
 r as its `request_overhead_ms`.
 
+On a machine shared with other work (CI), the engine and the driver would each be slowed by
+the neighbours by a factor that changes from one minute to the next, so the calibration and the
+checks would price different machines (docs/validation.md, closed loop on a loaded machine:
+TPOT -34% and -35% in a fresh-clone `make test` beside other work). So each runs in its own
+session at raised priority (`engines.protect`, root only; when refused the test says so): the
+engine at nice -20, the driver (`phaselens run` in a child process) in SCHED_FIFO, since at a
+fair share a woken client still waits out a busy neighbour's time slice (event-loop lag p99
+2-5 ms). Each real run samples the engine's CPU (`--telemetry cpu=PID`), and the product's
+own rule (`analysis.contention`, the engine-cpu-contention finding, which makes `calibrate`
+refuse a run) says whether its neighbours still kept it waiting.
+
 As in tests/whatif/test_validation_e2e.py, accuracy is asserted only when the driver's own
 self-check calls every real run VALID (its send and event-loop lags below the engine's step
-time): on a CPU shared with other work the client's timestamps are late and an accuracy bound
-would test the neighbours. A first repeat that misses a bound (or has an INVALID run) is not
-the verdict: the protocol is repeated, each time with a fresh engine and its own calibration,
-until REPEATS of them are VALID (at most MAX_REPEATS in all), and the median error over the
-VALID repeats must be inside ERR_PCT
-(the figures of one repeat move by 20-30% on a shared VM; REPEATS says where that was measured).
-On an INVALID run the test still checks what must hold anyway: one
-record per planned request, the closed loop's shape on both sides (never more than N in flight,
-each user's next request sent the instant its previous one ended) and finite predictions.
+time) and no run's engine was disturbed: on a CPU shared with other work the client's
+timestamps are late, or the engine slowed, and an accuracy bound would test the neighbours. A
+first repeat that misses a bound (or has an INVALID or disturbed run) is not the verdict: the
+protocol is repeated, each time with a fresh engine and its own calibration, until REPEATS of
+them are VALID (at most MAX_REPEATS in all), and the median error over the VALID repeats must
+be inside ERR_PCT (the figures of one repeat move by 20-30% on a shared VM; REPEATS says where
+that was measured). When no repeat is VALID the test skips with every repeat's reasons. On an
+INVALID run the test still checks what must hold anyway: one record per planned request, the
+closed loop's shape on both sides (never more than N in flight, each user's next request sent
+the instant its previous one ended), finite predictions, and the engine's CPU sampled.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +54,9 @@ import polars as pl
 import pytest
 import yaml
 
+from phaselens.analysis.contention import engine_waits, load_window
 from phaselens.driver.options import DriverOptions
-from phaselens.execute import HttpTarget, Options, RunInfo, SimTarget, execute
+from phaselens.execute import Options, RunInfo, SimTarget, execute
 from phaselens.rundir.load import Run, load_run
 from phaselens.whatif.calibfile import Calibration, with_cost
 from phaselens.whatif.calibrate import calibrate
@@ -86,47 +101,73 @@ REPEATS = 3
 # beside it: two of three repeats INVALID, the one VALID repeat calibrated while the load was
 # ending and judged alone, TTFT +22..+35%.)
 MAX_REPEATS = 5
+# The engine and the driver each run in their own session at this nice value (engines.protect:
+# the session's autogroup and every thread; root only, else they run as equals of the
+# neighbours and the test says so). On a loaded 2-vCPU guest (issue 32, 2026-12-06/07: other
+# jobs and a `python3 -c 'while True: pass'` beside a fresh-clone `make test`) the unprotected
+# llama-server waited for a CPU 0.94-0.98 of its runnable time in the calibration run and
+# 0.49-0.58 in the closed loops: each was slowed by a different factor (TPOT -34%/-35% at 2 and
+# 4 users), a miss of the method's exposure to the neighbours, not of the model.
+NICE = -20
 
 
-def _spec(rate: float, duration_s: float, seed: int, name: str) -> Any:
+def _spec(rate: float, duration_s: float, seed: int, name: str) -> dict[str, Any]:
     from scripts.validation import experiment as ex
 
     data = ex.spec_for(rate, duration_s, seed)
     data["name"] = name
-    return parse_spec(data, "e2e-closed-loop", Path("."))
+    return data
 
 
-def _staged_spec() -> Any:
+def _staged_spec() -> dict[str, Any]:
     """The calibration run: open loop, 0.3 -> 0.7 -> 1.0 x 40 r/s, 10 s each (lone requests,
     batches up to the slots, a short queue): docs/validation.md's staged calibration run."""
     from scripts.validation import experiment as ex
 
     data = ex.spec_for(CAL_RATE, 0.0, 45, [(0.3, 10.0), (0.7, 10.0), (1.0, 10.0)])
     data["name"] = "calib-staged"
-    return parse_spec(data, "e2e-closed-loop", Path("."))
+    return data
 
 
-def _drive(url: str, ws: Any, out: Path, users: int | None) -> Run:
-    """One real run; its prompts are seeded by the spec's seed, so no run on the shared engine
-    meets another's prompts in llama.cpp's prompt cache (the default `prompt_seed` gives
-    request id k the same text in every run: the closed loops then reused 60-90% of each
-    prompt from the calibration run's and measured a prefill 2-3x shorter)."""
-    opts = Options(
-        driver=DriverOptions(
-            endpoint="chat",
-            timeout_s=120,
-            idle_timeout_s=60,
-            concurrency=users,
-            prompt_seed=ws.seed,
-        ),
-        quiet=True,
-        telemetry="none",
-        handle_sigint=False,
-    )
-    info = RunInfo(ws.name, ws.model_dump(mode="json"), ws.slo_dict)
-    res = execute(build_schedule(ws), HttpTarget({"*": url}), opts, out, info)
-    assert res.status == "complete", res
-    return load_run(res.path)
+def _drive(
+    eng: Any, spec: dict[str, Any], out: Path, users: int | None, pin: bool
+) -> tuple[Run, dict[str, Any]]:
+    """One real run by `phaselens run` in its own session, pinned to core 1 beside the engine's
+    core 0 and protected like the engine (`engines.protect`: on a machine shared with other
+    work the client's timestamps would otherwise be late by the neighbours' time slices, and the
+    self-check would call the run INVALID). Each run's prompts are seeded by its spec's seed, so
+    no run on the shared engine meets another's prompts in llama.cpp's prompt cache (the default
+    `prompt_seed` gives request id k the same text in every run: the closed loops then reused
+    60-90% of each prompt from the calibration run's and measured a prefill 2-3x shorter)."""
+    from scripts.validation import experiment as ex
+
+    out = out / f"run-{spec['name']}"
+    out.mkdir()
+    (out / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    cmd = [sys.executable, "-m", "phaselens.cli", "run", str(out / "spec.yaml")]
+    cmd += ["--target", eng.url, "--endpoint", "chat", "--timeout", "120", "--idle-timeout", "60"]
+    cmd += ["--telemetry", f"cpu={eng.pid}", "--quiet", "--out", str(out / "runs")]
+    if users is not None:
+        cmd += ["--concurrency", str(users)]
+    if pin:
+        cmd = ["taskset", "-c", "1", *cmd]
+    eng_mod = ex._engines()
+    with open(out / "driver.log", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # before its first send (it imports first); real-time: see engines.protect
+        unprotected = eng_mod.protect(proc.pid, NICE, realtime=True)
+        rc = proc.wait(timeout=600)
+    assert rc == 0, (rc, (out / "driver.log").read_text()[-2000:])
+    (path,) = (out / "runs").iterdir()
+    run = load_run(path)
+    assert run.manifest["status"] == "complete", run.manifest["status"]
+    (wait,) = engine_waits(run.telemetry, load_window(run.requests))
+    return run, {
+        "client_unprotected": unprotected,
+        "engine_wait_share": wait.share,
+        "engine_neighbours_share": wait.neighbours_share,
+        "engine_disturbed": wait.disturbed,
+    }
 
 
 def _simulate(real: Run, deploy_file: Path, out: Path, users: int) -> Run:
@@ -174,20 +215,18 @@ def _experiment(tmp: Path) -> dict[str, Any]:
         log_dir=tmp,
         extra_args=ex._engine_args("llamacpp", threads, 0 if pin else None),
         cpus="0" if pin else None,
+        nice=NICE,
     )
     real: dict[int, Run] = {}
     specs: dict[int, Any] = {}
+    conditions: dict[str, dict[str, Any]] = {}
     try:
-        if pin:
-            os.sched_setaffinity(0, {1})  # the driver runs in this process
-        cal_run = _drive(eng.url, _staged_spec(), tmp, None)
+        cal_run, conditions["calibration"] = _drive(eng, _staged_spec(), tmp, None, pin)
         for users, seed in zip(USERS, (44, 42, 43), strict=True):
             # arrival times do not matter in a closed loop: the spec fixes the requests
             specs[users] = _spec(10.0, CLOSED_REQUESTS / 10.0, seed, f"closed-c{users}")
-            real[users] = _drive(eng.url, specs[users], tmp, users)
+            real[users], conditions[f"c={users}"] = _drive(eng, specs[users], tmp, users, pin)
     finally:
-        if pin:
-            os.sched_setaffinity(0, cpus)
         eng.stop()
     dmap = ex.deployment(SLOTS, 0.157, 20.0)
     src = tmp / "deploy.yaml"
@@ -197,17 +236,29 @@ def _experiment(tmp: Path) -> dict[str, Any]:
     sim = {u: _simulate(real[u], deploy_file, tmp, u) for u in USERS}
     figures = {u: {"measured": _pcts(real[u]), "simulated": _pcts(sim[u])} for u in USERS}
     print(f"\n{tmp.name} calibration:", c.to_dict()["cost"], "r", c.request_overhead_s)
+    print("engine unprotected:", eng.unprotected, "conditions:", conditions)
     for u in USERS:
         print(f"c={u}", figures[u], real[u].manifest.get("valid"))
     runs = [cal_run, *real.values()]
+    invalid = [r.manifest.get("invalid_reasons") for r in runs if r.manifest.get("valid") is False]
+    # the product's own rule (analysis.contention, the engine-cpu-contention finding): a run
+    # whose engine its neighbours kept waiting is one `calibrate` refuses, so it is not judged
+    disturbed = {
+        name: f"{cond['engine_neighbours_share']:.0%}"
+        for name, cond in conditions.items()
+        if cond["engine_disturbed"]
+    }
+    if disturbed:
+        invalid.append(f"engine disturbed (neighbours' share of its runnable time): {disturbed}")
     return {
         "cal": c,
         "real": real,
         "sim": sim,
         "figures": figures,
-        "planned": {u: len(build_schedule(specs[u])) for u in USERS},
-        "valid": all(r.manifest.get("valid") is not False for r in runs),
-        "invalid": [r.manifest.get("invalid_reasons") for r in runs],
+        "planned": {u: len(build_schedule(parse_spec(specs[u], "e2e", Path(".")))) for u in USERS},
+        "valid": not invalid,
+        "invalid": invalid,
+        "conditions": conditions,
     }
 
 
@@ -245,7 +296,12 @@ def _spans(run: Run) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("users", USERS)
 def test_closed_loop_shape_real_and_simulated(closed_loop: dict[str, Any], users: int) -> None:
     """Both sides ran a closed loop of `users`: one record per planned request, all ok, never
-    more than `users` on the wire and exactly `users` most of the time."""
+    more than `users` on the wire and exactly `users` most of the time; the real run sampled
+    the engine's CPU (its run-queue wait, and the neighbours' part of it no larger)."""
+    cond = closed_loop["conditions"][f"c={users}"]
+    share, neighbours = cond["engine_wait_share"], cond["engine_neighbours_share"]
+    assert share is not None and neighbours is not None, cond
+    assert 0.0 <= neighbours <= share <= 1.0, cond
     for run in (closed_loop["real"][users], closed_loop["sim"][users]):
         assert run.manifest["driver"]["loop"] == "closed", run.manifest["driver"]
         assert run.manifest["driver"]["concurrency"] == users
