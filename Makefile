@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-# the simulator's modules compiled by mypyc (setup.py; docs/simulator.md): rebuilt when they change
+# the modules compiled by mypyc (setup.py, phaselens/native.py's GROUPS: the simulator's, and the
+# driver's per-read path; docs/simulator.md, docs/driver.md): rebuilt when they change
 NATIVE_STAMP := $(VENV)/.native-stamp
+NATIVE_SOURCES := src/phaselens/native.py $(wildcard src/phaselens/sim/*.py) \
+	$(addprefix src/phaselens/driver/,history.py http.py openai.py)
 
 .PHONY: install native demo test lint typecheck unit e2e engines browser prometheus gateway bench clean fuzz
 
@@ -14,7 +17,7 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP) $(NATIVE_STAMP)
 
-$(NATIVE_STAMP): $(STAMP) $(wildcard src/phaselens/sim/*.py)
+$(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(NATIVE_STAMP)
 
@@ -76,3 +79,4 @@ bench: install
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache runs build
 	rm -f src/*__mypyc*.so src/phaselens/sim/*.so src/phaselens/sim/_native_digest.txt
+	rm -f src/phaselens/driver/*.so src/phaselens/driver/_native_digest.txt

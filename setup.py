@@ -1,11 +1,12 @@
-"""Build hook: the simulator's hot modules compiled with mypyc, or pure Python if that fails.
+"""Build hook: the hot modules of the simulator and the driver compiled with mypyc, or pure Python
+if that fails.
 
-Everything else is in pyproject.toml. The modules are `phaselens.sim.native.NATIVE_MODULES`;
-compiled, the benchmark's 1M-request replay takes about a third of the CPU time with the same
-records (benchmarks/README.md). `PHASELENS_PURE_PYTHON=1` at build time skips compilation;
-mypyc or a C compiler missing or failing leaves the pure-Python package with a warning. The
-build writes the sources' digest beside the modules: edited sources then run as Python
-(`native.select`) until rebuilt.
+Everything else is in pyproject.toml. The modules are `phaselens.native.GROUPS`, one mypyc group
+per package: compiled, the simulator's 1M-request replay takes about a third of the CPU time and
+the driver's per-read path less (benchmarks/README.md), with the same records.
+`PHASELENS_PURE_PYTHON=1` at build time skips compilation; mypyc or a C compiler missing or
+failing leaves that package pure Python with a warning. The build writes each package's sources'
+digest beside its modules: edited sources then run as Python (`native.select`) until rebuilt.
 """
 
 from __future__ import annotations
@@ -20,24 +21,30 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
-SIM = Path("src", "phaselens", "sim")
+SRC = Path("src")
+
+
+def _folder(package: str) -> Path:
+    return SRC.joinpath(*package.split("."))
 
 
 def _native() -> Any:
-    """phaselens.sim.native loaded by path (the package's dependencies need not be installed)."""
-    spec = importlib.util.spec_from_file_location("_phaselens_native", ROOT / SIM / "native.py")
+    """phaselens.native loaded by path (the package's dependencies need not be installed)."""
+    path = ROOT / SRC / "phaselens" / "native.py"
+    spec = importlib.util.spec_from_file_location("_phaselens_native", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-def _warn(msg: str) -> None:
-    print(f"phaselens setup.py: {msg}; building the pure-Python simulator", file=sys.stderr)
+def _warn(msg: str, what: str = "package") -> None:
+    print(f"phaselens setup.py: {msg}; building the pure-Python {what}", file=sys.stderr)
 
 
 # the commands that build extensions (setup.py also runs for metadata: no mypyc run then)
 BUILDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "install", "develop"}
+BUILT: list[str] = []  # the packages whose modules mypyc translated (their digests are written)
 
 
 def _extensions(native: Any) -> list[Any]:
@@ -48,17 +55,20 @@ def _extensions(native: Any) -> list[Any]:
     except ImportError as e:
         _warn(f"mypyc unavailable ({e})")
         return []
-    paths = [str(SIM / f"{name}.py") for name in native.NATIVE_MODULES]
     # not pyproject's [tool.mypy] (its pydantic plugin and strictness are for `make typecheck`;
     # the build environment holds only the build requirements): the modules are checked and
     # typed on their own, what they import from outside them taken as found or as Any
     opts = ["--config-file=", "--ignore-missing-imports", "--follow-imports=silent"]
-    try:
-        exts = mypycify([*opts, *paths], opt_level="3", target_dir=str(Path("build", "mypyc")))
-        return list(exts)
-    except (Exception, SystemExit) as e:  # mypy's type errors exit via SystemExit
-        _warn(f"mypyc failed ({type(e).__name__}: {e})")
-        return []
+    exts: list[Any] = []
+    for package, modules in native.GROUPS.items():  # one group each: one failing spares the other
+        paths = [str(_folder(package) / f"{name}.py") for name in modules]
+        target = str(Path("build", "mypyc", package.rpartition(".")[2]))
+        try:
+            exts += mypycify([*opts, *paths], opt_level="3", target_dir=target)
+            BUILT.append(package)
+        except (Exception, SystemExit) as e:  # mypy's type errors exit via SystemExit
+            _warn(f"mypyc failed on {package} ({type(e).__name__}: {e})", package)
+    return exts
 
 
 class BuildExt(build_ext):
@@ -74,13 +84,15 @@ class BuildExt(build_ext):
             self._remove_outputs()
             return
         native = _native()
-        digest = native.source_digest(ROOT / SIM) + "\n"
-        targets = [Path(self.build_lib, "phaselens", "sim")]
-        if self.inplace or getattr(self, "editable_mode", False):
-            targets.append(ROOT / SIM)
-        for folder in targets:
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / native.DIGEST_FILE).write_text(digest)
+        for package in BUILT:
+            folder = _folder(package)
+            digest = native.source_digest(ROOT / folder, native.GROUPS[package]) + "\n"
+            targets = [Path(self.build_lib, *package.split("."))]
+            if self.inplace or getattr(self, "editable_mode", False):
+                targets.append(ROOT / folder)
+            for out in targets:
+                out.mkdir(parents=True, exist_ok=True)
+                (out / native.DIGEST_FILE).write_text(digest)
 
     def _remove_outputs(self) -> None:
         for ext in self.extensions:
@@ -89,7 +101,8 @@ class BuildExt(build_ext):
     def get_outputs(self) -> list[str]:
         outs = super().get_outputs()
         if self.extensions:
-            outs.append(str(Path(self.build_lib, "phaselens", "sim", _native().DIGEST_FILE)))
+            name = _native().DIGEST_FILE
+            outs += [str(Path(self.build_lib, *p.split("."), name)) for p in BUILT]
         return outs
 
 

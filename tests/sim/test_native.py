@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import importlib.machinery
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
+from tests.pure import run_pure
 
 import phaselens.sim as sim
 from phaselens.sim import native
@@ -111,14 +111,8 @@ def test_pure_python_fallback_same_records() -> None:
         "bad = [k for k in sorted(EXPECTED) if run_scenario(k) != EXPECTED[k]]\n"
         "print('differ:', bad)\n"
     )
-    env = {**os.environ, native.PURE_ENV: "1"}
-    src = str(Path(sim.__file__).parents[2])
-    env["PYTHONPATH"] = os.pathsep.join([src, str(ROOT)])
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("differ: []"), out.stdout
+    out = run_pure(code, sim.__file__)
+    assert out.strip().endswith("differ: []"), out
 
 
 def test_frozen_dataclasses_pickle_and_copy() -> None:

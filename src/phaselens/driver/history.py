@@ -43,11 +43,9 @@ class TextParser(StreamParser):
         super().__init__(max_event_bytes)
         self.raw: list[bytes] = []
 
-    def feed(self, data: bytes, t_ns: int) -> int:
+    def data(self, data: bytes, t_ns: int) -> int:  # (StreamParser.feed calls this too)
         self.raw.append(data)
-        return super().feed(data, t_ns)
-
-    data = feed  # transport.BodySink (StreamParser binds its own feed under this name)
+        return super().data(data, t_ns)
 
     def text(self) -> str:
         """The generated text: every event's delta `content` (chat) or `text` (completions).
