@@ -137,6 +137,16 @@ def watch(
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # a service manager's stop: clean close
+
+    def _ctrl_c(*_: object) -> None:
+        """Ctrl-C closes the watch like SIGTERM, at the loop's next tick: a KeyboardInterrupt
+        raised wherever the main thread happened to be (inside the exporter's or the record's
+        locks, a queue) left the close waiting; beside a CPU hog the watch then did not exit
+        within 30 s twice (fresh-clone CI, 2026-12-07). A second Ctrl-C interrupts at once."""
+        stop.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, _ctrl_c)
     res = watch(cfg, stop=stop)
     for d in res.record_dirs:
         typer.echo(f"recorded: {d}")
