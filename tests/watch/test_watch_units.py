@@ -264,3 +264,39 @@ def test_closed_bins_histogram_rows_and_gpu_util_by_hand() -> None:
     assert h2 is not h and h2.les == [0.1, 0.25, 0.5, math.inf]
     assert h2.ring.a[2].tolist() == [0.0, 4.0, 4.0, 4.0]
     assert np.isnan(h2.ring.a[0]).all()
+
+
+@pytest.mark.parametrize("every_bins", [1, 10, 25])
+def test_token_rates_divide_by_the_time_the_increases_span(every_bins: int) -> None:
+    """An engine that makes 1,000 decode tokens/s, scraped every `every_bins` bins (100 ms, 1 s,
+    2.5 s: a slow engine answers late, and each increase spans its whole interval): the 5 s and
+    10 s windows read 1,000 tokens/s whatever the interval, by hand: Σ increases / Σ the
+    intervals they span. (Counting each scraped bin as 100 ms read 10x and 25x.)"""
+    from phaselens.telemetry.scrape import SCRAPE_SOURCE
+    from phaselens.watch.engines import EngineSpec
+    from phaselens.watch.indicators import engine_figures
+
+    spec = EngineSpec("e", "http://127.0.0.1:1/metrics")
+    st = WatchState([spec], cap_bins=600)
+    lab = {"target": spec.target}
+    rate = 1000.0
+    interval_s = every_bins * BIN_NS / 1e9
+    for i in range(200):
+        t = i * BIN_NS + BIN_NS // 2
+        batch = []
+        if i % every_bins == 0:
+            batch.append(TelemetrySample(t, SCRAPE_SOURCE, "scrape.ok", 1.0, lab))
+            if i > 0:  # the first scrape has no interval and no increase
+                ms = interval_s * 1e3
+                batch.append(TelemetrySample(t, SCRAPE_SOURCE, "scrape.interval_ms", ms, lab))
+                inc = rate * interval_s
+                batch.append(TelemetrySample(t, "vllm", "engine.decode_tokens", inc, lab))
+        st.add(batch)
+        st.advance(t)
+    e = st.engines["e"]
+    end = st.closed
+    for k in (50, 100):  # 5 s and 10 s: whole multiples of every interval
+        # the window's last closed bins end on a scrape at most every_bins - 1 bins before
+        # `end`; what it holds is n increases of rate x interval over n intervals
+        got = engine_figures(e, end, k).generation_tps
+        assert got == pytest.approx(rate, rel=0.01), (every_bins, k, got)

@@ -151,8 +151,15 @@ def engine_figures(e: EngineState, end: int, k: int, kv_high: float = KV_HIGH) -
     if hit is None:
         sg = _mean(r["sg_hit"].last(end, k))
         hit = sg
+    # the rates divide the counter increases by the time they span: the scrape intervals of
+    # the bins that hold them. A slow engine answers a scrape a second or more after the one
+    # before, and that second's increase lands in one bin: counting scraped bins as 100 ms
+    # each read a vLLM beside a CPU hog at 1.5x every token it sent in the window (CI,
+    # 2026-12-07). Bins without an interval (the first scrape): 100 ms each, as before.
     scraped = r["scraped"].last(end, k) > 0
-    cover = max(float(scraped.sum()), 1.0) / BINS_PER_S if scraped.any() else seconds
+    spans = r["span"].last(end, k)
+    spanned = float(np.nansum(spans)) + float((scraped & ~(spans > 0)).sum()) / BINS_PER_S
+    cover = max(spanned, 1.0 / BINS_PER_S) if scraped.any() else seconds
     pt = r["ptok"].last(end, k)
     dt = r["dtok"].last(end, k)
     lab = r["label"].last(end, k)

@@ -39,7 +39,7 @@ _GAUGES = {"engine.running": "sum", "engine.waiting": "sum", "engine.kv_usage_pc
 GPU_METRICS = ("gpu.busy_pct", "gpu.sm_pct", "gpu.dram_bw_pct")
 _WANTED = frozenset(
     [*_COUNTERS, *_GAUGES, "engine.preemptions", *PREFIX_HITS, *PREFIX_QUERIES, SGLANG_HIT_RATE]
-    + ["scrape.ok", "scrape.latency_ms", "watch.restart", *GPU_METRICS]
+    + ["scrape.ok", "scrape.latency_ms", "scrape.interval_ms", "watch.restart", *GPU_METRICS]
     + [f"watch.{k}_{w}" for k in ("ttft", "itl") for w in ("bucket", "sum")]
 )
 
@@ -76,6 +76,7 @@ class _Acc:
     """What arrived for one engine and one open bin."""
 
     scraped: bool = False
+    span_s: float = 0.0  # the time the counter increases in `counts` span (scrape intervals)
     counts: dict[str, float] = field(default_factory=dict)
     hist: dict[str, dict[float, float]] = field(default_factory=dict)
 
@@ -135,6 +136,7 @@ _RING_NAMES = (
     "kv",
     "sg_hit",
     "scraped",
+    "span",
     "label",
 )
 
@@ -188,6 +190,8 @@ class WatchState:
                         e.acc(b).scraped = True
                 else:
                     e.last_error = e.last_error or "no answer"
+            elif m == "scrape.interval_ms":  # with the counter increases: where they go
+                e.acc(max(b, self.closed)).span_s += s.value / 1e3
             elif m == "scrape.latency_ms":
                 e.latency_s = s.value / 1e3
             return
@@ -256,6 +260,7 @@ class WatchState:
             c = a.counts
             scraped = a.scraped or bool(c)
             r["scraped"].put(b, 1.0 if scraped else 0.0)
+            r["span"].put(b, a.span_s)
             for key in ("ptok", "dtok", "preempt", "hits", "queries"):
                 r[key].put(b, c.get(key, 0.0) if scraped and key in e.seen else np.nan)
             r["running"].put(b, e.gauge("engine.running", now_ns))
