@@ -154,7 +154,7 @@ def engine_figures(e: EngineState, end: int, k: int, kv_high: float = KV_HIGH) -
     # the rates divide the counter increases by the time they span: the scrape intervals of
     # the bins that hold them. A slow engine answers a scrape a second or more after the one
     # before, and that second's increase lands in one bin: counting scraped bins as 100 ms
-    # each read a vLLM beside a CPU hog at 1.5x every token it sent in the window (CI,
+    # each read a vLLM beside a CPU hog at 1.76x all the tokens it sent (5 s at the peak rate) (CI,
     # 2026-12-07). Bins without an interval (the first scrape): 100 ms each, as before.
     scraped = r["scraped"].last(end, k) > 0
     spans = r["span"].last(end, k)
