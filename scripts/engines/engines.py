@@ -248,7 +248,7 @@ def start(
     """Start an engine in the background and return once it serves `model` (or raise).
     `extra_args` are appended to the engine's command line; `cpus` (a taskset list, "0" or
     "0-1") pins the engine to those cores; `nice` raises (negative) its priority with `protect`,
-    and `Engine.protected` says why it could not (None: applied or not asked)."""
+    and `Engine.unprotected` says why it could not (None: applied or not asked)."""
     if kind not in KINDS:
         raise ValueError(f"unknown engine {kind!r}; one of {KINDS}")
     gone = missing((kind,), size)

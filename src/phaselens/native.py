@@ -100,12 +100,12 @@ def is_compiled(package: str) -> bool:
     return not str(mod.__file__).endswith(".py")
 
 
-def select(folder: Path, package: str, modules: Sequence[str] | None = None) -> str:
+def select(folder: Path, package: str) -> str:
     """Set up the imports of a package's listed modules; returns "compiled", "pure" or "stale".
 
     No warning when stale: the results are the same, and commands whose stderr must stay clean
     would fail in an edited checkout (the package's `MODE` says it)."""
-    mods = GROUPS[package] if modules is None else tuple(modules)
+    mods = GROUPS[package]
     if not _compiled(folder, mods):
         return "pure"
     if os.environ.get(PURE_ENV, "") not in ("", "0"):

@@ -33,7 +33,7 @@ def is_compiled() -> bool:
 
 def select(folder: Path) -> str:
     """`phaselens.native.select` for the simulator: "compiled", "pure" or "stale"."""
-    return _native.select(folder, _PACKAGE, NATIVE_MODULES)
+    return _native.select(folder, _PACKAGE)
 
 
 def init_args(obj: Any) -> tuple[object, ...]:
