@@ -4,10 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 # the modules compiled by mypyc (setup.py, phaselens/native.py's GROUPS: the simulator's, and the
-# driver's per-read path; docs/simulator.md, docs/driver.md): rebuilt when they change
+# driver's per-read path; docs/simulator.md, docs/driver.md) and the C twins (TWINS: the driver's
+# counting scan): rebuilt when they change
 NATIVE_STAMP := $(VENV)/.native-stamp
 NATIVE_SOURCES := src/phaselens/native.py $(wildcard src/phaselens/sim/*.py) \
-	$(addprefix src/phaselens/driver/,history.py http.py openai.py)
+	$(addprefix src/phaselens/driver/,history.py http.py openai.py scan.py scan.c)
 
 .PHONY: install native demo test lint typecheck unit e2e engines browser prometheus gateway bench clean fuzz
 

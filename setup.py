@@ -2,8 +2,9 @@
 if that fails.
 
 Everything else is in pyproject.toml. The modules are `phaselens.native.GROUPS`, one mypyc group
-per package: compiled, the simulator's 1M-request replay takes about a third of the CPU time and
-the driver's per-read path less (benchmarks/README.md), with the same records.
+per package, and `TWINS`, modules with a C twin built as an extension of the same name: compiled,
+the simulator's 1M-request replay takes about a third of the CPU time and the driver's per-read
+path less (benchmarks/README.md), with the same records.
 `PHASELENS_PURE_PYTHON=1` at build time skips compilation; mypyc or a C compiler missing or
 failing leaves that package pure Python with a warning. The build writes each package's sources'
 digest beside its modules: edited sources then run as Python (`native.select`) until rebuilt.
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
@@ -63,8 +64,16 @@ def _extensions(native: Any) -> list[Any]:
     for package, modules in native.GROUPS.items():  # one group each: one failing spares the other
         paths = [str(_folder(package) / f"{name}.py") for name in modules]
         target = str(Path("build", "mypyc", package.rpartition(".")[2]))
+        twins = [
+            Extension(
+                f"{package}.{name}",
+                [str(_folder(package) / f"{name}.c")],
+                extra_compile_args=["-O2"],
+            )
+            for name in native.TWINS.get(package, ())
+        ]
         try:
-            exts += mypycify([*opts, *paths], opt_level="3", target_dir=target)
+            exts += mypycify([*opts, *paths], opt_level="3", target_dir=target) + twins
             BUILT.append(package)
         except (Exception, SystemExit) as e:  # mypy's type errors exit via SystemExit
             _warn(f"mypyc failed on {package} ({type(e).__name__}: {e})", package)
@@ -86,7 +95,7 @@ class BuildExt(build_ext):
         native = _native()
         for package in BUILT:
             folder = _folder(package)
-            digest = native.source_digest(ROOT / folder, native.GROUPS[package]) + "\n"
+            digest = native.source_digest(ROOT / folder, native.modules(package)) + "\n"
             targets = [Path(self.build_lib, *package.split("."))]
             if self.inplace or getattr(self, "editable_mode", False):
                 targets.append(ROOT / folder)

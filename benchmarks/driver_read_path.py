@@ -9,7 +9,9 @@ times it with the thread's CPU clock. The reads: `bulk`, the whole 256-event res
 read; `paced`, one event per read; `chunked`, the same in the chunked transfer coding (the
 vLLM-format stream of overhead_servers.py). The read
 stamps come from a counter, so each build's parsed results (token stamps and counts, events,
-usage, [DONE]) must digest the same: printed beside the timings.
+usage, [DONE]) must digest the same: printed beside the timings. The parser is the one the
+driver makes (holding its reads and parsing them together where the tree has that, issue 33);
+`per-read` is this tree's compiled parser made to parse each read as it comes, for comparison.
 
     python benchmarks/driver_read_path.py [--requests 400] [--rounds 3] [--baseline OLD/src]
 """
@@ -48,12 +50,14 @@ def _reads(kind: str) -> list[bytes]:
     return [head + body] if kind == "bulk" else [head, *events]
 
 
-def measure(kind: str, n: int) -> dict[str, object]:
+def measure(kind: str, n: int, per_read: bool) -> dict[str, object]:
     """In this process: n requests' reads through a connection and a parser."""
     import phaselens.driver as drv
-    from phaselens.driver import http
+    from phaselens.driver import http, openai
     from phaselens.driver.openai import StreamParser
     from phaselens.driver.pool import Pool
+
+    batch = 0 if per_read else getattr(openai, "BATCH_BYTES", 0)  # (a tree without it: 0)
 
     time.perf_counter_ns = itertools.count(1).__next__  # read stamps: the same in every build
     reads = _reads(kind)
@@ -69,7 +73,7 @@ def measure(kind: str, n: int) -> dict[str, object]:
         conn = http.Conn(pool, ("http", "127.0.0.1", 80))
         conn.connection_made(transport)
         conn.send(b"POST / HTTP/1.1\r\n\r\n")
-        p = StreamParser()
+        p = StreamParser(batch=batch) if batch else StreamParser()
         t0 = time.thread_time_ns()
         conn.data_received(reads[0])
         conn.read_body(p)
@@ -81,7 +85,7 @@ def measure(kind: str, n: int) -> dict[str, object]:
         h.update(repr((out, p.prompt_tokens, p.error, p.notes, p.method)).encode())
     loop.close()
     chunks = n * N_CHUNKS
-    mode = getattr(drv, "MODE", "baseline")
+    mode = "per-read" if per_read else getattr(drv, "MODE", "baseline")
     return {"mode": mode, "us_per_chunk": cpu / 1e3 / chunks, "digest": h.hexdigest()[:16]}
 
 
@@ -93,16 +97,19 @@ def main() -> None:
     ap.add_argument("--baseline", default="", help="another tree's src/ (e.g. before a change)")
     a = ap.parse_args()
     if a.child:
-        print(json.dumps(measure(a.child, a.requests)))
+        kind, _, how = a.child.partition(":")
+        print(json.dumps(measure(kind, a.requests, how == "per-read")))
         return
     print(f"load average {os.getloadavg()[0]:.2f}; µs of CPU per chunk (256 chunks a request)")
     for r in range(a.rounds):
         for kind in ("bulk", "paced", "chunked"):
-            for pure in ("base", "1", "") if a.baseline else ("1", ""):
-                env = {**os.environ, "PHASELENS_PURE_PYTHON": pure}
+            builds = ("base", "1", "", "per-read") if a.baseline else ("1", "", "per-read")
+            for pure in builds:
+                env = {**os.environ, "PHASELENS_PURE_PYTHON": "1" if pure == "1" else ""}
                 if pure == "base":
                     env["PYTHONPATH"] = a.baseline
-                argv = [sys.executable, __file__, "--child", kind, "--requests", str(a.requests)]
+                child = f"{kind}:per-read" if pure == "per-read" else kind
+                argv = [sys.executable, __file__, "--child", child, "--requests", str(a.requests)]
                 out = subprocess.run(argv, env=env, capture_output=True, check=True).stdout
                 got = json.loads(out)
                 us, digest = got["us_per_chunk"], got["digest"]

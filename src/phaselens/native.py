@@ -47,18 +47,30 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # subclass that keeps a session's text (history: a compiled class's subclass must be too)
     "phaselens.driver": ("history", "http", "openai"),
 }
+# per package: modules with a C twin (`name.c` beside `name.py`, the same functions, compared by
+# the tests), built by setup.py as extensions of the same name: they run compiled, or from their
+# `.py`, with the package's group (the driver's counting scan: benchmarks/README.md)
+TWINS: dict[str, tuple[str, ...]] = {"phaselens.driver": ("scan",)}
 PROBES = {"phaselens.sim": "engine", "phaselens.driver": "openai"}
 # written by the build beside the compiled modules: the digest of the sources it compiled
 DIGEST_FILE = "_native_digest.txt"
 PURE_ENV = "PHASELENS_PURE_PYTHON"
 
 
+def modules(package: str) -> tuple[str, ...]:
+    """The package's modules that may run compiled: its mypyc group and its C twins."""
+    return GROUPS[package] + TWINS.get(package, ())
+
+
 def source_digest(folder: Path, modules: Sequence[str]) -> str:
-    """SHA-256 over the modules' sources, in the given order."""
+    """SHA-256 over the modules' sources (a C twin's `.c` too), in the given order."""
     h = hashlib.sha256()
     for name in modules:
         h.update(name.encode())
         h.update((folder / f"{name}.py").read_bytes())
+        c = folder / f"{name}.c"
+        if c.exists():
+            h.update(c.read_bytes())
     return h.hexdigest()
 
 
@@ -105,7 +117,7 @@ def select(folder: Path, package: str) -> str:
 
     No warning when stale: the results are the same, and commands whose stderr must stay clean
     would fail in an edited checkout (the package's `MODE` says it)."""
-    mods = GROUPS[package]
+    mods = modules(package)
     if not _compiled(folder, mods):
         return "pure"
     if os.environ.get(PURE_ENV, "") not in ("", "0"):

@@ -31,7 +31,7 @@ import phaselens.driver as drv
 from phaselens import native
 from phaselens.driver import http
 from phaselens.driver.history import TextParser
-from phaselens.driver.openai import StreamParser
+from phaselens.driver.openai import BATCH_BYTES, StreamParser
 from phaselens.driver.pool import Pool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,8 +96,9 @@ def _cuts(n: int, how: str, rng: random.Random) -> list[int]:
     return sorted(rng.sample(range(1, n), min(n - 1, 25)))
 
 
-def replay_digest() -> str:
-    """SHA-256 over what the connection and the parser made of every replay."""
+def replay_digest(batch: int = 0) -> str:
+    """SHA-256 over what the connection and the parser made of every replay (the parsers
+    batching their reads `batch` bytes at a time; 0: parsing each read as it comes)."""
     time.perf_counter_ns = itertools.count(1).__next__  # the read stamps: a counter
     rng = random.Random(33)
     h = hashlib.sha256()
@@ -105,7 +106,7 @@ def replay_digest() -> str:
     pool = Pool(loop)
     for name, resp, close in _responses():
         for how in ("whole", "events", "random"):
-            for parser in (StreamParser(), TextParser(1 << 20)):
+            for parser in (StreamParser(batch=batch), TextParser(1 << 20, batch)):
                 conn = http.Conn(pool, ("http", "h", 80))
                 conn.connection_made(_Transport())  # type: ignore[arg-type]
                 head = conn.send(b"POST / HTTP/1.1\r\n\r\n")
@@ -139,6 +140,17 @@ def test_replays_make_the_expected_records(monkeypatch: pytest.MonkeyPatch) -> N
     assert replay_digest() == EXPECTED
 
 
+@pytest.mark.parametrize("batch", [BATCH_BYTES, 150, 1])
+def test_batching_parsers_make_the_same_records(
+    monkeypatch: pytest.MonkeyPatch, batch: int
+) -> None:
+    """Reads held and parsed together (the driver's parsers) give every replay the same
+    stamps, counts, errors and connection states as reads parsed one by one: one batch per
+    response, a few reads per batch, and one read per batch."""
+    monkeypatch.setattr(time, "perf_counter_ns", time.perf_counter_ns)  # restored after
+    assert replay_digest(batch) == EXPECTED
+
+
 @pytest.mark.skipif(drv.MODE != "compiled", reason="pure Python here: the test above is it")
 def test_pure_python_fallback_same_records() -> None:
     code = (
@@ -157,7 +169,7 @@ def test_each_package_selects_its_own_modules(
     those (the simulator's and the driver's other modules are not its finder's)."""
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.delenv(native.PURE_ENV, raising=False)
-    mods = native.GROUPS["phaselens.driver"]
+    mods = native.modules("phaselens.driver")
     for name in mods:
         (tmp_path / f"{name}.py").write_text(f"X = {name!r}\n")
     (tmp_path / f"http{importlib.machinery.EXTENSION_SUFFIXES[0]}").write_bytes(b"")

@@ -9,7 +9,14 @@ import time
 import numpy as np
 import pytest
 
-from phaselens.driver.pacer import SpinPacer, TimerFdPacer, make_pacer
+from phaselens.driver.pacer import (
+    SPIN_AHEAD_NS,
+    SPIN_MARGIN_NS,
+    WAKE_SAMPLES,
+    SpinPacer,
+    TimerFdPacer,
+    make_pacer,
+)
 
 
 def _lateness(kind: str, n: int = 40, gap_ns: int = 3_000_000) -> tuple[str, np.ndarray]:
@@ -90,3 +97,36 @@ def test_on_due_runs_once_at_the_instant_and_its_result_is_returned(kind: str) -
     calls, got, n = asyncio.run(go())
     assert got == ["sent 0", "sent 1", "sent 2", "sent 3", "sent 4", None]
     assert n == 5 and all(c >= 0 for c in calls), calls  # never before the instant
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd is Linux only")
+def test_timer_fires_ahead_by_the_wake_ups_measured() -> None:
+    """Every WAKE_SAMPLES wake-ups set how far ahead of a send the timer fires: their 90th
+    percentile plus SPIN_MARGIN_NS, at most SPIN_AHEAD_NS (by hand: 32 samples, the 29th
+    smallest is the 90th percentile)."""
+
+    async def go() -> list[int]:
+        pacer = make_pacer("auto", 1_000_000)
+        assert isinstance(pacer, TimerFdPacer)
+        seen = [pacer.ahead]
+        try:
+            for late in [50_000] * 31 + [900_000]:  # one slow wake-up: above the 90th
+                pacer._woke(late)
+            seen.append(pacer.ahead)
+            for k in range(WAKE_SAMPLES):  # 0, 10, ..., 310 µs: the 29th is 280 µs
+                pacer._woke(10_000 * k)
+            seen.append(pacer.ahead)
+            for _ in range(WAKE_SAMPLES - 1):  # not yet a full set: unchanged
+                pacer._woke(0)
+            seen.append(pacer.ahead)
+        finally:
+            pacer.close()
+        return seen
+
+    assert WAKE_SAMPLES == 32
+    assert asyncio.run(go()) == [
+        SPIN_AHEAD_NS,  # before any is measured
+        50_000 + SPIN_MARGIN_NS,
+        min(SPIN_AHEAD_NS, 280_000 + SPIN_MARGIN_NS),
+        min(SPIN_AHEAD_NS, 280_000 + SPIN_MARGIN_NS),
+    ]

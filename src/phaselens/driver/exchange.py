@@ -227,6 +227,7 @@ async def run_one(
         finally:
             if d.sem is not None:
                 d.sem.release()
+        parser.settle()  # (the reads a batching parser holds; `end` has mostly done it)
         end = (parser.end_ns if parser.end_ns else clock()) - t0
         status: Status = "ok"
         if parser.error:
@@ -262,6 +263,7 @@ def _finish(
     error: str,
 ) -> None:
     """Emit the record of a request whose stream `p` parsed (however far it got)."""
+    p.settle()  # the reads a batching parser still holds (a timeout, a cut connection)
     t0 = d.t0
     tok = tuple(map(t0.__rsub__, p.token_ns))  # t - t0 for each, at C speed
     if status in ("timeout", "disconnected") and p.done:

@@ -39,8 +39,8 @@ class TextParser(StreamParser):
 
     __slots__ = ("raw",)
 
-    def __init__(self, max_event_bytes: int) -> None:
-        super().__init__(max_event_bytes)
+    def __init__(self, max_event_bytes: int, batch: int = 0) -> None:
+        super().__init__(max_event_bytes, batch)
         self.raw: list[bytes] = []
 
     def data(self, data: bytes, t_ns: int) -> int:  # (StreamParser.feed calls this too)

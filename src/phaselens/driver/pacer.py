@@ -30,11 +30,15 @@ _TFD_NONBLOCK = 0o4000
 _TFD_CLOEXEC = 0o2000000
 _TFD_TIMER_ABSTIME = 1
 _SLICE_NS = 100_000_000  # wake at least this often to notice a stop
-# The timer fires this long before the instant and the callback spins the rest: a virtual CPU
-# that went idle takes ~0.1-0.2 ms to run again once woken (measured: send lag p50 0.19 ms
-# without this at 50 req/s on the 2-vCPU VM). Costs this much CPU per request (3 % of a core at
-# 100 req/s) and may hold back reads arriving meanwhile by as much.
+# The timer fires ahead of the instant and the callback spins the rest: a virtual CPU that went
+# idle takes ~0.1-0.2 ms to run again once woken (measured: send lag p50 0.19 ms without this
+# at 50 req/s on the 2-vCPU VM). How far ahead follows the wake-ups measured (`TimerFdPacer`):
+# the 90th percentile of the last WAKE_SAMPLES plus SPIN_MARGIN_NS, at most SPIN_AHEAD_NS. A
+# fixed 0.3 ms spun ~0.15 ms a request on an idle machine (at 400 req/s 6 % of a core, more than
+# parsing the streams; issue 33) and none is needed when the loop is awake anyway.
 SPIN_AHEAD_NS = 300_000
+SPIN_MARGIN_NS = 30_000
+WAKE_SAMPLES = 32
 
 
 class _Timespec(ctypes.Structure):
@@ -76,6 +80,9 @@ class TimerFdPacer:
         self._fut: asyncio.Future[Any] | None = None
         self._due = 0
         self._on_due: Callable[[], Any] | None = None
+        self.ahead = SPIN_AHEAD_NS  # how long before a send instant the timer fires
+        self._armed = 0  # the instant it was last armed for (0: not for a send)
+        self._wakes: list[int] = []  # how late the callback ran after that, the last few
         loop.add_reader(self.fd, self._fired)
 
     def _fired(self) -> None:
@@ -87,7 +94,10 @@ class TimerFdPacer:
         on_due, result = self._on_due, None
         clock = time.perf_counter_ns
         due = self._due
-        if on_due is not None and clock() >= due - SPIN_AHEAD_NS:
+        now = clock()
+        if self._armed:
+            self._woke(now - self._armed)
+        if on_due is not None and now >= due - self.ahead:
             while clock() < due:
                 pass
             self._on_due = None
@@ -97,6 +107,16 @@ class TimerFdPacer:
                 f.set_exception(e)
                 return
         f.set_result(result)
+
+    def _woke(self, late_ns: int) -> None:
+        """One wake-up's lateness; every WAKE_SAMPLES of them set `ahead` (see SPIN_AHEAD_NS)."""
+        self._armed = 0
+        w = self._wakes
+        w.append(late_ns)
+        if len(w) >= WAKE_SAMPLES:
+            w.sort()
+            self.ahead = min(SPIN_AHEAD_NS, max(0, w[len(w) * 9 // 10]) + SPIN_MARGIN_NS)
+            w.clear()
 
     def _arm(self, at_ns: int) -> None:
         v = self._spec.it_value
@@ -116,7 +136,12 @@ class TimerFdPacer:
                     fn, self._on_due = self._on_due, None
                     return fn() if fn is not None else None
                 self._fut = self.loop.create_future()
-                self._arm(min(due_ns - SPIN_AHEAD_NS if on_due else due_ns, now + _SLICE_NS))
+                at = due_ns - self.ahead if on_due else due_ns
+                if at > now + _SLICE_NS:
+                    self._arm(now + _SLICE_NS)
+                else:
+                    self._arm(at)
+                    self._armed = at if at > now else 0  # (a wake-up to measure)
                 result: T | None = await self._fut
                 if self._on_due is None and on_due is not None:
                     return result  # on_due ran in the timer's callback

@@ -22,7 +22,7 @@ from phaselens.driver.history import (
     prev_turns,
     with_replies,
 )
-from phaselens.driver.openai import StreamParser, build_body
+from phaselens.driver.openai import BATCH_BYTES, StreamParser, build_body
 from phaselens.driver.options import DriverOptions, check_targets, route
 from phaselens.driver.priority import default_signs, say_dropped
 from phaselens.driver.prompts import PromptMaker
@@ -146,8 +146,8 @@ class RunState:
         if not optional and self.in_session(i):
             assert self.next_turn is not None
             if self.next_turn[i] >= 0:
-                return TextParser(self.o.max_event_bytes)
-        return StreamParser(self.o.max_event_bytes)
+                return TextParser(self.o.max_event_bytes, BATCH_BYTES)
+        return StreamParser(self.o.max_event_bytes, BATCH_BYTES)
 
     def keep_reply(self, i: int, parser: StreamParser) -> None:
         """Keep turn i's real reply for its session's later turns (unless length-forced)."""
