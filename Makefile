@@ -17,10 +17,12 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP) $(NATIVE_STAMP)
+	@$(VENV)/bin/phaselens --version  # says "pure" where the build fell back (no C compiler)
 
 $(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(NATIVE_STAMP)
+	@$(VENV)/bin/phaselens --version
 
 install: $(STAMP) $(NATIVE_STAMP)
 
@@ -28,6 +30,7 @@ install: $(STAMP) $(NATIVE_STAMP)
 native: $(STAMP)
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(NATIVE_STAMP)
+	@$(VENV)/bin/phaselens --version
 
 demo: install
 	$(VENV)/bin/phaselens demo

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import typer
 
+import phaselens.driver
+import phaselens.sim
 from phaselens import cli
 from phaselens.cli.args import check_out_dir, check_out_file, out_of_range
 from phaselens.errors import InputError, one_line
@@ -105,6 +107,7 @@ def test_other_commands_check_their_numbers(
 def test_help_version_and_no_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = call(["--version"], capsys)
     assert code == 0 and out.startswith("phaselens ") and err == ""
+    assert f"simulator {phaselens.sim.MODE}, driver {phaselens.driver.MODE}" in out
     code, out, err = call(["run", "--help"], capsys)
     assert code == 0 and "--timeout" in out and err == ""
     code, out, _ = call([], capsys)

@@ -11,6 +11,8 @@ import sys
 
 import typer
 
+import phaselens.driver
+import phaselens.sim
 from phaselens import __version__
 from phaselens.cli.args import usage_message
 from phaselens.errors import InputError, one_line
@@ -26,8 +28,12 @@ app = typer.Typer(
 
 
 def _version(value: bool) -> None:
+    """The version, and whether the simulator and the driver's per-read path run compiled
+    (`phaselens.native`: "pure" without a C compiler at install, the same results at more
+    CPU; `make install` prints this line, so a build that fell back says so once)."""
     if value:
-        typer.echo(f"phaselens {__version__}")
+        modes = f"simulator {phaselens.sim.MODE}, driver {phaselens.driver.MODE}"
+        typer.echo(f"phaselens {__version__} ({modes})")
         raise typer.Exit()
 
 
