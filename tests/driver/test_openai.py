@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from phaselens.driver import scan
 from phaselens.driver.openai import (
     CONTINUE,
     DONE,
@@ -320,14 +321,15 @@ def test_bulk_counting_path_agrees_with_one_event_per_read(
 
 def test_bulk_counting_path_is_taken_on_a_plain_run(monkeypatch: pytest.MonkeyPatch) -> None:
     consumed: list[int] = []
-    real = StreamParser._bulk
+    real = scan.run
 
-    def spy(self: StreamParser, data: bytes, t_ns: int, key: bytes) -> bytes:
-        rest = real(self, data, t_ns, key)
-        consumed.append(len(data) - len(rest))
-        return rest
+    def spy(data: bytes, key: bytes) -> tuple[int, int, bytes]:
+        got = real(data, key)
+        consumed.append(got[0])
+        return got
 
-    monkeypatch.setattr(StreamParser, "_bulk", spy)
+    # (the scan is looked up on its module at each call, compiled or not)
+    monkeypatch.setattr(scan, "run", spy)
     ev = b'data: {"id":"x","choices":[{"index":0,"text":"ab"}]}\n\n'
     tail = b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":101}}\n\n'
     p = StreamParser()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import repeat
 from typing import Any, Literal
 
@@ -296,10 +296,7 @@ class StreamParser:
             if self._key is None:  # a whole response in one read: learn the key from it
                 self._learn(data)
             if self._key is not None:
-                # by name, once per bulk read: a method replaced on the class (a test's spy)
-                # is then called even when this module runs compiled (mypyc binds self._bulk)
-                bulk: Callable[[bytes, int, bytes], bytes] = getattr(self, "_bulk")  # noqa: B009
-                data = bulk(data, t_ns, self._key)
+                data = self._bulk(data, t_ns, self._key)
         events = data.split(b"\n\n")
         self._buf = events.pop()  # the unfinished tail ("" when the read ended an event)
         self._held = len(self._buf)
