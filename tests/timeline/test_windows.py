@@ -21,6 +21,8 @@ def test_stages_alone_and_times_in_start_order() -> None:
     assert STAGE_SETTLE == 0.3
     assert {(w.steps, w.delay, w.max_s) for w in p.windows} == {(20, 3, 5.0)}
     assert [w.stage for w in p.windows] == [0, 1, None, None]
+    # a stage window is stopped by its stage's end; the others by the next window or max=
+    assert [w.until_ns for w in p.windows] == [60 * S, 120 * S, None, None]
 
 
 def test_defaults_and_milliseconds() -> None:

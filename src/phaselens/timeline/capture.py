@@ -29,6 +29,10 @@ from phaselens.timeline.windows import ALONE, ProfilePlan, Window
 
 POLL_S = 0.2
 SETTLE_S = 0.5  # a file must keep its size this long before it counts as written
+# A window bounded by a time (`until_ns`: its stage's end) is stopped this long before it: the
+# stop call reaches the engine's loop between two steps, after HTTP and a busy host's wake-up,
+# and a step the engine starts before that is still recorded
+STOP_LEAD_S = 0.3
 WRITE_WAIT_S = 120.0  # after the stop call: longest wait for the engine to write its trace
 PROFILE_DIR = "profile"  # inside the run directory
 
@@ -114,6 +118,11 @@ class Capture:
             deadline = min(
                 deadline, time.monotonic() + max(0.0, (wait_until - self.now_ns()) / 1e9 - 1.0)
             )
+        if w.until_ns is not None:  # a stage window records that stage's steps only
+            deadline = min(
+                deadline,
+                time.monotonic() + max(0.0, (w.until_ns - self.now_ns()) / 1e9 - STOP_LEAD_S),
+            )
         files = self._wait_files(prefix, before, deadline, stop_early=w.name != ALONE)
         entry["stop_ns"] = self.now_ns()
         # by itself: the engine ran its steps and wrote the trace before phaselens' deadline;
@@ -152,7 +161,8 @@ class Capture:
                     settled.append(p)
             if found and len(settled) == len(found):
                 return sorted(settled)
-            time.sleep(POLL_S)
+            # never sleep past the deadline: a stage window's stop is due before its stage ends
+            time.sleep(max(0.0, min(POLL_S, deadline - time.monotonic())))
         return []
 
     def _keep(self, files: list[Path]) -> list[dict[str, Any]]:
@@ -177,6 +187,7 @@ def _requested(w: Window) -> dict[str, Any]:
         "name": w.name,
         "stage": w.stage,
         "at_ns": w.at_ns,
+        "until_ns": w.until_ns,
         "requested": {"steps": w.steps, "delay": w.delay, "max_s": w.max_s},
     }
 
