@@ -95,31 +95,29 @@ def start_policy(policy: str, log_dir: Path | None = None, nice: int | None = No
     )
 
 
-def phaselens_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "phaselens.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
-
-
-def protected_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    """`phaselens_cli` in a session of its own, its threads in SCHED_FIFO from before its first
-    send (it imports first): a client woken by a token preempts a busy neighbour at once."""
+def phaselens_cli(
+    *args: str, timeout: float = 900, protect: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """`python -m phaselens.cli ARGS`; `protect`: in a session of its own, its threads in
+    SCHED_FIFO from before its first send (it imports first), so a client woken by a token
+    preempts a busy neighbour at once."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "phaselens.cli", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
-        start_new_session=True,
+        start_new_session=protect,
     )
-    why = engines.protect(proc.pid, NICE, realtime=True)
+    why = engines.protect(proc.pid, NICE, realtime=True) if protect else None
     if why is not None:
         print(f"client unprotected: {why}")
-    out, err = proc.communicate(timeout=timeout)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
@@ -178,7 +176,7 @@ def policies(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
 
         def go(policy: str) -> None:
             args = run_args(spec, started[policy].url, tmp / policy, "--concurrency", str(USERS))
-            procs[policy] = protected_cli(*args)
+            procs[policy] = phaselens_cli(*args, protect=True)
 
         threads = [threading.Thread(target=go, args=(p,)) for p in started]
         for t in threads:

@@ -31,16 +31,16 @@ As in tests/whatif/test_validation_e2e.py, accuracy is asserted only when the dr
 self-check calls every real run VALID (its send and event-loop lags below the engine's step
 time), no run's engine was disturbed, and the host's speed held (HOST_SPEED: the engine's own
 prefill time per token, lone requests, in the calibration and in the 1-user loop): on a CPU
-shared with other work the client's timestamps are late, or the engine slowed or sped up, and
-an accuracy bound would test the neighbours. A
-first repeat that misses a bound (or has an INVALID or disturbed run) is not the verdict: the
-protocol is repeated, each time with a fresh engine and its own calibration, until REPEATS of
-them are VALID (at most MAX_REPEATS in all), and the median error over the VALID repeats must
-be inside ERR_PCT (the figures of one repeat move by 20-30% on a shared VM; REPEATS says where
-that was measured). When no repeat is VALID the test skips with every repeat's reasons. On an
-INVALID run the test still checks what must hold anyway: one record per planned request, the
-closed loop's shape on both sides (never more than N in flight, each user's next request sent
-the instant its previous one ended), finite predictions, and the engine's CPU sampled.
+shared with other work the client's timestamps are late, or the engine slowed or sped up, and an
+accuracy bound would test the neighbours. A first repeat that misses a bound (or has an INVALID
+or disturbed run) is not the verdict: the protocol is repeated, each time with a fresh engine
+and its own calibration, until REPEATS of them are VALID (at most MAX_REPEATS in all), and the
+median error over the VALID repeats must be inside ERR_PCT (the figures of one repeat move by
+20-30% on a shared VM; REPEATS says where that was measured). When no repeat is VALID the test
+skips with every repeat's reasons. On an INVALID run the test still checks what must hold
+anyway: one record per planned request, the closed loop's shape on both sides (never more than N
+in flight, each user's next request sent the instant its previous one ended), finite
+predictions, and the engine's CPU sampled.
 """
 
 from __future__ import annotations
@@ -133,8 +133,8 @@ def _host_speed(log: Path, cal: Run, lone: Run) -> float:
     time` line per request, in the order the runs ran."""
     rates = [float(ms) / int(n) for ms, n in PROMPT_EVAL.findall(log.read_text("utf-8", "replace"))]
     n_cal, n_lone = cal.requests.height, lone.requests.height
-    assert len(rates) >= n_cal + n_lone and int(n_cal) > 0, (log, len(rates), n_cal, n_lone)
     first = cal.requests.filter(pl.col("stage") == 0).height
+    assert len(rates) >= n_cal + n_lone and first > 0, (log, len(rates), n_cal, n_lone)
     return float(np.median(rates[n_cal : n_cal + n_lone]) / np.median(rates[:first]))
 
 

@@ -26,25 +26,24 @@ S = 1_000_000_000
 
 
 class _Profiler:
-    """What the fake engine saw: each call's path and its time on the test's clock."""
+    """What the fake engine saw: each call's path and its `time.monotonic_ns()`."""
 
-    def __init__(self, out_dir: Path, clock: float) -> None:
+    def __init__(self, out_dir: Path) -> None:
         self.out_dir = out_dir
-        self.clock = clock
-        self.calls: list[tuple[str, float]] = []
+        self.calls: list[tuple[str, int]] = []
         self.prefix = ""
 
 
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[tuple[str, _Profiler]]:
-    seen = _Profiler(tmp_path / "traces", time.monotonic())
+    seen = _Profiler(tmp_path / "traces")
     seen.out_dir.mkdir()
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             n = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(n) or b"{}")
-            seen.calls.append((self.path, time.monotonic() - seen.clock))
+            seen.calls.append((self.path, time.monotonic_ns()))
             if self.path == "/start_profile":
                 seen.prefix = body["profile_prefix"]
             elif self.path == "/stop_profile":  # vLLM writes its trace when stopped
@@ -80,14 +79,13 @@ def test_a_stage_window_is_stopped_before_its_stage_ends(
         ProfilePlan("stages", (w,)), url, "vllm", seen.out_dir, run_dir, "pl-t",
         lambda: time.monotonic_ns() - t0,
     )  # fmt: skip
-    seen.clock = t0 / S
     cap.start()
     end = time.monotonic() + 60.0
     while not cap.entries and time.monotonic() < end:
         time.sleep(0.05)
     (entry,) = cap.finish()
     assert [p for p, _ in seen.calls] == ["/start_profile", "/stop_profile"]
-    stop_at = seen.calls[1][1]
+    stop_at = (seen.calls[1][1] - t0) / S  # on the run clock
     # not before its deadline (the stage end less the lead), and long before max_s (20 s) or
     # the load's end would have stopped it; the slack is for a busy machine's thread wake-up
     assert until - STOP_LEAD_S - 0.01 <= stop_at < until + 5.0, seen.calls

@@ -114,15 +114,12 @@ class Capture:
         if w.name == ALONE and self.probe is not None:
             entry["request"] = _send_probe(self.probe, self.now_ns)
         deadline = time.monotonic() + w.max_s
-        if wait_until is not None:  # never overlap the next window
-            deadline = min(
-                deadline, time.monotonic() + max(0.0, (wait_until - self.now_ns()) / 1e9 - 1.0)
-            )
-        if w.until_ns is not None:  # a stage window records that stage's steps only
-            deadline = min(
-                deadline,
-                time.monotonic() + max(0.0, (w.until_ns - self.now_ns()) / 1e9 - STOP_LEAD_S),
-            )
+        # run times to stop before, each with its lead: never overlap the next window, and a
+        # stage window records that stage's steps only
+        for run_ns, lead_s in ((wait_until, 1.0), (w.until_ns, STOP_LEAD_S)):
+            if run_ns is not None:
+                left_s = max(0.0, (run_ns - self.now_ns()) / 1e9 - lead_s)
+                deadline = min(deadline, time.monotonic() + left_s)
         files = self._wait_files(prefix, before, deadline, stop_early=w.name != ALONE)
         entry["stop_ns"] = self.now_ns()
         # by itself: the engine ran its steps and wrote the trace before phaselens' deadline;
