@@ -11,7 +11,14 @@ What priority scheduling must change, checked without a timing bound:
 - the order: a short request sent while a long one still waited for its first token gets its
   first token before it (`overtaken share`) almost always under priority, almost never under
   fcfs (the queue is served in arrival order);
-- the short class's TTFT p90 falls, absolutely and against the long class's in the same run.
+- the short class's median TTFT falls, absolutely and against the long class's in the same run.
+
+Not its p90: vLLM's V1 scheduler orders the waiting queue by priority but never takes a slot from
+a running request (the waiting loop stops while `max_num_seqs` run; only KV exhaustion
+preempts), so a short request that arrives while both slots decode long outputs waits for one to
+finish under either policy. That sets the short class's tail, and with 40 short requests its p90
+went either way beside a CPU hog (17.8 s -> 23.1 s in one pair, 23.9 s -> 15.9 s in the next; the
+analysis's own 95% interval for it spanned 5.6-21.9 s). It is printed, not judged.
 
 And a queue cap on the wire: nginx in front of vLLM with `limit_conn` answers 503 beyond 3
 requests in flight; every 503 is a `shed` record (nginx's own access log counts them), none lost.
@@ -244,19 +251,23 @@ def test_priority_serves_the_short_class_first(policies: dict[str, Any]) -> None
     # the finding names the blocking where arrival order serves the short class behind long
     # work, and stays quiet where the priority serves it first
     assert hol["fcfs"] and not hol["priority"], hol
-    p90 = {
-        p: {k: c[k]["latency"]["ttft_ms"]["p90"] for k in ("short", "long")} for p, c in cls.items()
-    }
-    print(f"overtaken share (share, pairs): {share}; TTFT p90 ms: {p90}")
+    ttft = {p: {k: c[k]["latency"]["ttft_ms"] for k in ("short", "long")} for p, c in cls.items()}
+    print(
+        f"overtaken share (share, pairs): {share}; TTFT p50/p90 ms: "
+        f"{ {p: {k: (q['p50'], q['p90']) for k, q in v.items()} for p, v in ttft.items()} }"
+    )
     # the order, the policy's signature: under fcfs a later short overtakes a waiting long only
     # when both are admitted in one step (their first tokens then tie: not counted)
     assert share["priority"][1] >= 10 and share["fcfs"][1] >= 10, share
     assert share["priority"][0] >= 0.6, share
     assert share["fcfs"][0] <= 0.25, share
-    # the short class's TTFT p90 falls: absolutely, and against the long class in its own run
-    assert p90["priority"]["short"] < p90["fcfs"]["short"], p90
-    ratio = {p: v["short"] / v["long"] for p, v in p90.items()}
-    assert ratio["priority"] < 0.6 * ratio["fcfs"], ratio
+    # the short class's median TTFT falls: absolutely, and against the long class's in its own
+    # run (fcfs serves both from one queue, ~1x; priority starves the long class, measured
+    # 0.04x against fcfs's 0.67-1.8x; the p90 is not judged: the module's docstring says why)
+    p50 = {p: {k: q["p50"] for k, q in v.items()} for p, v in ttft.items()}
+    assert p50["priority"]["short"] < p50["fcfs"]["short"], p50
+    ratio = {p: v["short"] / v["long"] for p, v in p50.items()}
+    assert ratio["priority"] < 0.5 * ratio["fcfs"], ratio
     # goodput and attainment per class are computed against the class's own SLO
     for c in cls.values():
         assert c["short"]["slo_from"] == "class" and c["long"]["slo_from"] == "run"
