@@ -9,7 +9,8 @@ Method (issue 3, "Performance"):
   (`os.wait4` on the client: the process and every descendant it reaped). Startup costs
   (imports, tokenizer loading) are removed by running each client twice, with a small and a
   large number of requests (bulk 50 and 4,050 at 400 req/s; paced 50 and 1,050 at 50 req/s):
-  CPU per 1M chunks = ΔCPU / Δchunks × 1e6.
+  CPU per 1M chunks = ΔCPU / Δchunks × 1e6; the kernel's part (Δsys) is reported beside it, so
+  a gap between clients can be placed in user space or in the kernel.
 - TTFT error = client's mean TTFT (from its own send) − the truth server's mean (first token
   written − request read), at a low rate on an otherwise idle pair of cores.
 - Highest rate held: a ladder of open-loop rates against paced nginx (each request streams
@@ -75,6 +76,7 @@ class Outcome:
     ttft_mean_ms: float | None = None
     send_lag_p99_ms: float | None = None
     error: str = ""
+    sys_s: float = float("nan")  # the kernel's part of cpu_s
 
 
 @dataclass
@@ -111,17 +113,18 @@ def run_client(c: Client, url: str, n: int, rate: float, timeout_s: float) -> Ou
         proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t0
     cpu = ru.ru_utime + ru.ru_stime if ru is not None else float("nan")
+    ksys = ru.ru_stime if ru is not None else float("nan")
     stdout = (work / "stdout.txt").read_text(errors="replace")
     if proc.returncode != 0:
         tail = (work / "stderr.txt").read_text(errors="replace")[-600:]
-        return Outcome(False, cpu, wall, error=f"exit {proc.returncode}: {tail}")
+        return Outcome(False, cpu, wall, error=f"exit {proc.returncode}: {tail}", sys_s=ksys)
     try:
         got = c.parse(work, stdout)
     except Exception as e:
         tail = (work / "stderr.txt").read_text(errors="replace")[-400:]
-        return Outcome(False, cpu, wall, error=f"unreadable result: {e!r} {tail}")
+        return Outcome(False, cpu, wall, error=f"unreadable result: {e!r} {tail}", sys_s=ksys)
     shutil.rmtree(work, ignore_errors=True)
-    return Outcome(True, cpu, wall, **got)
+    return Outcome(True, cpu, wall, sys_s=ksys, **got)
 
 
 # --------------------------------------------------------------------------- the clients
@@ -321,20 +324,26 @@ class Row:
     client: str
     cpu_bulk: float | None = None  # CPU-s per 1M chunks
     cpu_paced: float | None = None
+    sys_bulk: float | None = None  # the kernel's part of cpu_bulk
+    sys_paced: float | None = None
     ttft_err_ms: float | None = None
     max_rate: float | None = None  # completes every request in time (all clients)
     max_rate_lag: float | None = None  # ... and send lag p99 <= 1 ms (clients that report it)
     notes: list[str] = field(default_factory=list)
 
 
-def cpu_per_m(c: Client, url: str, small: int, large: int, rate: float, row: Row) -> float | None:
+def cpu_per_m(
+    c: Client, url: str, small: int, large: int, rate: float, row: Row
+) -> tuple[float, float] | tuple[None, None]:
+    """CPU-s per 1M chunks, and the kernel's part of it."""
     a = run_client(c, url, small, rate, timeout_s=300)
     b = run_client(c, url, large, rate, timeout_s=600)
     for o, n in ((a, small), (b, large)):
         if not o.ok or o.completed != n:
             row.notes.append(f"{url.rsplit(':', 1)[1]} n={n}: {o.error[-200:] or o.completed}")
-            return None
-    return (b.cpu_s - a.cpu_s) / ((large - small) * N_CHUNKS) * 1e6
+            return None, None
+    per = 1e6 / ((large - small) * N_CHUNKS)
+    return (b.cpu_s - a.cpu_s) * per, (b.sys_s - a.sys_s) * per
 
 
 def ttft_error(c: Client, n: int, rate: float, row: Row) -> float | None:
@@ -444,18 +453,19 @@ def main() -> None:
                 continue
             t0 = time.monotonic()
             if "bulk" not in skip:
-                row.cpu_bulk = cpu_per_m(c, f"http://127.0.0.1:{bulk.port}", *sizes["bulk"], row)
+                url = f"http://127.0.0.1:{bulk.port}"
+                row.cpu_bulk, row.sys_bulk = cpu_per_m(c, url, *sizes["bulk"], row)
             if "paced" not in skip:
                 url = f"http://127.0.0.1:{paced.port}"
-                row.cpu_paced = cpu_per_m(c, url, *sizes["paced"], row)
+                row.cpu_paced, row.sys_paced = cpu_per_m(c, url, *sizes["paced"], row)
             if "ttft" not in skip:
                 row.ttft_err_ms = ttft_error(c, 100 if not a.quick else 40, 20.0, row)
             if "rate" not in skip:
                 url = f"http://127.0.0.1:{paced.port}"
                 max_rate(c, url, ladder, 3.0 if a.quick else 4.0, row)
             print(
-                f"[{name}] bulk {fmt(row.cpu_bulk, 2)} paced {fmt(row.cpu_paced, 2)}"
-                " CPU-s/1M chunks,"
+                f"[{name}] bulk {fmt(row.cpu_bulk, 2)} (sys {fmt(row.sys_bulk, 2)})"
+                f" paced {fmt(row.cpu_paced, 2)} (sys {fmt(row.sys_paced, 2)}) CPU-s/1M chunks,"
                 f" TTFT err {fmt(row.ttft_err_ms, 2)} ms, max rate {fmt(row.max_rate, 0)}"
                 f" (send lag p99 <= 1 ms: {fmt(row.max_rate_lag, 0)})"
                 f" ({time.monotonic() - t0:.0f} s) {'; '.join(row.notes)}",
@@ -468,7 +478,7 @@ def main() -> None:
 
     ref = next((r for r in rows if r.client == "vllm" and r.cpu_bulk), None)
     print(f"\nmachine: {machine()}; server core {SERVER_CORE}, client core {CLIENT_CORE}")
-    head = "| client | CPU-s / 1M chunks, bulk | paced | ratio to vllm (bulk / paced) |"
+    head = "| client | CPU-s / 1M chunks, bulk (sys) | paced (sys) | ratio to vllm (bulk / paced) |"
     head += " TTFT error (ms) | max open-loop rate held (req/s) | ... with send lag p99 <= 1 ms |"
     print(head)
     print("|---|---|---|---|---|---|---|")
@@ -477,7 +487,8 @@ def main() -> None:
         if ref and r.cpu_bulk and r.cpu_paced and ref.cpu_paced:
             ratio = f"{r.cpu_bulk / ref.cpu_bulk:.2f} / {r.cpu_paced / ref.cpu_paced:.2f}"
         print(
-            f"| {r.client} | {fmt(r.cpu_bulk, 2)} | {fmt(r.cpu_paced, 2)} | {ratio} | "
+            f"| {r.client} | {fmt(r.cpu_bulk, 2)} ({fmt(r.sys_bulk, 2)}) | "
+            f"{fmt(r.cpu_paced, 2)} ({fmt(r.sys_paced, 2)}) | {ratio} | "
             f"{fmt(r.ttft_err_ms, 2)} | {fmt(r.max_rate, 0)} | {fmt(r.max_rate_lag, 0)} |"
         )
     for r in rows:
