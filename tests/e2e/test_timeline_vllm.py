@@ -24,6 +24,7 @@ import yaml
 
 from phaselens.cli import invoke
 from phaselens.rundir.load import load_run
+from phaselens.timeline.capture import STOP_LEAD_S
 
 from .conftest import VLLM_PROFILE_DIR
 from .helpers import scrape_requests
@@ -84,8 +85,8 @@ def test_profiled_run_on_vllm(
             "--profile", f"stages,alone,steps={STEPS}", "--profile-dir", str(pdir), "--quiet",
         ]
     )  # fmt: skip
-    out = capsys.readouterr().out
-    assert code == 0, out
+    out, err = capsys.readouterr()
+    assert code == 0, out + err  # (a refusal's one line is on stderr)
     run_dir = Path(out.splitlines()[0])
     run = load_run(run_dir)
     windows = run.manifest["profile"]["windows"]
@@ -95,6 +96,7 @@ def test_profiled_run_on_vllm(
     shift = clock["perf_counter_ns"] - clock["wall_ns"] - clock["run_start_perf_ns"]
     stage_end = {st["index"]: st["t_end_ns"] for st in run.manifest["stages"]}
     n_steps = {}
+    late: set[str] = set()  # stage windows whose start the engine answered past their stop time
     for w in windows:
         assert w["status"] == "ok", w
         assert w["requested"]["steps"] == STEPS
@@ -106,9 +108,15 @@ def test_profiled_run_on_vllm(
         # unless the window reached its deadline first, when phaselens' stop cut it: a stage
         # window's is its stage's end (with a CPU hog beside CI, 12 steps took this engine 4 s
         # and stage0's window got 1 of them, then 12 with the twelfth in stage 1)
+        assert w["start_ns"] <= w["start_done_ns"] <= w["stop_ns"] <= w["stop_done_ns"], w
         if w["name"] != "alone":
             assert w["until_ns"] == stage_end[w["stage"]], w
-            assert w["stop_ns"] <= w["until_ns"], w
+            if w["start_done_ns"] <= w["until_ns"] - STOP_LEAD_S * 1e9:
+                assert w["stop_ns"] <= w["until_ns"], w
+            else:  # the engine answered the start past the stop time (beside a CPU hog, once
+                # in seven runs): phaselens stops it at once, and says so
+                late.add(w["name"])
+                assert w["ended"] == "at its deadline", w
         if w["ended"] == "by itself":
             assert len(truth) == STEPS, (w["name"], len(truth))
         else:
@@ -132,11 +140,14 @@ def test_profiled_run_on_vllm(
             want = "mixed" if c and g else "prefill" if c else "decode" if g else "empty"
             assert ph == want
         assert got["dev_start_ns"].null_count() == got.height  # a CPU engine: no device events
-    # each stage window's steps fall in that stage, while requests were running
+    # each stage window's steps fall in that stage (those begun before its end, where the
+    # engine answered its start late), while requests were running
     for i in (0, 1):
         st = run.timeline.filter(pl.col("window") == f"stage{i}")
+        if f"stage{i}" in late:
+            st = st.filter(pl.col("t_start_ns") < stage_end[i])
         assert set(st["stage"].to_list()) == {i}
-        assert st["running"].max() >= 1
+        assert (st["running"] >= 1).any()
     alone = run.timeline.filter(pl.col("window") == "alone")
     assert alone["stage"].null_count() == alone.height  # after the load
     assert alone["ctx_reqs"].max() == 1 and alone["gen_reqs"].max() == 1  # one request alone

@@ -20,6 +20,7 @@ import ssl
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -40,18 +41,40 @@ class Deadline:
         return self.at - time.monotonic()
 
 
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """One GET's outcome: the JSON (None on failure) and why it failed ("" when it did not);
+    `timed_out`: the server did not answer in time (it may be there, only slow)."""
+
+    doc: Any
+    failure: str = ""
+    timed_out: bool = False
+
+
 def get_json(
     url: str, headers: Mapping[str, str], deadline: Deadline, max_body: int = MAX_BODY
 ) -> Any:
     """The JSON at `url`, or None for any failure (missing endpoint, not JSON, too slow, over
     `max_body` bytes, past the deadline)."""
+    return probe_json(url, headers, deadline, max_body).doc
+
+
+def probe_json(
+    url: str,
+    headers: Mapping[str, str],
+    deadline: Deadline,
+    max_body: int = MAX_BODY,
+    read_timeout_s: float | None = READ_TIMEOUT_S,
+) -> Probe:
+    """The JSON at `url`, or why not. `read_timeout_s`: one read's silence allowed (None: up to
+    the deadline, for a server that builds its answer before sending any of it)."""
     left = deadline.left()
     if left <= 0:
         deadline.hit = True
-        return None
+        return Probe(None, "no time left", timed_out=True)
     p = urlsplit(url)
     host, port = p.hostname or "", p.port
-    timeout = min(READ_TIMEOUT_S, left)
+    timeout = left if read_timeout_s is None else min(read_timeout_s, left)
     conn: http.client.HTTPConnection
     if p.scheme == "https":
         conn = http.client.HTTPSConnection(
@@ -71,28 +94,45 @@ def get_json(
     timer = threading.Timer(left, at_deadline)
     timer.daemon = True
     timer.start()
+    began = False  # the answer's head came: a timeout then cut its body short
+
+    def late() -> str:
+        if began:
+            return f"its answer did not end within {deadline.seconds:g} s"
+        return f"no answer within {deadline.seconds:g} s"
+
     try:
         path = (p.path or "/") + (f"?{p.query}" if p.query else "")
         conn.request("GET", path, headers=dict(headers))
         resp = conn.getresponse()
+        began = True
         if resp.status != 200:
-            return None
+            return Probe(None, f"HTTP {resp.status}")
         chunks: list[bytes] = []
         n = 0
         while True:
             if deadline.left() <= 0:
                 cut.set()
-                return None
+                return Probe(None, late(), timed_out=True)
             piece = resp.read1(65536)
             if not piece:
                 break
             chunks.append(piece)
             n += len(piece)
             if n > max_body:
-                return None
-        return json.loads(b"".join(chunks))
-    except Exception:  # best-effort: the run goes on without the answer
-        return None
+                return Probe(None, f"an answer over {max_body} bytes")
+        if cut.is_set():  # the deadline's shutdown ended the body early
+            return Probe(None, late(), timed_out=True)
+        try:
+            return Probe(json.loads(b"".join(chunks)))
+        except ValueError:  # JSONDecodeError, UnicodeDecodeError
+            return Probe(None, "not JSON")
+    except TimeoutError:
+        return Probe(None, late() if cut.is_set() else f"{timeout:g} s of silence", timed_out=True)
+    except Exception as e:  # best-effort: the run goes on without the answer
+        if cut.is_set():
+            return Probe(None, late(), timed_out=True)
+        return Probe(None, f"{type(e).__name__}: {e}")
     finally:
         timer.cancel()
         if cut.is_set():

@@ -107,6 +107,9 @@ class Capture:
         before = set(_ours(self.profile_dir, prefix))
         entry["start_ns"] = self.now_ns()
         ans = engines.start(self.base, self.engine, prefix, w.steps, w.delay, str(self.profile_dir))
+        # the engine answers between two steps, and a loaded one late: past a stage window's
+        # stop time, the window is stopped at once (its steps may fall in the next stage)
+        entry["start_done_ns"] = self.now_ns()
         entry["start_answer"] = ans.status
         if not ans.ok:
             entry["status"] = f"refused: HTTP {ans.status} {ans.text[:200]}".strip()
@@ -126,6 +129,7 @@ class Capture:
         # else the stop below cut it (fewer steps than requested: a slow or loaded engine)
         entry["ended"] = "by itself" if files else "at its deadline"
         stopped = engines.stop(self.base)
+        entry["stop_done_ns"] = self.now_ns()  # the engine writes its trace before it answers
         entry["stop_answer"] = stopped.status
         if not files:
             files = self._wait_files(

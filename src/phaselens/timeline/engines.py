@@ -23,11 +23,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 from phaselens.errors import InputError
-from phaselens.inputs.probe_http import Deadline, get_json
+from phaselens.inputs.probe_http import Deadline, probe_json
 
 Engine = Literal["vllm", "sglang"]
 OPENAPI_LIMIT = 8 << 20  # bytes of /openapi.json read at most (vLLM's is ~0.3 MB)
 CALL_TIMEOUT_S = 10.0
+# vLLM builds /openapi.json on its first GET and sends nothing before it is done: 1.3 s for the
+# CPU build on an idle 2-core VM, past 2 s beside a CPU hog (a fresh-clone CI refused a profiled
+# run as "no OpenAPI description" when one read's silence was limited to 2 s)
+OPENAPI_WAIT_S = 30.0
 # stop_profile waits while the engine writes the trace (minutes for a big GPU trace)
 STOP_TIMEOUT_S = 300.0
 
@@ -64,28 +68,30 @@ def post(url: str, body: dict[str, object] | None, timeout_s: float) -> Answer:
         return Answer(0, f"{type(e).__name__}: {e}")
 
 
-def _paths(base: str) -> set[str] | None:
-    """The server's OpenAPI paths (FastAPI servers: vLLM, SGLang), or None when it has none.
-    The whole GET ends within CALL_TIMEOUT_S, however slowly the server answers (a per-read
-    timeout let a server trickling 8 MiB hold the run for hours)."""
-    doc = get_json(base + "/openapi.json", {}, Deadline(CALL_TIMEOUT_S), OPENAPI_LIMIT)
-    paths = doc.get("paths") if isinstance(doc, dict) else None
-    return set(paths) if isinstance(paths, dict) else None
-
-
-def detect(base: str, delay: int) -> Engine:
-    """Which profiler API `base` offers (InputError, one line, when none or when `delay` cannot
-    be honoured)."""
-    paths = _paths(base)
-    if paths is None:
+def detect(base: str, delay: int, wait_s: float = OPENAPI_WAIT_S) -> Engine:
+    """Which profiler API `base` offers, by its OpenAPI paths (InputError, one line, when none,
+    when it did not answer within `wait_s`, or when `delay` cannot be honoured). The whole GET
+    ends by `wait_s`, however slowly the server answers (a per-read timeout let a server
+    trickling 8 MiB hold the run for hours)."""
+    got = probe_json(base + "/openapi.json", {}, Deadline(wait_s), OPENAPI_LIMIT, None)
+    if got.timed_out:
         raise InputError(
-            f"--profile: {base} has no OpenAPI description (/openapi.json), so no profiler API "
-            "phaselens knows (vLLM or SGLang); llama.cpp has none. Hand phaselens a trace "
-            "instead: phaselens timeline RUN --trace FILE"
+            f"--profile: {base} did not answer GET /openapi.json ({got.failure}); the profiler "
+            "API cannot be found without it. Is the server overloaded, or not a vLLM/SGLang "
+            "server? Hand phaselens a trace instead: phaselens timeline RUN --trace FILE"
+        )
+    doc = got.doc
+    paths = doc.get("paths") if isinstance(doc, dict) else None
+    if not isinstance(paths, dict):
+        why = got.failure or "no paths in it"
+        raise InputError(
+            f"--profile: {base} has no OpenAPI description (/openapi.json: {why}), so no "
+            "profiler API phaselens knows (vLLM or SGLang); llama.cpp has none. Hand phaselens "
+            "a trace instead: phaselens timeline RUN --trace FILE"
         )
     if "/start_profile" not in paths:
         raise InputError(f"--profile: {base} has no /start_profile: {VLLM_HINT}")
-    sglang = bool(paths & {"/get_server_info", "/server_info", "/flush_cache", "/generate"})
+    sglang = bool(set(paths) & {"/get_server_info", "/server_info", "/flush_cache", "/generate"})
     if sglang and delay:
         raise InputError(
             f"--profile: delay={delay}: SGLang ({base}) takes an absolute start step, not a "
