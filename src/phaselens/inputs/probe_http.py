@@ -127,11 +127,11 @@ def probe_json(
             return Probe(json.loads(b"".join(chunks)))
         except ValueError:  # JSONDecodeError, UnicodeDecodeError
             return Probe(None, "not JSON")
-    except TimeoutError:
-        return Probe(None, late() if cut.is_set() else f"{timeout:g} s of silence", timed_out=True)
     except Exception as e:  # best-effort: the run goes on without the answer
-        if cut.is_set():
+        if cut.is_set():  # the deadline's shutdown, whatever the read then raised
             return Probe(None, late(), timed_out=True)
+        if isinstance(e, TimeoutError):
+            return Probe(None, f"{timeout:g} s of silence", timed_out=True)
         return Probe(None, f"{type(e).__name__}: {e}")
     finally:
         timer.cancel()

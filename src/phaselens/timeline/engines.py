@@ -35,6 +35,7 @@ OPENAPI_WAIT_S = 30.0
 # stop_profile waits while the engine writes the trace (minutes for a big GPU trace)
 STOP_TIMEOUT_S = 300.0
 
+TRACE_HINT = "Hand phaselens a trace instead: phaselens timeline RUN --trace FILE"
 VLLM_HINT = (
     'start vLLM with --profiler-config \'{"profiler": "torch", "torch_profiler_dir": DIR, '
     '"ignore_frontend": true}\''
@@ -78,7 +79,7 @@ def detect(base: str, delay: int, wait_s: float = OPENAPI_WAIT_S) -> Engine:
         raise InputError(
             f"--profile: {base} did not answer GET /openapi.json ({got.failure}); the profiler "
             "API cannot be found without it. Is the server overloaded, or not a vLLM/SGLang "
-            "server? Hand phaselens a trace instead: phaselens timeline RUN --trace FILE"
+            f"server? {TRACE_HINT}"
         )
     doc = got.doc
     paths = doc.get("paths") if isinstance(doc, dict) else None
@@ -86,8 +87,7 @@ def detect(base: str, delay: int, wait_s: float = OPENAPI_WAIT_S) -> Engine:
         why = got.failure or "no paths in it"
         raise InputError(
             f"--profile: {base} has no OpenAPI description (/openapi.json: {why}), so no "
-            "profiler API phaselens knows (vLLM or SGLang); llama.cpp has none. Hand phaselens "
-            "a trace instead: phaselens timeline RUN --trace FILE"
+            f"profiler API phaselens knows (vLLM or SGLang); llama.cpp has none. {TRACE_HINT}"
         )
     if "/start_profile" not in paths:
         raise InputError(f"--profile: {base} has no /start_profile: {VLLM_HINT}")
